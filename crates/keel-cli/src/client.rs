@@ -1,0 +1,297 @@
+//! How the CLI reaches a kernel: the daemon advertised in the data directory (or
+//! `--addr`), or, when none runs, a kernel embedded in this process that serves the same
+//! HTTP API on an ephemeral loopback port. Either way commands use one [`Client`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use futures_util::StreamExt;
+use keel_kernel::{DataDir, Kernel, KernelOptions};
+use keel_protocol::api::{
+    AnswerParams, CreateRunParams, ErrorBody, EventView, EventsPage, HealthView, InspectView, RunView,
+    StopParams,
+};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// What the live kernel writes to `<data dir>/kernel.json`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct KernelInfo {
+    pub addr: String,
+    pub pid: u32,
+    /// `daemon` (keel serve) or `embedded` (inside a foreground keel run).
+    pub mode: String,
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+    /// Set when this process hosts the kernel; dropping it ends the kernel.
+    embedded: Option<Embedded>,
+}
+
+pub struct Embedded {
+    pub kernel: Kernel,
+    server: tokio::task::JoinHandle<()>,
+}
+
+/// Reads the API token, creating it (mode 0600) if this is the first kernel here.
+pub fn api_token(dir: &DataDir) -> Result<String> {
+    if let Ok(token) = std::env::var("KEEL_API_TOKEN")
+        && !token.is_empty()
+    {
+        return Ok(token);
+    }
+    let path = dir.api_token();
+    if let Ok(token) = std::fs::read_to_string(&path) {
+        return Ok(token.trim().to_owned());
+    }
+    std::fs::create_dir_all(dir.root()).with_context(|| format!("creating {}", dir.root().display()))?;
+    let token = keel_types::random_token();
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .or_else(|_| std::fs::File::open(&path))
+        .with_context(|| format!("creating the API token file {}", path.display()))?;
+    if file.write_all(token.as_bytes()).is_err() {
+        // Another process created it first: use theirs.
+        return Ok(std::fs::read_to_string(&path)?.trim().to_owned());
+    }
+    Ok(token)
+}
+
+fn http_client() -> reqwest::Client {
+    // Invariant: building a client without TLS or proxies only fails on a broken system
+    // resolver configuration, which the defaults do not use.
+    reqwest::Client::builder().no_proxy().build().unwrap_or_default()
+}
+
+impl Client {
+    /// A client for the kernel at `base`, if one answers there.
+    async fn probe(base: String, token: String) -> Option<Client> {
+        let http = http_client();
+        let response =
+            http.get(format!("{base}/v1/health")).timeout(Duration::from_secs(2)).send().await.ok()?;
+        response.json::<HealthView>().await.ok()?;
+        Some(Client { http, base, token, embedded: None })
+    }
+
+    /// The running daemon (or embedded kernel) for this data directory, if any.
+    pub async fn find(dir: &DataDir, addr: Option<&str>) -> Result<Option<Client>> {
+        if let Some(addr) = addr {
+            let base = normalize(addr);
+            let token = api_token(dir)?;
+            return match Client::probe(base.clone(), token).await {
+                Some(client) => Ok(Some(client)),
+                None => bail!("no Keel kernel answers at {base}; is `keel serve --addr ...` running there?"),
+            };
+        }
+        let Ok(text) = std::fs::read_to_string(dir.kernel_info()) else { return Ok(None) };
+        let Ok(info) = serde_json::from_str::<KernelInfo>(&text) else { return Ok(None) };
+        Ok(Client::probe(normalize(&info.addr), api_token(dir)?).await)
+    }
+
+    /// The running kernel, or a kernel embedded in this process.
+    pub async fn find_or_embed(dir: &DataDir, addr: Option<&str>) -> Result<Client> {
+        if let Some(client) = Client::find(dir, addr).await? {
+            return Ok(client);
+        }
+        Client::embed(dir.clone()).await
+    }
+
+    /// Starts a kernel inside this process (no recovery of other runs: it ends with us).
+    pub async fn embed(dir: DataDir) -> Result<Client> {
+        let token = api_token(&dir)?;
+        let kernel = start_kernel(dir.clone(), false).await?;
+        let listener =
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding a loopback port")?;
+        let addr = listener.local_addr()?;
+        write_info(&dir, &addr.to_string(), "embedded")?;
+        let router = keel_server::router(kernel.clone(), token.clone());
+        let server = tokio::spawn(async move {
+            if let Err(err) = axum::serve(listener, router).await {
+                tracing::error!("embedded API server failed: {err}");
+            }
+        });
+        Ok(Client {
+            http: http_client(),
+            base: format!("http://{addr}"),
+            token,
+            embedded: Some(Embedded { kernel, server }),
+        })
+    }
+
+    pub fn is_embedded(&self) -> bool {
+        self.embedded.is_some()
+    }
+
+    /// Ends an embedded kernel cleanly (no-op for a daemon).
+    pub async fn close(self) {
+        if let Some(embedded) = self.embedded {
+            embedded.kernel.shutdown().await;
+            embedded.server.abort();
+            let _ = std::fs::remove_file(embedded.kernel.data_dir().kernel_info());
+        }
+    }
+
+    async fn send<T: DeserializeOwned>(&self, request: reqwest::RequestBuilder) -> Result<T> {
+        let response = request
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("the kernel at {} did not answer", self.base))?;
+        let status = response.status();
+        let bytes = response.bytes().await.context("reading the kernel's reply")?;
+        if status.is_success() {
+            return serde_json::from_slice(&bytes).context("the kernel's reply is not the expected JSON");
+        }
+        match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(body) => Err(anyhow!("{}", body.error.message)),
+            Err(_) => Err(anyhow!("the kernel answered {status}: {}", String::from_utf8_lossy(&bytes))),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub async fn create_run(&self, params: &CreateRunParams) -> Result<RunView> {
+        self.send(self.http.post(self.url("/v1/runs")).json(params)).await
+    }
+
+    pub async fn list_runs(&self, states: Option<&str>, limit: Option<usize>) -> Result<Vec<RunView>> {
+        let mut query: Vec<(&str, String)> = Vec::new();
+        if let Some(states) = states {
+            query.push(("state", states.to_owned()));
+        }
+        if let Some(limit) = limit {
+            query.push(("limit", limit.to_string()));
+        }
+        self.send(self.http.get(self.url("/v1/runs")).query(&query)).await
+    }
+
+    pub async fn inspect(&self, run: &str) -> Result<InspectView> {
+        self.send(self.http.get(self.url(&format!("/v1/runs/{run}")))).await
+    }
+
+    pub async fn events(&self, run: &str, after: u64) -> Result<EventsPage> {
+        self.send(self.http.get(self.url(&format!("/v1/runs/{run}/events"))).query(&[("after", after)])).await
+    }
+
+    pub async fn action(&self, run: &str, action: &str) -> Result<RunView> {
+        self.send(self.http.post(self.url(&format!("/v1/runs/{run}/{action}")))).await
+    }
+
+    pub async fn stop(&self, run: &str, grace_secs: Option<u64>) -> Result<RunView> {
+        self.send(self.http.post(self.url(&format!("/v1/runs/{run}/stop"))).json(&StopParams { grace_secs }))
+            .await
+    }
+
+    pub async fn answer(&self, run: &str, text: &str) -> Result<RunView> {
+        let body = AnswerParams { text: text.to_owned() };
+        self.send(self.http.post(self.url(&format!("/v1/runs/{run}/answer"))).json(&body)).await
+    }
+
+    /// Follows the run's events (server-sent events) from `after`, calling `each` for
+    /// every event, until the run has ended. Reconnects if the stream drops.
+    pub async fn follow(&self, run: &str, mut after: u64, mut each: impl FnMut(&EventView)) -> Result<()> {
+        loop {
+            let response = self
+                .http
+                .get(self.url(&format!("/v1/runs/{run}/events")))
+                .query(&[("after", after.to_string()), ("follow", "true".to_owned())])
+                .bearer_auth(&self.token)
+                .send()
+                .await
+                .with_context(|| format!("following run {run}"))?;
+            if !response.status().is_success() {
+                let status = response.status();
+                let text = response.text().await.unwrap_or_default();
+                let message =
+                    serde_json::from_str::<ErrorBody>(&text).map(|b| b.error.message).unwrap_or(text);
+                bail!("the kernel answered {status}: {message}");
+            }
+            let mut stream = response.bytes_stream();
+            let mut buffer = String::new();
+            let mut ended = false;
+            while let Some(chunk) = stream.next().await {
+                let Ok(chunk) = chunk else { break };
+                buffer.push_str(&String::from_utf8_lossy(&chunk));
+                while let Some(end) = buffer.find("\n\n") {
+                    let block: String = buffer.drain(..end + 2).collect();
+                    let data: String = block
+                        .lines()
+                        .filter_map(|l| l.strip_prefix("data:"))
+                        .map(|l| l.strip_prefix(' ').unwrap_or(l))
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    if data.is_empty() {
+                        continue;
+                    }
+                    if let Ok(event) = serde_json::from_str::<EventView>(&data) {
+                        after = event.seq;
+                        if event.kind == "state" && is_terminal(&event) {
+                            ended = true;
+                        }
+                        each(&event);
+                    }
+                }
+            }
+            if ended {
+                return Ok(());
+            }
+            // The stream closed without the final state: the run may have ended with no
+            // further event, or the connection dropped. Check, then resume.
+            let view = self.inspect(run).await?;
+            if is_terminal_state(&view.run.state) {
+                let rest = self.events(run, after).await?;
+                rest.events.iter().for_each(&mut each);
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+pub fn is_terminal_state(state: &str) -> bool {
+    matches!(state, "succeeded" | "failed" | "cancelled")
+}
+
+fn is_terminal(event: &EventView) -> bool {
+    event.data.get("state").and_then(|s| s.as_str()).is_some_and(is_terminal_state)
+}
+
+fn normalize(addr: &str) -> String {
+    let addr = addr.trim_end_matches('/');
+    if addr.starts_with("http://") || addr.starts_with("https://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+pub async fn start_kernel(dir: DataDir, recover: bool) -> Result<Kernel> {
+    let options = KernelOptions {
+        data_dir: dir,
+        recover,
+        sandbox: Arc::new(keel_sandbox::NoSandbox),
+        default_stop_grace: Duration::from_secs(5),
+    };
+    Ok(Kernel::start(options).await?)
+}
+
+pub fn write_info(dir: &DataDir, addr: &str, mode: &str) -> Result<()> {
+    let info = KernelInfo { addr: addr.to_owned(), pid: std::process::id(), mode: mode.to_owned() };
+    let path: PathBuf = dir.kernel_info();
+    let temporary = path.with_extension("json.tmp");
+    std::fs::write(&temporary, serde_json::to_vec_pretty(&info)?)?;
+    std::fs::rename(&temporary, &path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! The `keel` command: a thin client of the kernel's HTTP API, plus `serve` (the daemon)
+//! and an embedded kernel for `keel run` when no daemon is running.
+
+mod client;
+mod commands;
+mod render;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "keel",
+    version,
+    about = "Keel, the agent kernel: runs agents as sandboxed, journaled, resumable processes.",
+    after_help = "Start here:\n  keel run --llm-script examples/quickstart/script.json -- python3 examples/quickstart/agent.py\n  keel ps\n  keel inspect RUN"
+)]
+struct Cli {
+    /// Where Keel keeps its database and sockets [default: $XDG_DATA_HOME/keel or ~/.local/share/keel]
+    #[arg(long, global = true, env = "KEEL_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+
+    /// Address of a running kernel's HTTP API (default: found through the data dir)
+    #[arg(long, global = true, env = "KEEL_ADDR", value_name = "HOST:PORT")]
+    addr: Option<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the kernel as a daemon (HTTP API + syscall socket); recovers interrupted runs.
+    #[command(after_help = "Example:\n  keel serve --listen 127.0.0.1:7777")]
+    Serve(commands::ServeArgs),
+    /// Start an agent and follow it (or --detach).
+    #[command(
+        after_help = "Examples:\n  keel run --llm-script examples/quickstart/script.json -- python3 examples/quickstart/agent.py\n  keel run --detach --json -- python3 agent.py"
+    )]
+    Run(commands::RunArgs),
+    /// List runs with their state, age, LLM calls, tokens and cost.
+    #[command(after_help = "Examples:\n  keel ps\n  keel ps --state running,waiting --json")]
+    Ps(commands::PsArgs),
+    /// Print a run's events and its agent's stdout/stderr.
+    #[command(after_help = "Example:\n  keel logs run_01jd... -f")]
+    Logs(commands::LogsArgs),
+    /// Show a run: state, usage, output, and its journal (every syscall).
+    #[command(after_help = "Example:\n  keel inspect run_01jd... --json")]
+    Inspect(commands::InspectArgs),
+    /// Freeze a run's processes.
+    #[command(after_help = "Example:\n  keel pause run_01jd...")]
+    Pause(commands::RunRef),
+    /// Continue a paused run.
+    #[command(after_help = "Example:\n  keel resume run_01jd...")]
+    Resume(commands::RunRef),
+    /// Stop a run: SIGTERM to its whole process tree, SIGKILL after the grace period.
+    #[command(after_help = "Example:\n  keel stop run_01jd... --grace 2")]
+    Stop(commands::StopArgs),
+    /// Answer a run's open question (human.ask).
+    #[command(after_help = "Example:\n  keel answer run_01jd... --text \"yes, go ahead\"")]
+    Answer(commands::AnswerArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("keel: could not start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let data_dir = keel_kernel::DataDir::resolve(cli.data_dir);
+    let addr = cli.addr.filter(|a| !a.is_empty());
+    let result = runtime.block_on(async {
+        let ctx = commands::Context { data_dir, addr };
+        match cli.command {
+            Command::Serve(args) => commands::serve(ctx, args).await,
+            Command::Run(args) => commands::run(ctx, args).await,
+            Command::Ps(args) => commands::ps(ctx, args).await,
+            Command::Logs(args) => commands::logs(ctx, args).await,
+            Command::Inspect(args) => commands::inspect(ctx, args).await,
+            Command::Pause(args) => commands::control(ctx, args, "pause").await,
+            Command::Resume(args) => commands::control(ctx, args, "resume").await,
+            Command::Stop(args) => commands::stop(ctx, args).await,
+            Command::Answer(args) => commands::answer(ctx, args).await,
+        }
+    });
+    // Agents and their pipes may hold blocking threads; do not wait for them.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("keel: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

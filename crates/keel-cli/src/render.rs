@@ -1,0 +1,221 @@
+//! Text output for people: tables, the inspect view, one-line event descriptions. Pure
+//! functions of the API's views, so they are easy to test.
+
+use std::fmt::Write as _;
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use keel_protocol::api::{EventView, InspectView, RunView};
+use serde_json::Value;
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Prints a kernel line on stderr, dimmed on a terminal, so it stands apart from the
+/// agent's own output.
+pub fn kernel_line(text: &str) {
+    if std::io::stderr().is_terminal() {
+        eprintln!("\x1b[2mkeel ▸ {text}\x1b[0m");
+    } else {
+        eprintln!("keel ▸ {text}");
+    }
+}
+
+pub fn age(ms: u64) -> String {
+    let secs = ms / 1000;
+    match secs {
+        0..=59 => format!("{secs}s"),
+        60..=3599 => format!("{}m", secs / 60),
+        3600..=86_399 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86_400),
+    }
+}
+
+fn tokens(view: &RunView) -> u64 {
+    view.usage.input_tokens + view.usage.output_tokens
+}
+
+pub fn summary(view: &RunView, elapsed: Duration) -> String {
+    let mut text = format!(
+        "run {} {} in {:.1}s · {} llm calls · {} tokens · ${:.4}",
+        view.run_id,
+        view.state,
+        elapsed.as_secs_f64(),
+        view.usage.llm_calls,
+        tokens(view),
+        view.usage.cost_usd
+    );
+    if let Some(error) = &view.error {
+        let _ = write!(text, " · {error}");
+    }
+    text
+}
+
+fn short(value: &Value, max: usize) -> String {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    if text.chars().count() > max {
+        format!("{}…", text.chars().take(max).collect::<String>())
+    } else {
+        text
+    }
+}
+
+/// One line for a kernel event, or `None` for events not worth a line.
+pub fn describe_event(event: &EventView, run_id: &str) -> Option<String> {
+    let data = &event.data;
+    let get = |key: &str| data.get(key).cloned().unwrap_or(Value::Null);
+    Some(match event.kind.as_str() {
+        "state" => {
+            let state = get("state");
+            let state = state.as_str().unwrap_or("?");
+            match state {
+                "created" | "queued" => return None,
+                _ => {
+                    let mut line = format!("state → {state}");
+                    if let Some(reason) = data.get("wait_reason").and_then(Value::as_str) {
+                        let _ = write!(line, " ({reason})");
+                    }
+                    if let Some(error) = data.get("error").and_then(Value::as_str) {
+                        let _ = write!(line, ": {error}");
+                    }
+                    line
+                }
+            }
+        }
+        "launch" => format!(
+            "agent started (pid {}, attempt {}, sandbox {}{})",
+            get("pid"),
+            get("attempt"),
+            short(&get("sandbox"), 20),
+            if get("replaying") == Value::Bool(true) { ", replaying its journal" } else { "" }
+        ),
+        "syscall" => {
+            let method = get("method");
+            let method = method.as_str().unwrap_or("?");
+            let mut line = format!("#{} {method}", get("seq"));
+            if let Some(tool) = data.get("tool").and_then(Value::as_str) {
+                let _ = write!(line, " {tool}");
+            }
+            if data.get("input_tokens").is_some() {
+                let _ = write!(line, " · {} in / {} out tokens", get("input_tokens"), get("output_tokens"));
+            }
+            if let Some(ms) = data.get("duration_ms").and_then(Value::as_u64) {
+                let _ = write!(line, " · {ms} ms");
+            }
+            let status = get("status");
+            if status.as_str() != Some("ok") {
+                let _ = write!(line, " · {}", short(&status, 20));
+            }
+            if data.get("replayed") == Some(&Value::Bool(true)) {
+                line.push_str(" · replayed from the journal");
+            } else {
+                line.push_str(" · journaled");
+            }
+            line
+        }
+        "question" => format!(
+            "waiting for a human: {}  → keel answer {run_id} --text \"...\"",
+            short(&get("question"), 200)
+        ),
+        "answer" => format!("answered: {}", short(&get("text"), 200)),
+        "emit" => format!("event: {}", short(data, 200)),
+        "stop" => format!("stopping (SIGTERM, SIGKILL after {}s)", get("grace_secs")),
+        "replay" => {
+            format!("replay diverged; journal entries {} kept as abandoned", short(&get("abandoned"), 80))
+        }
+        _ => return None,
+    })
+}
+
+pub fn runs_table(runs: &[RunView], now: u64) -> String {
+    if runs.is_empty() {
+        return "no runs yet; start one with `keel run -- COMMAND`\n".into();
+    }
+    let mut out = format!(
+        "{:<30} {:<11} {:>5} {:>4} {:>8} {:>9}  {}\n",
+        "RUN", "STATE", "AGE", "LLM", "TOKENS", "COST", "COMMAND"
+    );
+    for run in runs {
+        let state = match &run.wait_reason {
+            Some(reason) if run.state == "waiting" => format!("waiting:{reason}"),
+            _ => run.state.clone(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<30} {:<11} {:>5} {:>4} {:>8} {:>9}  {}",
+            run.run_id,
+            state,
+            age(now.saturating_sub(run.created_at)),
+            run.usage.llm_calls,
+            tokens(run),
+            format!("${:.4}", run.usage.cost_usd),
+            short(&Value::String(run.command.join(" ")), 60)
+        );
+    }
+    out
+}
+
+pub fn inspect(view: &InspectView, now: u64) -> String {
+    let run = &view.run;
+    let mut out = String::new();
+    let _ = writeln!(out, "run       {}", run.run_id);
+    let _ = writeln!(
+        out,
+        "state     {}{}",
+        run.state,
+        run.wait_reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default()
+    );
+    let _ = writeln!(out, "command   {}", run.command.join(" "));
+    let _ = writeln!(out, "age       {} (attempt {})", age(now.saturating_sub(run.created_at)), run.attempt);
+    let _ = writeln!(
+        out,
+        "usage     {} llm calls ({} served by the provider) · {} in / {} out tokens · {} tool calls · ${:.4}",
+        run.usage.llm_calls,
+        run.provider_calls,
+        run.usage.input_tokens,
+        run.usage.output_tokens,
+        run.usage.tool_calls,
+        run.usage.cost_usd
+    );
+    if let Some(question) = &run.question {
+        let _ = writeln!(out, "question  {question}  → keel answer {} --text \"...\"", run.run_id);
+    }
+    if let Some(code) = run.exit_code {
+        let _ = writeln!(out, "exit code {code}");
+    }
+    if let Some(error) = &run.error {
+        let _ = writeln!(out, "error     {error}");
+    }
+    if let Some(output) = &run.output {
+        let _ = writeln!(out, "output    {}", short(output, 400));
+    }
+    let _ = writeln!(out, "\njournal ({} entries)", view.journal.len());
+    let _ = writeln!(
+        out,
+        "{:>5}  {:<17} {:<9} {:<16} {:>7}  DETAIL",
+        "SEQ", "METHOD", "STATUS", "PARAMS", "TIME"
+    );
+    for entry in &view.journal {
+        let detail = match entry.method.as_str() {
+            "llm.chat" => {
+                format!("{} in / {} out tokens", entry.usage.input_tokens, entry.usage.output_tokens)
+            }
+            "tool.call" => short(&entry.params.get("name").cloned().unwrap_or(Value::Null), 40),
+            "human.ask" => short(&entry.params.get("question").cloned().unwrap_or(Value::Null), 60),
+            "run.exit" => short(&entry.params.get("output").cloned().unwrap_or(Value::Null), 60),
+            "run.emit" => short(&entry.params.get("event").cloned().unwrap_or(Value::Null), 60),
+            _ => entry.result.as_ref().map(|r| short(r, 60)).unwrap_or_default(),
+        };
+        let time = entry.duration_ms.map(|d| format!("{d}ms")).unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "{:>5}  {:<17} {:<9} {:<16} {:>7}  {}",
+            entry.seq, entry.method, entry.status, entry.params_digest, time, detail
+        );
+    }
+    out
+}

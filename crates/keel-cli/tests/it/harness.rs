@@ -1,0 +1,146 @@
+//! Test harness: a private data directory per test, the real `keel` binary, and a daemon
+//! that can be SIGKILLed and restarted.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+}
+
+pub fn agents() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agents")
+}
+
+pub fn agent(name: &str) -> String {
+    agents().join(name).display().to_string()
+}
+
+/// Polls `check` until it returns Some, or panics with `what` after a generous deadline.
+pub fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+pub struct Keel {
+    pub data: tempfile::TempDir,
+    daemon: Option<Child>,
+}
+
+impl Keel {
+    pub fn new() -> Keel {
+        Keel { data: tempfile::tempdir().expect("tempdir"), daemon: None }
+    }
+
+    pub fn cmd(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_keel"));
+        cmd.env("KEEL_DATA_DIR", self.data.path())
+            .env_remove("KEEL_ADDR")
+            .env_remove("KEEL_LLM_SCRIPT")
+            .env_remove("KEEL_API_TOKEN")
+            .current_dir(repo_root())
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().expect("spawn keel")
+    }
+
+    /// Runs keel and asserts it succeeded; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "keel {args:?} failed ({}):\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn json(&self, args: &[&str]) -> Value {
+        let text = self.ok(args);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("keel {args:?} printed no JSON ({e}): {text}"))
+    }
+
+    pub fn inspect(&self, run: &str) -> Value {
+        self.json(&["inspect", run, "--json"])
+    }
+
+    pub fn start_daemon(&mut self) {
+        assert!(self.daemon.is_none(), "daemon already running");
+        let info = self.data.path().join("kernel.json");
+        let _ = std::fs::remove_file(&info);
+        let child = self
+            .cmd()
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn keel serve");
+        self.daemon = Some(child);
+        wait_for("the daemon to answer", || {
+            std::fs::read_to_string(&info).ok()?;
+            let out = self.run(&["ps", "--json"]);
+            out.status.success().then_some(())
+        });
+    }
+
+    /// SIGKILLs the daemon (and, through PDEATHSIG, its agents).
+    pub fn kill_daemon(&mut self) {
+        let mut child = self.daemon.take().expect("daemon running");
+        child.kill().expect("SIGKILL the daemon");
+        child.wait().expect("reap the daemon");
+    }
+
+    pub fn detach(&self, args: &[&str]) -> String {
+        let mut full = vec!["run", "--detach", "--json"];
+        full.extend_from_slice(args);
+        let value = self.json(&full);
+        value["run_id"].as_str().expect("run_id").to_owned()
+    }
+
+    pub fn wait_state(&self, run: &str, wanted: &[&str]) -> Value {
+        wait_for(&format!("run {run} to be {wanted:?}"), || {
+            let view = self.inspect(run);
+            wanted.contains(&view["state"].as_str().unwrap_or_default()).then_some(view)
+        })
+    }
+}
+
+impl Drop for Keel {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.daemon.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// True while `pid` exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit(')').next().and_then(|rest| rest.trim_start().chars().next());
+            state != Some('Z') && state != Some('X')
+        }
+        Err(_) => false,
+    }
+}
+
+/// The process state letter of `pid` (R, S, T, Z...).
+pub fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.trim_start().chars().next()
+}

@@ -1,0 +1,376 @@
+//! Syscall dispatch. Every journaled syscall is first matched against the replay journal
+//! (after a restart); a live call journals its intent durably before the effect and its
+//! result durably before the reply, so a crash at any instant loses no answered step and
+//! repeats no completed effect.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use keel_core::lifecycle::Command as Lifecycle;
+use keel_core::replay::{Decision, params_hash};
+use keel_llm::Provider;
+use keel_protocol::rpc::{
+    ErrorKind, HumanAskParams, LlmChatParams, RpcError, RunEmitParams, RunExitParams, StateCheckpointParams,
+    ToolCallParams,
+};
+use keel_store::{Completion, JournalEntry, NewEntry, RunPatch, Seq};
+use keel_types::{EntryStatus, RunState, Usage};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::Kernel;
+use crate::runtime::{LiveRun, now_ms};
+use crate::tools::{self, ToolLookupError};
+
+type Reply = Result<Value, RpcError>;
+
+/// A syscall whose params were checked: what the journal records and replays.
+enum Call {
+    LlmChat(LlmChatParams),
+    Tool(tools::BuiltinCall),
+    Checkpoint,
+    Now,
+    Random,
+    Ask(String),
+    Emit(Value),
+    Exit(Value),
+}
+
+fn internal(err: impl std::fmt::Display) -> RpcError {
+    ErrorKind::Internal.error(format!("the kernel failed: {err}"))
+}
+
+fn parse<T: DeserializeOwned>(method: &str, params: &Value, shape: &str) -> Result<T, RpcError> {
+    serde_json::from_value(params.clone())
+        .map_err(|e| ErrorKind::InvalidParams.error(format!("{method}: {e}; expected params {shape}")))
+}
+
+/// Checks params before anything is journaled, so a bad call leaves no trace to replay.
+fn check(method: &str, params: &Value) -> Result<Call, RpcError> {
+    let empty = |m: &str| -> Result<(), RpcError> {
+        match params.as_object() {
+            Some(map) if map.is_empty() => Ok(()),
+            _ => Err(ErrorKind::InvalidParams.error(format!("{m} takes no params; send {{}}"))),
+        }
+    };
+    Ok(match method {
+        "llm.chat" => {
+            let p: LlmChatParams =
+                parse(method, params, "{\"messages\":[{\"role\":\"user\",\"content\":\"...\"}]}")?;
+            if p.messages.is_empty() {
+                return Err(ErrorKind::InvalidParams
+                    .error("llm.chat: `messages` is empty; send at least one message"));
+            }
+            Call::LlmChat(p)
+        }
+        "tool.call" => {
+            let p: ToolCallParams = parse(method, params, "{\"name\":\"echo\",\"args\":{...}}")?;
+            match tools::lookup(&p.name, &p.args) {
+                Ok(call) => Call::Tool(call),
+                Err(ToolLookupError::Unknown(name)) => {
+                    let known: Vec<String> = tools::specs().into_iter().map(|t| t.name).collect();
+                    return Err(ErrorKind::NotFound.error(format!(
+                        "no tool {name:?} is granted to this run; available: {}",
+                        known.join(", ")
+                    )));
+                }
+                Err(ToolLookupError::BadArgs(why)) => return Err(ErrorKind::InvalidParams.error(why)),
+            }
+        }
+        "state.checkpoint" => {
+            parse::<StateCheckpointParams>(method, params, "{\"state\": <any JSON>}")?;
+            Call::Checkpoint
+        }
+        "sys.now" => {
+            empty(method)?;
+            Call::Now
+        }
+        "sys.random" => {
+            empty(method)?;
+            Call::Random
+        }
+        "human.ask" => Call::Ask(parse::<HumanAskParams>(method, params, "{\"question\":\"...\"}")?.question),
+        "run.emit" => Call::Emit(parse::<RunEmitParams>(method, params, "{\"event\": <any JSON>}")?.event),
+        "run.exit" => Call::Exit(parse::<RunExitParams>(method, params, "{\"output\": <any JSON>}")?.output),
+        other => {
+            return Err(ErrorKind::UnknownMethod.error(format!(
+                "unknown method {other:?}; protocol 1 has: {}",
+                keel_protocol::rpc::METHODS.join(", ")
+            )));
+        }
+    })
+}
+
+/// The reply a journal entry stands for (the same bytes, live or replayed).
+fn reply_of(entry: &JournalEntry) -> Reply {
+    match entry.status {
+        EntryStatus::Ok => Ok(match entry.method.as_str() {
+            "llm.chat" => {
+                entry.result.as_ref().and_then(|r| r.get("response")).cloned().unwrap_or(Value::Null)
+            }
+            "state.checkpoint" => json!({ "seq": entry.seq }),
+            _ => entry.result.clone().unwrap_or(Value::Null),
+        }),
+        _ => Err(entry
+            .error
+            .clone()
+            .and_then(|e| serde_json::from_value(e).ok())
+            .unwrap_or_else(|| ErrorKind::Internal.error("the journaled call failed"))),
+    }
+}
+
+impl Kernel {
+    pub(crate) async fn syscall(&self, live: &Arc<LiveRun>, method: &str, params: Value) -> Reply {
+        if live.exited.load(Ordering::SeqCst) {
+            return Err(ErrorKind::RunExited.error(format!(
+                "{method}: this run already called run.exit; the agent should end its process now"
+            )));
+        }
+        match method {
+            "state.restore" => return self.restore(live).await,
+            "tool.list" => return Ok(json!({ "tools": tools::specs() })),
+            _ => {}
+        }
+        let call = check(method, &params)?;
+        let hash = params_hash(method, &params);
+        let (decision, recorded) = {
+            let mut replay = live.replay.lock().await;
+            let decision = replay.matcher.decide(method, &hash);
+            let recorded = match &decision {
+                Decision::Replay { seq } | Decision::Reattach { seq } => replay.recorded.get(seq).cloned(),
+                Decision::Live { .. } => None,
+            };
+            (decision, recorded)
+        };
+        match decision {
+            Decision::Replay { seq } => {
+                let entry = recorded.ok_or_else(|| internal(format!("journal entry {seq} vanished")))?;
+                if method == "run.exit" {
+                    live.exited.store(true, Ordering::SeqCst);
+                }
+                self.emit(&live.id, "syscall", json!({ "seq": seq, "method": method, "status": entry.status.as_str(), "replayed": true }));
+                reply_of(&entry)
+            }
+            Decision::Reattach { seq } => {
+                // The crash window: the intent is journaled, the result is not. Reread it
+                // (an operator may have answered meanwhile), else apply the call's policy;
+                // every call of protocol 1 is safe to retry (built-in tools are idempotent
+                // and get the key run_id:seq; a scripted LLM call has no outside effect).
+                let current = self.store().journal(&live.id, seq - 1).await.map_err(internal)?;
+                if let Some(entry) =
+                    current.into_iter().find(|e| e.seq == seq && e.status != EntryStatus::Pending)
+                {
+                    return reply_of(&entry);
+                }
+                self.perform(live, method, call, params, Some(seq)).await
+            }
+            Decision::Live { first } => {
+                if first {
+                    self.go_live(live).await;
+                }
+                self.perform(live, method, call, params, None).await
+            }
+        }
+    }
+
+    /// The first call without a journaled match ends replay: `recovering` becomes `running`.
+    async fn go_live(&self, live: &Arc<LiveRun>) {
+        if let Ok(record) = self.get(&live.id).await
+            && record.state == RunState::Recovering
+            && let Err(err) = self.transition(&live.id, Lifecycle::Recovered, RunPatch::default()).await
+        {
+            tracing::warn!(run = %live.id, "could not mark the run recovered: {err}");
+        }
+    }
+
+    async fn restore(&self, live: &Arc<LiveRun>) -> Reply {
+        let checkpoint = self.store().latest_entry(&live.id, "state.checkpoint").await.map_err(internal)?;
+        let state = checkpoint.and_then(|e| e.params.get("state").cloned()).unwrap_or(Value::Null);
+        Ok(json!({ "state": state }))
+    }
+
+    /// Journals an entry that is complete at once (no outside effect to wait for).
+    async fn record(
+        &self,
+        live: &Arc<LiveRun>,
+        method: &str,
+        params: Value,
+        hash: String,
+        result: Value,
+    ) -> Result<Seq, RpcError> {
+        let now = now_ms();
+        let entry = NewEntry {
+            method: method.to_owned(),
+            params,
+            params_hash: hash,
+            status: EntryStatus::Ok,
+            result: Some(result),
+            error: None,
+            attempt: live.attempt,
+            started_at_ms: now,
+            finished_at_ms: Some(now),
+            usage: Usage::default(),
+        };
+        let seq = self.store().append_entry(&live.id, entry).await.map_err(internal)?;
+        self.emit(&live.id, "syscall", json!({ "seq": seq, "method": method, "status": "ok" }));
+        Ok(seq)
+    }
+
+    /// Journals the intent of a call with an outside effect; returns its seq.
+    async fn intend(
+        &self,
+        live: &Arc<LiveRun>,
+        method: &str,
+        params: Value,
+        hash: String,
+    ) -> Result<Seq, RpcError> {
+        let entry = NewEntry {
+            method: method.to_owned(),
+            params,
+            params_hash: hash,
+            status: EntryStatus::Pending,
+            result: None,
+            error: None,
+            attempt: live.attempt,
+            started_at_ms: now_ms(),
+            finished_at_ms: None,
+            usage: Usage::default(),
+        };
+        self.store().append_entry(&live.id, entry).await.map_err(internal)
+    }
+
+    async fn complete(
+        &self,
+        live: &Arc<LiveRun>,
+        seq: Seq,
+        outcome: &Reply,
+        record: Value,
+        usage: Usage,
+        served: bool,
+    ) -> Result<(), RpcError> {
+        let (status, result, error) = match outcome {
+            Ok(_) => (EntryStatus::Ok, Some(record), None),
+            Err(err) => (EntryStatus::Error, None, Some(serde_json::to_value(err).map_err(internal)?)),
+        };
+        let completion =
+            Completion { status, result, error, finished_at_ms: now_ms(), usage, provider_served: served };
+        self.store().complete_entry(&live.id, seq, completion).await.map_err(internal)
+    }
+
+    async fn perform(
+        &self,
+        live: &Arc<LiveRun>,
+        method: &str,
+        call: Call,
+        params: Value,
+        reuse: Option<Seq>,
+    ) -> Reply {
+        let hash = params_hash(method, &params);
+        match call {
+            Call::Now => {
+                let result = json!({ "unix_ms": now_ms() });
+                self.record(live, method, params, hash, result.clone()).await?;
+                Ok(result)
+            }
+            Call::Random => {
+                let mut bytes = [0u8; 8];
+                keel_types::fill_random(&mut bytes);
+                let result = json!({ "value": u64::from_le_bytes(bytes) });
+                self.record(live, method, params, hash, result.clone()).await?;
+                Ok(result)
+            }
+            Call::Emit(event) => {
+                self.record(live, method, params, hash, json!({})).await?;
+                self.emit(&live.id, "emit", event);
+                Ok(json!({}))
+            }
+            Call::Exit(output) => {
+                self.record(live, method, params, hash, json!({})).await?;
+                live.exited.store(true, Ordering::SeqCst);
+                let patch = RunPatch { output: Some(Some(output)), ..RunPatch::default() };
+                self.store().update_run(&live.id, None, patch).await.map_err(internal)?;
+                Ok(json!({}))
+            }
+            Call::Checkpoint => {
+                let seq = self.record(live, method, params, hash, Value::Null).await?;
+                // Replay now starts from this checkpoint, so a journal tail the restarted
+                // agent never asked for again can no longer be asked for.
+                self.abandon_replay_tail(live).await;
+                Ok(json!({ "seq": seq }))
+            }
+            Call::LlmChat(request) => {
+                let provider: Arc<dyn Provider> = live.provider.clone().ok_or_else(|| {
+                    ErrorKind::NoProvider.error(
+                        "no LLM provider is configured for this run: start it with `keel run --llm-script FILE` (or set KEEL_LLM_SCRIPT)",
+                    )
+                })?;
+                let seq = match reuse {
+                    Some(seq) => seq,
+                    None => self.intend(live, method, params, hash).await?,
+                };
+                let started = std::time::Instant::now();
+                let (outcome, record, usage, served) = match provider.chat(&request).await {
+                    Ok(served) => {
+                        let response = serde_json::to_value(&served.response).map_err(internal)?;
+                        let usage = Usage {
+                            input_tokens: served.response.usage.input_tokens,
+                            output_tokens: served.response.usage.output_tokens,
+                            llm_calls: 1,
+                            tool_calls: 0,
+                            cost_micro_usd: (served.response.cost_usd * 1_000_000.0).round() as u64,
+                        };
+                        let record = json!({ "response": response, "provider": served.meta });
+                        (Ok(response), record, usage, true)
+                    }
+                    Err(err) => (
+                        Err(ErrorKind::ProviderError.error(format!("{} provider: {err}", provider.name()))),
+                        Value::Null,
+                        Usage { llm_calls: 1, ..Usage::default() },
+                        false,
+                    ),
+                };
+                self.complete(live, seq, &outcome, record, usage, served).await?;
+                self.emit(
+                    &live.id,
+                    "syscall",
+                    json!({
+                        "seq": seq, "method": method, "status": if outcome.is_ok() { "ok" } else { "error" },
+                        "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+                        "duration_ms": started.elapsed().as_millis() as u64,
+                    }),
+                );
+                outcome
+            }
+            Call::Tool(builtin) => {
+                let name = params.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+                let seq = match reuse {
+                    Some(seq) => seq,
+                    None => self.intend(live, method, params, hash).await?,
+                };
+                let scope = format!("run:{}", live.id);
+                let outcome = match tools::run(builtin, &scope, self.store().as_ref()).await {
+                    Ok(result) => Ok(json!({ "result": result })),
+                    Err(err) => Err(ErrorKind::ToolError.error(format!("tool {name} failed: {err}"))),
+                };
+                let record = outcome.clone().unwrap_or(Value::Null);
+                let usage = Usage { tool_calls: 1, ..Usage::default() };
+                self.complete(live, seq, &outcome, record, usage, false).await?;
+                self.emit(&live.id, "syscall", json!({ "seq": seq, "method": method, "tool": name, "status": if outcome.is_ok() { "ok" } else { "error" } }));
+                outcome
+            }
+            Call::Ask(question) => {
+                let seq = match reuse {
+                    Some(seq) => seq,
+                    None => self.intend(live, method, params, hash).await?,
+                };
+                let answer = self.park_for_answer(live, seq, question).await.map_err(internal)?;
+                match answer.await {
+                    Ok(text) => Ok(json!({ "answer": text })),
+                    Err(_) => {
+                        Err(ErrorKind::Cancelled.error("human.ask: the run is ending; no answer will come"))
+                    }
+                }
+            }
+        }
+    }
+}

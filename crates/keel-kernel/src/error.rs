@@ -1,0 +1,36 @@
+//! The kernel's error type. Each variant says what the caller did wrong or which step
+//! failed; the HTTP layer maps them to status codes.
+
+use keel_types::RunId;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no run {0}; `keel ps` lists the runs")]
+    RunNotFound(RunId),
+    /// The request is malformed; the message says how.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The request is well-formed but the run's state does not allow it.
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    IllegalTransition(#[from] keel_core::lifecycle::IllegalTransition),
+    #[error("another kernel is already using {dir}: {detail}")]
+    DataDirLocked { dir: String, detail: String },
+    #[error("could not prepare the data directory {dir}: {source}")]
+    DataDir {
+        dir: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("could not listen on the syscall socket {path}: {source}")]
+    SyscallSocket {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] keel_store::Error),
+}

@@ -1,0 +1,149 @@
+//! Run events (agent output, state changes, syscalls, emitted events): one writer task
+//! batches them into the store off the syscall path, and followers read them back from
+//! the store, woken by a per-run watch of the newest seq, so a follower never misses or
+//! repeats an event however it interleaves with the writer.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_store::{EventRecord, NewEvent, Seq, Store};
+use keel_types::{RunId, RunState};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+
+enum Message {
+    Event(RunId, NewEvent),
+    Flush(oneshot::Sender<()>),
+}
+
+/// Handle to the event writer. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct EventLog {
+    tx: mpsc::UnboundedSender<Message>,
+    heads: Arc<Mutex<HashMap<RunId, watch::Sender<Seq>>>>,
+}
+
+impl EventLog {
+    pub(crate) fn start(store: Arc<dyn Store>) -> EventLog {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let heads: Arc<Mutex<HashMap<RunId, watch::Sender<Seq>>>> = Arc::default();
+        tokio::spawn(write_loop(store, rx, heads.clone()));
+        EventLog { tx, heads }
+    }
+
+    pub(crate) fn emit(&self, run: &RunId, kind: &str, data: Value) {
+        let event = NewEvent { ts_ms: crate::runtime::now_ms(), kind: kind.to_owned(), data };
+        // The writer only stops when the kernel is dropped; events after that are moot.
+        let _ = self.tx.send(Message::Event(run.clone(), event));
+    }
+
+    /// Waits until every event emitted before this call is in the store.
+    pub(crate) async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Message::Flush(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    fn head(&self, run: &RunId) -> watch::Receiver<Seq> {
+        let mut heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        heads.entry(run.clone()).or_insert_with(|| watch::channel(0).0).subscribe()
+    }
+}
+
+async fn write_loop(
+    store: Arc<dyn Store>,
+    mut rx: mpsc::UnboundedReceiver<Message>,
+    heads: Arc<Mutex<HashMap<RunId, watch::Sender<Seq>>>>,
+) {
+    let mut batch: Vec<Message> = Vec::new();
+    while rx.recv_many(&mut batch, 1024).await > 0 {
+        let mut per_run: Vec<(RunId, Vec<NewEvent>)> = Vec::new();
+        let mut flushes = Vec::new();
+        for message in batch.drain(..) {
+            match message {
+                Message::Event(run, event) => match per_run.iter_mut().find(|(r, _)| *r == run) {
+                    Some((_, events)) => events.push(event),
+                    None => per_run.push((run, vec![event])),
+                },
+                Message::Flush(done) => flushes.push(done),
+            }
+        }
+        for (run, events) in per_run {
+            match store.append_events(&run, events).await {
+                Ok(last) => {
+                    let heads = heads.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(head) = heads.get(&run) {
+                        head.send_replace(last);
+                    }
+                }
+                Err(err) => tracing::warn!(run = %run, "could not record run events: {err}"),
+            }
+        }
+        for done in flushes {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// Reads a run's events from `after` on. With `follow`, waits for new ones until the run
+/// has ended and its final state event was delivered.
+pub struct EventStream {
+    store: Arc<dyn Store>,
+    run: RunId,
+    after: Seq,
+    follow: bool,
+    head: watch::Receiver<Seq>,
+    buffered: std::collections::VecDeque<EventRecord>,
+    done: bool,
+}
+
+impl EventStream {
+    pub(crate) fn new(store: Arc<dyn Store>, log: &EventLog, run: RunId, after: Seq, follow: bool) -> Self {
+        let head = log.head(&run);
+        EventStream { store, run, after, follow, head, buffered: Default::default(), done: false }
+    }
+
+    /// The next event, or `None` at the end (at once when not following).
+    pub async fn next(&mut self) -> crate::Result<Option<EventRecord>> {
+        loop {
+            if let Some(event) = self.buffered.pop_front() {
+                self.after = event.seq;
+                if self.follow && event.kind == "state" && is_terminal_state_event(&event.data) {
+                    self.done = true;
+                }
+                return Ok(Some(event));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            // Mark the head as seen before reading, so a write that lands after the read
+            // still wakes us.
+            self.head.borrow_and_update();
+            let page = self.store.events(&self.run, self.after, 512).await?;
+            if !page.is_empty() {
+                self.buffered.extend(page);
+                continue;
+            }
+            if !self.follow {
+                return Ok(None);
+            }
+            let run = self.store.get_run(&self.run).await?;
+            if run.is_none_or(|r| r.state.is_terminal()) {
+                // Ended before we started following and everything was delivered.
+                return Ok(None);
+            }
+            // Wake on a new event, or re-check now and then in case the run ended
+            // without a further event (e.g. it was ended by another kernel).
+            let _ = tokio::time::timeout(Duration::from_secs(2), self.head.changed()).await;
+        }
+    }
+}
+
+fn is_terminal_state_event(data: &Value) -> bool {
+    data.get("state")
+        .and_then(Value::as_str)
+        .and_then(|s| s.parse::<RunState>().ok())
+        .is_some_and(RunState::is_terminal)
+}

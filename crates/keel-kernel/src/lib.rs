@@ -1,0 +1,22 @@
+//! The Keel kernel: starts agents behind a [`keel_sandbox::Sandbox`], serves their
+//! syscalls over a Unix socket, journals every syscall durably before answering, and
+//! after a restart brings live runs back by relaunching the agent and answering its
+//! syscalls from the journal until it asks something new.
+//!
+//! Everything that acts on a run enters through [`Kernel::execute`] as a [`Command`]
+//! (HTTP and CLI parse into it) or through the syscall socket; queries are plain methods.
+
+mod dispatch;
+mod error;
+mod events;
+mod paths;
+mod runtime;
+mod sdk;
+mod syscall;
+mod tools;
+pub mod views;
+
+pub use error::{Error, Result};
+pub use events::EventStream;
+pub use paths::DataDir;
+pub use runtime::{Command, CreateRun, Kernel, KernelOptions};

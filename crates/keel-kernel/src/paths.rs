@@ -1,0 +1,63 @@
+//! Where a kernel keeps its files: the data directory and the well-known names inside it.
+
+use std::path::{Path, PathBuf};
+
+/// The data directory, resolved from (in order) an explicit path, `$KEEL_DATA_DIR`,
+/// `$XDG_DATA_HOME/keel`, `$HOME/.local/share/keel`.
+#[derive(Debug, Clone)]
+pub struct DataDir {
+    root: PathBuf,
+}
+
+impl DataDir {
+    pub fn resolve(explicit: Option<PathBuf>) -> DataDir {
+        let root = explicit
+            .or_else(|| non_empty_env("KEEL_DATA_DIR").map(PathBuf::from))
+            .or_else(|| non_empty_env("XDG_DATA_HOME").map(|d| PathBuf::from(d).join("keel")))
+            .or_else(|| non_empty_env("HOME").map(|h| PathBuf::from(h).join(".local/share/keel")))
+            .unwrap_or_else(|| PathBuf::from(".keel-data"));
+        DataDir { root }
+    }
+
+    pub fn new(root: impl Into<PathBuf>) -> DataDir {
+        DataDir { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The SQLite database (WAL files sit beside it).
+    pub fn database(&self) -> PathBuf {
+        self.root.join("keel.db")
+    }
+
+    /// The syscall socket every agent connects to.
+    pub fn syscall_socket(&self) -> PathBuf {
+        self.root.join("syscall.sock")
+    }
+
+    /// The bearer token of the HTTP API (mode 0600).
+    pub fn api_token(&self) -> PathBuf {
+        self.root.join("api-token")
+    }
+
+    /// Held with an exclusive lock by the one kernel using this directory.
+    pub fn lock_file(&self) -> PathBuf {
+        self.root.join("kernel.lock")
+    }
+
+    /// Where the live kernel advertises its HTTP address, for the CLI.
+    pub fn kernel_info(&self) -> PathBuf {
+        self.root.join("kernel.json")
+    }
+
+    /// The Python SDK, unpacked from the binary so agents can import it.
+    pub fn python_sdk(&self) -> PathBuf {
+        self.root.join("sdk/python")
+    }
+}
+
+fn non_empty_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}

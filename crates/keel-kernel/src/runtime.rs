@@ -1,0 +1,817 @@
+//! The kernel runtime: the registry of live runs, lifecycle changes (decided by
+//! `keel_core::lifecycle`, persisted with a compare-and-set), launching agents, watching
+//! them exit, operator commands and recovery after a restart.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use keel_core::lifecycle::{self, Command as Lifecycle};
+use keel_core::replay::{RecordedCall, ReplayMatcher};
+use keel_llm::{Provider, ScriptedProvider};
+use keel_protocol::api::CreateRunParams;
+use keel_sandbox::{LaunchSpec, Sandbox, tree};
+use keel_store::{
+    Completion, EventRecord, JournalEntry, NewRun, RunFilter, RunPatch, RunRecord, Seq, SqliteStore, Store,
+};
+use keel_types::{EntryStatus, RunId, RunState, WaitReason};
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+use tokio::sync::oneshot;
+
+use crate::events::{EventLog, EventStream};
+use crate::{DataDir, Error, Result};
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// How a kernel is set up.
+pub struct KernelOptions {
+    pub data_dir: DataDir,
+    /// Bring back runs that were live when the previous kernel stopped. The daemon does;
+    /// the kernel embedded in a foreground `keel run` does not (it would end with its run).
+    pub recover: bool,
+    pub sandbox: Arc<dyn Sandbox>,
+    /// Seconds between SIGTERM and SIGKILL on stop, unless the run sets its own.
+    pub default_stop_grace: Duration,
+}
+
+/// A request to start a run, validated (see [`CreateRun::validate`]).
+#[derive(Debug, Clone)]
+pub struct CreateRun {
+    pub command: Vec<String>,
+    pub cwd: PathBuf,
+    pub env: BTreeMap<String, String>,
+    pub llm_script: Option<Value>,
+    pub tenant: String,
+    pub stop_grace_secs: Option<u64>,
+}
+
+impl CreateRun {
+    /// Checks a request from the wire and says exactly what is wrong with it.
+    pub fn validate(params: CreateRunParams) -> Result<CreateRun> {
+        let bad = |msg: String| Err(Error::InvalidRequest(msg));
+        if params.command.is_empty() || params.command[0].is_empty() {
+            return bad(
+                "`command` is empty; give the program to run, e.g. [\"python3\", \"agent.py\"]".into()
+            );
+        }
+        if params.command.iter().any(|a| a.contains('\0')) {
+            return bad("`command` contains a NUL byte".into());
+        }
+        let cwd = match params.cwd {
+            Some(cwd) => PathBuf::from(cwd),
+            None => std::env::current_dir().map_err(|e| {
+                Error::InvalidRequest(format!("no `cwd` given and the kernel's own is unreadable: {e}"))
+            })?,
+        };
+        if !cwd.is_absolute() {
+            return bad(format!("`cwd` must be an absolute path, got {:?}", cwd));
+        }
+        if !cwd.is_dir() {
+            return bad(format!("`cwd` {:?} is not a directory on the kernel's host", cwd));
+        }
+        for (name, value) in &params.env {
+            if name.is_empty() || name.contains('=') || name.contains('\0') || value.contains('\0') {
+                return bad(format!(
+                    "environment variable {name:?} is not valid (names are non-empty, without '=' or NUL)"
+                ));
+            }
+            if name.starts_with("KEEL_") {
+                return bad(format!(
+                    "environment variable {name} is reserved: the kernel sets KEEL_* itself"
+                ));
+            }
+        }
+        if let Some(script) = &params.llm_script {
+            ScriptedProvider::from_value(script).map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        }
+        let tenant = params.tenant.unwrap_or_else(|| "default".into());
+        if tenant.is_empty()
+            || tenant.len() > 64
+            || !tenant.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return bad(format!("tenant {tenant:?} is not valid: use 1-64 letters, digits, '-' or '_'"));
+        }
+        if params.stop_grace_secs.is_some_and(|s| s > 3600) {
+            return bad("`stop_grace_secs` is at most 3600".into());
+        }
+        Ok(CreateRun {
+            command: params.command,
+            cwd,
+            env: params.env,
+            llm_script: params.llm_script,
+            tenant,
+            stop_grace_secs: params.stop_grace_secs,
+        })
+    }
+
+    fn to_spec(&self) -> Value {
+        json!({
+            "command": self.command,
+            "cwd": self.cwd,
+            "env": self.env,
+            "llm_script": self.llm_script,
+            "stop_grace_secs": self.stop_grace_secs,
+        })
+    }
+}
+
+/// Operator commands, from the HTTP API or the CLI. Each documents when it is legal.
+#[derive(Debug, Clone)]
+pub enum Command {
+    /// Start a new run. Always legal for a valid request.
+    Create(CreateRun),
+    /// Freeze a running, waiting or recovering run's processes (SIGSTOP).
+    Pause(RunId),
+    /// Continue a paused run (relaunched by replay if its process is gone).
+    Resume(RunId),
+    /// End a run that has not ended: SIGTERM, then SIGKILL after the grace period.
+    Stop { run: RunId, grace: Option<Duration> },
+    /// Answer the run's open `human.ask`.
+    Answer { run: RunId, text: String },
+}
+
+/// The kernel. Cheap to clone; every clone is the same kernel.
+#[derive(Clone)]
+pub struct Kernel {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    sandbox: Arc<dyn Sandbox>,
+    pub(crate) data_dir: DataDir,
+    default_stop_grace: Duration,
+    live: Mutex<HashMap<RunId, Arc<LiveRun>>>,
+    tokens: Mutex<HashMap<String, Arc<LiveRun>>>,
+    /// Serialises lifecycle changes so that read-decide-write never races.
+    transitions: tokio::sync::Mutex<()>,
+    pub(crate) events: EventLog,
+    shutting_down: AtomicBool,
+    /// Held for the kernel's life; dropping it releases the data directory.
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// A run whose agent process this kernel started and has not yet seen exit.
+pub(crate) struct LiveRun {
+    pub(crate) id: RunId,
+    pub(crate) attempt: u32,
+    pub(crate) pid: u32,
+    pub(crate) provider: Option<Arc<dyn Provider>>,
+    pub(crate) replay: tokio::sync::Mutex<Replay>,
+    /// Set by `run.exit`: later syscalls are refused.
+    pub(crate) exited: AtomicBool,
+    stopping: AtomicBool,
+    pub(crate) ask: Mutex<Option<PendingAsk>>,
+}
+
+pub(crate) struct Replay {
+    pub(crate) matcher: ReplayMatcher,
+    /// The recorded entries the matcher may point at, by seq.
+    pub(crate) recorded: HashMap<Seq, JournalEntry>,
+}
+
+pub(crate) struct PendingAsk {
+    pub(crate) seq: Seq,
+    pub(crate) question: String,
+    pub(crate) reply: oneshot::Sender<String>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The maps behind these locks stay consistent across a panic (single inserts and
+    // removes), so a poisoned lock is still safe to use.
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Kernel {
+    /// Opens the data directory (taking its exclusive lock), the store and the syscall
+    /// socket; recovers interrupted runs if asked to.
+    pub async fn start(options: KernelOptions) -> Result<Kernel> {
+        let dir = options.data_dir.clone();
+        let dir_error = |source| Error::DataDir { dir: dir.root().display().to_string(), source };
+        std::fs::create_dir_all(dir.root()).map_err(dir_error)?;
+        let lock_file = take_lock(&dir)?;
+        crate::sdk::unpack(&dir.python_sdk()).map_err(dir_error)?;
+        let db_path = dir.database();
+        let store: Arc<dyn Store> = Arc::new(
+            tokio::task::spawn_blocking(move || SqliteStore::open(&db_path)).await.map_err(|e| {
+                Error::DataDir { dir: dir.root().display().to_string(), source: std::io::Error::other(e) }
+            })??,
+        );
+        let events = EventLog::start(store.clone());
+        let kernel = Kernel {
+            inner: Arc::new(Inner {
+                store,
+                sandbox: options.sandbox,
+                data_dir: options.data_dir,
+                default_stop_grace: options.default_stop_grace,
+                live: Mutex::default(),
+                tokens: Mutex::default(),
+                transitions: tokio::sync::Mutex::new(()),
+                events,
+                shutting_down: AtomicBool::new(false),
+                _lock: lock_file,
+            }),
+        };
+        crate::syscall::listen(kernel.clone())?;
+        if options.recover {
+            kernel.recover_all().await?;
+        }
+        Ok(kernel)
+    }
+
+    pub fn data_dir(&self) -> &DataDir {
+        &self.inner.data_dir
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    pub fn sandbox_tier(&self) -> &'static str {
+        self.inner.sandbox.tier()
+    }
+
+    /// Stops serving: agents are killed, runs keep their state so the next kernel
+    /// recovers them. Waits until pending events are written.
+    pub async fn shutdown(&self) {
+        self.inner.shutting_down.store(true, Ordering::SeqCst);
+        let live: Vec<Arc<LiveRun>> = lock(&self.inner.live).values().cloned().collect();
+        for run in live {
+            tree::kill_tree(Some(run.pid), run.id.as_str());
+        }
+        self.inner.events.flush().await;
+        let _ = std::fs::remove_file(self.inner.data_dir.syscall_socket());
+    }
+
+    /// Acts on an operator command; returns the run as it is afterwards.
+    pub async fn execute(&self, command: Command) -> Result<RunRecord> {
+        match command {
+            Command::Create(request) => self.create(request).await,
+            Command::Pause(run) => self.pause(&run).await,
+            Command::Resume(run) => self.resume(&run).await,
+            Command::Stop { run, grace } => self.stop(&run, grace).await,
+            Command::Answer { run, text } => self.answer(&run, text).await,
+        }
+    }
+
+    pub async fn get(&self, run: &RunId) -> Result<RunRecord> {
+        self.inner.store.get_run(run).await?.ok_or_else(|| Error::RunNotFound(run.clone()))
+    }
+
+    pub async fn list(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
+        Ok(self.inner.store.list_runs(filter).await?)
+    }
+
+    pub async fn journal(&self, run: &RunId) -> Result<Vec<JournalEntry>> {
+        self.get(run).await?;
+        Ok(self.inner.store.journal(run, 0).await?)
+    }
+
+    /// The open `human.ask` question of a run, if it waits for one.
+    pub async fn open_question(&self, run: &RunId) -> Result<Option<String>> {
+        if let Some(live) = self.live(run)
+            && let Some(ask) = lock(&live.ask).as_ref()
+        {
+            return Ok(Some(ask.question.clone()));
+        }
+        let record = self.get(run).await?;
+        if record.state != RunState::Waiting && record.state != RunState::Paused {
+            return Ok(None);
+        }
+        Ok(self.pending_ask_entry(run).await?.map(|(_, question)| question))
+    }
+
+    pub async fn events(&self, run: &RunId, after: Seq, follow: bool) -> Result<EventStream> {
+        self.get(run).await?;
+        Ok(EventStream::new(self.inner.store.clone(), &self.inner.events, run.clone(), after, follow))
+    }
+
+    /// Reads one page of events without following.
+    pub async fn events_page(&self, run: &RunId, after: Seq, limit: usize) -> Result<Vec<EventRecord>> {
+        self.get(run).await?;
+        Ok(self.inner.store.events(run, after, limit).await?)
+    }
+
+    pub(crate) fn live(&self, run: &RunId) -> Option<Arc<LiveRun>> {
+        lock(&self.inner.live).get(run).cloned()
+    }
+
+    pub(crate) fn live_by_token(&self, token: &str) -> Option<Arc<LiveRun>> {
+        lock(&self.inner.tokens).get(token).cloned()
+    }
+
+    pub(crate) fn emit(&self, run: &RunId, kind: &str, data: Value) {
+        self.inner.events.emit(run, kind, data);
+    }
+
+    /// Applies a lifecycle command: decides with the pure state machine, then writes the
+    /// new state only if nobody changed it meanwhile. Emits a `state` event.
+    pub(crate) async fn transition(
+        &self,
+        run: &RunId,
+        command: Lifecycle,
+        mut patch: RunPatch,
+    ) -> Result<RunRecord> {
+        let _serial = self.inner.transitions.lock().await;
+        let current = self.get(run).await?;
+        let next = lifecycle::transition(current.state, command)?;
+        let now = now_ms();
+        patch.state = Some(next);
+        patch.updated_at_ms = Some(now);
+        // A waiting run keeps its reason while paused, so resume knows where to go back.
+        patch.wait_reason = Some(match (next, command) {
+            (RunState::Waiting, Lifecycle::Park(reason)) => Some(reason),
+            (RunState::Waiting, _) => current.wait_reason.or(Some(WaitReason::Human)),
+            (RunState::Paused, _) => current.wait_reason,
+            _ => None,
+        });
+        if next.is_terminal() {
+            patch.ended_at_ms = Some(Some(now));
+        }
+        let updated = self.inner.store.update_run(run, Some(current.state), patch).await?;
+        let mut data = json!({ "state": next.as_str(), "from": current.state.as_str() });
+        if let Some(reason) = updated.wait_reason {
+            data["wait_reason"] = json!(reason.as_str());
+        }
+        if next.is_terminal() {
+            if let Some(error) = &updated.error {
+                data["error"] = json!(error);
+            }
+            if let Some(code) = updated.exit_code {
+                data["exit_code"] = json!(code);
+            }
+        }
+        self.emit(run, "state", data);
+        Ok(updated)
+    }
+
+    async fn create(&self, request: CreateRun) -> Result<RunRecord> {
+        let now = now_ms();
+        let id = RunId::generate(now);
+        let record = self
+            .inner
+            .store
+            .create_run(NewRun {
+                id: id.clone(),
+                tenant: request.tenant.clone(),
+                spec: request.to_spec(),
+                state: RunState::Created,
+                created_at_ms: now,
+            })
+            .await?;
+        self.emit(&id, "state", json!({ "state": "created", "command": request.command }));
+        self.transition(&id, Lifecycle::Enqueue, RunPatch::default()).await?;
+        self.launch(record, false).await
+    }
+
+    /// Starts the agent process of `record`. With `recovering`, the run is already in
+    /// `recovering` and its journal after the last checkpoint is loaded for replay.
+    async fn launch(&self, record: RunRecord, recovering: bool) -> Result<RunRecord> {
+        let id = record.id.clone();
+        match self.try_launch(&record, recovering).await {
+            Ok(record) => Ok(record),
+            Err(err) => {
+                let message = format!("the agent could not be started: {err}");
+                tracing::warn!(run = %id, "{message}");
+                let patch = RunPatch { error: Some(Some(message)), pid: Some(None), ..RunPatch::default() };
+                self.transition(&id, Lifecycle::Fail, patch).await
+            }
+        }
+    }
+
+    async fn try_launch(&self, record: &RunRecord, recovering: bool) -> Result<RunRecord> {
+        let spec = RunSpec::from_value(&record.spec)?;
+        let provider: Option<Arc<dyn Provider>> = match &spec.llm_script {
+            Some(script) => Some(Arc::new(
+                ScriptedProvider::from_value(script).map_err(|e| Error::InvalidRequest(e.to_string()))?,
+            )),
+            None => None,
+        };
+        let replay = if recovering {
+            self.load_replay(&record.id, provider.as_deref()).await?
+        } else {
+            Replay { matcher: ReplayMatcher::live(), recorded: HashMap::new() }
+        };
+        let token = keel_types::random_token();
+        // A new run is created as attempt 1; each relaunch by replay is one more.
+        let attempt = if recovering { record.attempt + 1 } else { record.attempt.max(1) };
+        let env = self.agent_env(&record.id, &token, &spec);
+        let launched = self
+            .inner
+            .sandbox
+            .launch(LaunchSpec {
+                command: spec.command.clone(),
+                cwd: spec.cwd.clone(),
+                env,
+                run_marker: record.id.to_string(),
+            })
+            .await
+            .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        let live = Arc::new(LiveRun {
+            id: record.id.clone(),
+            attempt,
+            pid: launched.pid,
+            provider,
+            replay: tokio::sync::Mutex::new(replay),
+            exited: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            ask: Mutex::new(None),
+        });
+        lock(&self.inner.live).insert(record.id.clone(), live.clone());
+        lock(&self.inner.tokens).insert(token, live.clone());
+        self.emit(&record.id, "launch", json!({ "attempt": attempt, "pid": launched.pid, "sandbox": self.inner.sandbox.tier(), "replaying": recovering }));
+        let patch = RunPatch { attempt: Some(attempt), pid: Some(Some(launched.pid)), ..RunPatch::default() };
+        let updated = if recovering {
+            self.inner
+                .store
+                .update_run(&record.id, None, RunPatch { updated_at_ms: Some(now_ms()), ..patch })
+                .await?
+        } else {
+            self.transition(&record.id, Lifecycle::Start, patch).await?
+        };
+        self.watch(live, launched.child);
+        Ok(updated)
+    }
+
+    /// The journal after the last checkpoint, as the replay matcher wants it; also hands
+    /// the provider what it served before, so it continues where it was.
+    async fn load_replay(&self, run: &RunId, provider: Option<&dyn Provider>) -> Result<Replay> {
+        let store = &self.inner.store;
+        let after = store.latest_entry(run, "state.checkpoint").await?.map_or(0, |e| e.seq);
+        let entries = store.journal(run, 0).await?;
+        if let Some(provider) = provider {
+            let served: Vec<Value> = entries
+                .iter()
+                .filter(|e| e.method == "llm.chat" && e.status == EntryStatus::Ok)
+                .filter_map(|e| e.result.as_ref()?.get("provider").cloned())
+                .collect();
+            provider.restore(&served);
+        }
+        let mut recorded = HashMap::new();
+        let mut calls = Vec::new();
+        for entry in entries.into_iter().filter(|e| e.seq > after && e.status != EntryStatus::Abandoned) {
+            calls.push(RecordedCall {
+                seq: entry.seq,
+                method: entry.method.clone(),
+                params_hash: entry.params_hash.clone(),
+                completed: matches!(entry.status, EntryStatus::Ok | EntryStatus::Error),
+            });
+            recorded.insert(entry.seq, entry);
+        }
+        Ok(Replay { matcher: ReplayMatcher::new(calls), recorded })
+    }
+
+    fn agent_env(&self, run: &RunId, token: &str, spec: &RunSpec) -> Vec<(String, String)> {
+        // Tier `none` is for development: the agent sees the kernel's environment, like
+        // any child process. Sandboxed tiers start from an empty one.
+        let mut env: BTreeMap<String, String> =
+            std::env::vars().filter(|(k, _)| !k.starts_with("KEEL_")).collect();
+        env.extend(spec.env.clone());
+        let sdk = self.inner.data_dir.python_sdk().display().to_string();
+        let python_path = match env.get("PYTHONPATH") {
+            Some(existing) if !existing.is_empty() => format!("{sdk}:{existing}"),
+            _ => sdk,
+        };
+        env.insert("PYTHONPATH".into(), python_path);
+        env.insert("PYTHONUNBUFFERED".into(), "1".into());
+        env.insert("KEEL_SOCKET".into(), self.inner.data_dir.syscall_socket().display().to_string());
+        env.insert("KEEL_RUN_TOKEN".into(), token.to_owned());
+        env.insert("KEEL_RUN_ID".into(), run.to_string());
+        env.into_iter().collect()
+    }
+
+    /// Reads the agent's output into the event log and settles the run when it exits.
+    fn watch(&self, live: Arc<LiveRun>, mut child: tokio::process::Child) {
+        let stdout = child.stdout.take().map(|out| self.pump(&live.id, "stdout", out));
+        let stderr = child.stderr.take().map(|err| self.pump(&live.id, "stderr", err));
+        let kernel = self.clone();
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            // Whatever the agent left behind dies with it: the run is its whole tree.
+            tree::kill_tree(Some(live.pid), live.id.as_str());
+            for pump in [stdout, stderr].into_iter().flatten() {
+                let _ = pump.await;
+            }
+            kernel.settle(&live, status).await;
+        });
+    }
+
+    fn pump(
+        &self,
+        run: &RunId,
+        kind: &'static str,
+        output: impl AsyncRead + Unpin + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        let kernel = self.clone();
+        let run = run.clone();
+        tokio::spawn(async move {
+            const MAX_LINE: usize = 64 * 1024;
+            let mut reader = BufReader::new(output);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match (&mut reader).take(MAX_LINE as u64).read_until(b'\n', &mut line).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        if line.last() == Some(&b'\n') {
+                            line.pop();
+                        }
+                        let text = String::from_utf8_lossy(&line).into_owned();
+                        kernel.emit(&run, kind, json!({ "line": text }));
+                    }
+                }
+            }
+        })
+    }
+
+    /// Records how the agent process ended.
+    async fn settle(&self, live: &Arc<LiveRun>, status: std::io::Result<std::process::ExitStatus>) {
+        lock(&self.inner.live).remove(&live.id);
+        lock(&self.inner.tokens).retain(|_, run| !Arc::ptr_eq(run, live));
+        if self.inner.shutting_down.load(Ordering::SeqCst) {
+            return; // The next kernel recovers the run.
+        }
+        self.abandon_replay_tail(live).await;
+        use std::os::unix::process::ExitStatusExt;
+        let (exit_code, signal) = match &status {
+            Ok(status) => (status.code(), status.signal()),
+            Err(_) => (None, None),
+        };
+        let exited = live.exited.load(Ordering::SeqCst);
+        let (command, error) = if live.stopping.load(Ordering::SeqCst) {
+            (Lifecycle::Cancel, None)
+        } else if exited || exit_code == Some(0) {
+            (Lifecycle::Exit { success: true }, None)
+        } else {
+            let why = match (exit_code, signal, &status) {
+                (Some(code), _, _) => format!("the agent exited with status {code} without calling run.exit"),
+                (None, Some(sig), _) => format!(
+                    "the agent was killed by signal {sig} ({})",
+                    Signal::try_from(sig).map_or("unknown", |s| s.as_str())
+                ),
+                (_, _, Err(err)) => format!("the agent's exit status could not be read: {err}"),
+                _ => "the agent ended without an exit status".to_owned(),
+            };
+            (Lifecycle::Exit { success: false }, Some(why))
+        };
+        let patch = RunPatch {
+            pid: Some(None),
+            exit_code: Some(exit_code.or(signal.map(|s| 128 + s))),
+            error: Some(error),
+            ..RunPatch::default()
+        };
+        if let Err(err) = self.transition(&live.id, command, patch).await {
+            tracing::warn!(run = %live.id, "could not record the end of the run: {err}");
+        }
+    }
+
+    /// Marks the journal entries a recovered agent never asked for again as abandoned
+    /// (kept for audit, never replayed).
+    pub(crate) async fn abandon_replay_tail(&self, live: &Arc<LiveRun>) {
+        let abandoned = live.replay.lock().await.matcher.abandon_remaining();
+        if abandoned.is_empty() {
+            return;
+        }
+        match self.inner.store.abandon_entries(&live.id, &abandoned).await {
+            Ok(()) => self.emit(&live.id, "replay", json!({ "abandoned": abandoned })),
+            Err(err) => tracing::warn!(run = %live.id, "could not mark abandoned journal entries: {err}"),
+        }
+    }
+
+    async fn pause(&self, run: &RunId) -> Result<RunRecord> {
+        let record = self.get(run).await?;
+        lifecycle::transition(record.state, Lifecycle::Pause)?;
+        if let Some(live) = self.live(run) {
+            tree::signal_tree(Some(live.pid), run.as_str(), Signal::SIGSTOP);
+        }
+        self.transition(run, Lifecycle::Pause, RunPatch::default()).await
+    }
+
+    async fn resume(&self, run: &RunId) -> Result<RunRecord> {
+        let record = self.get(run).await?;
+        let Some(live) = self.live(run) else {
+            // The process is gone (the kernel restarted while the run was paused): resume
+            // it by replay, like any interrupted run.
+            let waiting = self.pending_ask_entry(run).await?.is_some();
+            self.transition(run, Lifecycle::Resume { waiting }, RunPatch::default()).await?;
+            let record = self.transition(run, Lifecycle::KernelRestart, RunPatch::default()).await?;
+            return self.launch(record, true).await;
+        };
+        let waiting = lock(&live.ask).is_some();
+        lifecycle::transition(record.state, Lifecycle::Resume { waiting })?;
+        let updated = self.transition(run, Lifecycle::Resume { waiting }, RunPatch::default()).await?;
+        tree::signal_tree(Some(live.pid), run.as_str(), Signal::SIGCONT);
+        Ok(updated)
+    }
+
+    async fn stop(&self, run: &RunId, grace: Option<Duration>) -> Result<RunRecord> {
+        let record = self.get(run).await?;
+        lifecycle::transition(record.state, Lifecycle::Cancel)?;
+        let Some(live) = self.live(run) else {
+            return self
+                .transition(run, Lifecycle::Cancel, RunPatch { pid: Some(None), ..RunPatch::default() })
+                .await;
+        };
+        if live.stopping.swap(true, Ordering::SeqCst) {
+            return Ok(record); // Already stopping.
+        }
+        let grace = grace
+            .or_else(|| RunSpec::from_value(&record.spec).ok()?.stop_grace_secs.map(Duration::from_secs))
+            .unwrap_or(self.inner.default_stop_grace);
+        self.emit(run, "stop", json!({ "grace_secs": grace.as_secs_f64() }));
+        tree::signal_tree(Some(live.pid), run.as_str(), Signal::SIGTERM);
+        // A stopped (paused) process only sees SIGTERM once it runs again.
+        tree::signal_tree(Some(live.pid), run.as_str(), Signal::SIGCONT);
+        let kernel = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            if kernel.live(&live.id).is_some_and(|current| Arc::ptr_eq(&current, &live)) {
+                tree::kill_tree(Some(live.pid), live.id.as_str());
+            }
+        });
+        Ok(record)
+    }
+
+    async fn answer(&self, run: &RunId, text: String) -> Result<RunRecord> {
+        let record = self.get(run).await?;
+        if record.state.is_terminal() {
+            return Err(Error::Conflict(format!(
+                "run {run} has ended ({}); there is nothing to answer",
+                record.state
+            )));
+        }
+        let live = self.live(run);
+        let pending = live.as_ref().and_then(|l| lock(&l.ask).take());
+        let seq = match &pending {
+            Some(ask) => ask.seq,
+            None => match self.pending_ask_entry(run).await? {
+                Some((seq, _)) => seq,
+                None => {
+                    return Err(Error::Conflict(format!(
+                        "run {run} is {} and has no open question; answer only runs waiting for a human (`keel ps` shows them as waiting)",
+                        record.state
+                    )));
+                }
+            },
+        };
+        let completion = Completion {
+            status: EntryStatus::Ok,
+            result: Some(json!({ "answer": text })),
+            error: None,
+            finished_at_ms: now_ms(),
+            usage: Default::default(),
+            provider_served: false,
+        };
+        self.inner.store.complete_entry(run, seq, completion).await?;
+        self.emit(run, "answer", json!({ "seq": seq, "text": text }));
+        if let Some(ask) = pending {
+            let _ = ask.reply.send(text);
+        }
+        match self.get(run).await?.state {
+            RunState::Waiting => self.transition(run, Lifecycle::Wake, RunPatch::default()).await,
+            _ => self.get(run).await,
+        }
+    }
+
+    /// The newest `human.ask` intent without a result, from the store.
+    async fn pending_ask_entry(&self, run: &RunId) -> Result<Option<(Seq, String)>> {
+        let entries = self.inner.store.journal(run, 0).await?;
+        Ok(entries
+            .into_iter()
+            .rev()
+            .find(|e| e.method == "human.ask" && e.status == EntryStatus::Pending)
+            .map(|e| {
+                (e.seq, e.params.get("question").and_then(Value::as_str).unwrap_or_default().to_owned())
+            }))
+    }
+
+    /// Registers an open question of a live run and parks it; resolves with the answer.
+    pub(crate) async fn park_for_answer(
+        &self,
+        live: &Arc<LiveRun>,
+        seq: Seq,
+        question: String,
+    ) -> Result<oneshot::Receiver<String>> {
+        let (tx, rx) = oneshot::channel();
+        *lock(&live.ask) = Some(PendingAsk { seq, question: question.clone(), reply: tx });
+        let state = self.get(&live.id).await?.state;
+        if state == RunState::Recovering {
+            self.transition(&live.id, Lifecycle::Recovered, RunPatch::default()).await?;
+        }
+        if state != RunState::Paused {
+            self.transition(&live.id, Lifecycle::Park(WaitReason::Human), RunPatch::default()).await?;
+        }
+        self.emit(&live.id, "question", json!({ "seq": seq, "question": question }));
+        Ok(rx)
+    }
+
+    /// Brings back every run that was live when the previous kernel stopped.
+    async fn recover_all(&self) -> Result<()> {
+        let filter = RunFilter {
+            states: vec![
+                RunState::Created,
+                RunState::Queued,
+                RunState::Running,
+                RunState::Waiting,
+                RunState::Recovering,
+            ],
+            limit: None,
+        };
+        let mut runs = self.inner.store.list_runs(&filter).await?;
+        runs.reverse(); // Oldest first.
+        for run in runs {
+            // Agents of the previous kernel die with it (PDEATHSIG), but descendants that
+            // escaped may linger; they must not race the relaunched agent.
+            tree::kill_tree(run.pid, run.id.as_str());
+            let result = match run.state {
+                RunState::Created | RunState::Queued => {
+                    let run = if run.state == RunState::Created {
+                        self.transition(&run.id, Lifecycle::Enqueue, RunPatch::default()).await?
+                    } else {
+                        run
+                    };
+                    self.launch(run, false).await
+                }
+                _ => {
+                    let record = if run.state == RunState::Recovering {
+                        run
+                    } else {
+                        self.transition(&run.id, Lifecycle::KernelRestart, RunPatch::default()).await?
+                    };
+                    self.launch(record, true).await
+                }
+            };
+            if let Err(err) = result {
+                tracing::warn!("could not recover a run: {err}");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The parts of a stored run spec the runtime uses.
+struct RunSpec {
+    command: Vec<String>,
+    cwd: PathBuf,
+    env: BTreeMap<String, String>,
+    llm_script: Option<Value>,
+    stop_grace_secs: Option<u64>,
+}
+
+impl RunSpec {
+    fn from_value(spec: &Value) -> Result<RunSpec> {
+        let corrupt = |what: &str| Error::Store(keel_store::Error::Corrupt(format!("run spec: {what}")));
+        let command = spec
+            .get("command")
+            .and_then(Value::as_array)
+            .ok_or_else(|| corrupt("no command"))?
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned).ok_or_else(|| corrupt("command is not a list of strings")))
+            .collect::<Result<Vec<_>>>()?;
+        let cwd = PathBuf::from(spec.get("cwd").and_then(Value::as_str).ok_or_else(|| corrupt("no cwd"))?);
+        let env = spec
+            .get("env")
+            .and_then(Value::as_object)
+            .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect())
+            .unwrap_or_default();
+        let llm_script = spec.get("llm_script").filter(|v| !v.is_null()).cloned();
+        let stop_grace_secs = spec.get("stop_grace_secs").and_then(Value::as_u64);
+        Ok(RunSpec { command, cwd, env, llm_script, stop_grace_secs })
+    }
+}
+
+pub(crate) fn command_of(spec: &Value) -> Vec<String> {
+    RunSpec::from_value(spec).map(|s| s.command).unwrap_or_default()
+}
+
+/// Takes the data directory's exclusive lock, or explains who holds it.
+fn take_lock(dir: &DataDir) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    use nix::fcntl::{Flock, FlockArg};
+    let path = dir.lock_file();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|source| Error::DataDir { dir: dir.root().display().to_string(), source })?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(locked) => Ok(locked),
+        Err((_, errno)) => {
+            let info = std::fs::read_to_string(dir.kernel_info()).unwrap_or_default();
+            Err(Error::DataDirLocked {
+                dir: dir.root().display().to_string(),
+                detail: format!(
+                    "{errno}; kernel info: {}. Stop that kernel, or use another --data-dir / KEEL_DATA_DIR",
+                    if info.is_empty() { "none".into() } else { info.trim().to_owned() }
+                ),
+            })
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! The syscall channel: a Unix socket speaking JSON-RPC 2.0, one object per line. A
+//! connection must authenticate with `hello` and its run token; after that, requests are
+//! served concurrently and answered as they complete (clients match replies by id).
+//! Nothing a client sends can take the kernel down: every malformed input gets an error.
+
+use std::sync::Arc;
+
+use keel_protocol::rpc::{self, ErrorKind, HelloParams, HelloResult, MAX_LINE_BYTES, Response, RpcError};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+
+use crate::runtime::LiveRun;
+use crate::{Error, Kernel, Result};
+
+pub(crate) fn listen(kernel: Kernel) -> Result<()> {
+    let path = kernel.data_dir().syscall_socket();
+    // We hold the data directory's lock, so a socket file left here is a dead kernel's.
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)
+        .map_err(|source| Error::SyscallSocket { path: path.display().to_string(), source })?;
+    tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    tokio::spawn(serve_connection(kernel.clone(), stream));
+                }
+                Err(err) => {
+                    tracing::warn!("syscall socket accept failed: {err}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+async fn serve_connection(kernel: Kernel, stream: UnixStream) {
+    let (read_half, mut write_half) = stream.into_split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Response>();
+    let writer = tokio::spawn(async move {
+        while let Some(response) = rx.recv().await {
+            // Serialising our own response types cannot fail (no non-string map keys).
+            let Ok(mut line) = serde_json::to_vec(&response) else { continue };
+            line.push(b'\n');
+            if write_half.write_all(&line).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut reader = BufReader::new(read_half);
+    let mut run: Option<Arc<LiveRun>> = None;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let limit = MAX_LINE_BYTES as u64 + 1;
+        match (&mut reader).take(limit).read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        if line.last() != Some(&b'\n') && line.len() as u64 >= limit {
+            let message = format!(
+                "request line longer than {MAX_LINE_BYTES} bytes; send large payloads in smaller pieces. Closing the connection"
+            );
+            let _ = tx.send(Response::err(Value::Null, ErrorKind::TooLarge.error(message)));
+            break;
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let request = match parse_request(&line) {
+            Ok(request) => request,
+            Err((id, error)) => {
+                let _ = tx.send(Response::err(id, error));
+                continue;
+            }
+        };
+        let (id, method, params) = request;
+        let Some(live) = run.clone() else {
+            let response = match hello(&kernel, &method, params) {
+                Ok((live, result)) => {
+                    run = Some(live);
+                    Response::ok(id, result)
+                }
+                Err(error) => Response::err(id, error),
+            };
+            let _ = tx.send(response);
+            continue;
+        };
+        if method == "hello" {
+            let error = ErrorKind::InvalidRequest.error("this connection has already said hello");
+            let _ = tx.send(Response::err(id, error));
+            continue;
+        }
+        let kernel = kernel.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let response = match kernel.syscall(&live, &method, params).await {
+                Ok(result) => Response::ok(id, result),
+                Err(error) => Response::err(id, error),
+            };
+            let _ = tx.send(response);
+        });
+    }
+    drop(tx);
+    let _ = writer.await;
+}
+
+type Parsed = (Value, String, Value);
+
+/// Turns one line into (id, method, params), or the error to answer with.
+fn parse_request(line: &[u8]) -> std::result::Result<Parsed, (Value, RpcError)> {
+    let value: Value = serde_json::from_slice(line).map_err(|e| {
+        (
+            Value::Null,
+            ErrorKind::ParseError
+                .error(format!("the line is not valid JSON ({e}); send one JSON-RPC object per line")),
+        )
+    })?;
+    let id = value.get("id").cloned().unwrap_or(Value::Null);
+    let request: rpc::Request = serde_json::from_value(value).map_err(|e| {
+        (id.clone(), ErrorKind::InvalidRequest.error(format!(
+            "not a JSON-RPC 2.0 request ({e}); expected {{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"...\",\"params\":{{...}}}}"
+        )))
+    })?;
+    if request.jsonrpc != "2.0" {
+        return Err((
+            id,
+            ErrorKind::InvalidRequest
+                .error(format!("\"jsonrpc\" must be \"2.0\", got {:?}", request.jsonrpc)),
+        ));
+    }
+    let id =
+        match request.id {
+            Some(id @ (Value::Number(_) | Value::String(_))) => id,
+            _ => {
+                return Err((id, ErrorKind::InvalidRequest.error(
+                "every request needs an \"id\" (a number or string); Keel does not take notifications",
+            )));
+            }
+        };
+    let params = request.params.unwrap_or_else(|| Value::Object(Default::default()));
+    Ok((id, request.method, params))
+}
+
+fn hello(
+    kernel: &Kernel,
+    method: &str,
+    params: Value,
+) -> std::result::Result<(Arc<LiveRun>, Value), RpcError> {
+    if method != "hello" {
+        return Err(ErrorKind::Unauthenticated.error(format!(
+            "say hello first: {{\"method\":\"hello\",\"params\":{{\"token\":\"$KEEL_RUN_TOKEN\"}}}} before calling {method}"
+        )));
+    }
+    let params: HelloParams = serde_json::from_value(params)
+        .map_err(|e| ErrorKind::InvalidParams.error(format!("hello takes {{\"token\": \"...\"}}: {e}")))?;
+    let live = kernel.live_by_token(&params.token).ok_or_else(|| {
+        ErrorKind::Unauthenticated.error(
+            "unknown run token: use the KEEL_RUN_TOKEN the kernel gave this run (tokens end with their run)",
+        )
+    })?;
+    let result = HelloResult { run_id: live.id.to_string(), protocol: keel_protocol::PROTOCOL_VERSION };
+    let result = serde_json::to_value(result).map_err(|e| ErrorKind::Internal.error(e.to_string()))?;
+    Ok((live, result))
+}

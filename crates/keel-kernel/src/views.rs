@@ -1,0 +1,57 @@
+//! Conversions from the kernel's records to the HTTP API's views (`keel_protocol::api`).
+
+use keel_protocol::api::{EventView, JournalEntryView, RunView, UsageView};
+use keel_store::{EventRecord, JournalEntry, RunRecord};
+use keel_types::Usage;
+
+pub fn usage(usage: &Usage) -> UsageView {
+    UsageView {
+        input_tokens: usage.input_tokens,
+        output_tokens: usage.output_tokens,
+        llm_calls: usage.llm_calls,
+        tool_calls: usage.tool_calls,
+        cost_usd: usage.cost_usd(),
+    }
+}
+
+pub fn run(record: &RunRecord, question: Option<String>) -> RunView {
+    RunView {
+        run_id: record.id.to_string(),
+        tenant: record.tenant.clone(),
+        state: record.state.as_str().to_owned(),
+        wait_reason: record.wait_reason.map(|r| r.as_str().to_owned()),
+        command: crate::runtime::command_of(&record.spec),
+        created_at: record.created_at_ms,
+        updated_at: record.updated_at_ms,
+        ended_at: record.ended_at_ms,
+        attempt: record.attempt,
+        pid: record.pid,
+        exit_code: record.exit_code,
+        output: record.output.clone(),
+        error: record.error.clone(),
+        usage: usage(&record.usage),
+        provider_calls: record.provider_calls,
+        question,
+    }
+}
+
+pub fn journal_entry(entry: &JournalEntry) -> JournalEntryView {
+    JournalEntryView {
+        seq: entry.seq,
+        method: entry.method.clone(),
+        status: entry.status.as_str().to_owned(),
+        params_digest: entry.params_hash.chars().take(16).collect(),
+        params: entry.params.clone(),
+        result: entry.result.clone(),
+        error: entry.error.clone(),
+        attempt: entry.attempt,
+        started_at: entry.started_at_ms,
+        finished_at: entry.finished_at_ms,
+        duration_ms: entry.finished_at_ms.map(|f| f.saturating_sub(entry.started_at_ms)),
+        usage: usage(&entry.usage),
+    }
+}
+
+pub fn event(record: &EventRecord) -> EventView {
+    EventView { seq: record.seq, ts: record.ts_ms, kind: record.kind.clone(), data: record.data.clone() }
+}

@@ -1,0 +1,9 @@
+//! Keel's wire types. `rpc` is the syscall channel (JSON-RPC 2.0 over a Unix socket,
+//! protocol 1, DESIGN section 3), `api` the HTTP API's bodies. Field names are snake_case;
+//! every timestamp is Unix milliseconds (`*_at`, `ts`, `unix_ms`).
+
+pub mod api;
+pub mod rpc;
+
+/// The syscall protocol version this kernel speaks.
+pub const PROTOCOL_VERSION: u32 = 1;

@@ -1,0 +1,314 @@
+//! The syscall channel: JSON-RPC 2.0 envelopes, the error codes, and each syscall's
+//! `*Params` / `*Result`. Extend (new methods, new optional fields); never change.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Longest accepted request line, in bytes. Longer lines are refused with `too_large` and
+/// the connection is closed (the rest of the line cannot be resynchronised cheaply).
+pub const MAX_LINE_BYTES: usize = 1024 * 1024;
+
+/// Every syscall method of protocol 1 that is served after `hello`.
+pub const METHODS: &[&str] = &[
+    "llm.chat",
+    "tool.call",
+    "tool.list",
+    "state.checkpoint",
+    "state.restore",
+    "sys.now",
+    "sys.random",
+    "human.ask",
+    "run.emit",
+    "run.exit",
+];
+
+/// A request as read off the socket (after the line parsed as JSON).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Request {
+    pub jsonrpc: String,
+    #[serde(default)]
+    pub id: Option<Value>,
+    pub method: String,
+    #[serde(default)]
+    pub params: Option<Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Response {
+    pub jsonrpc: String,
+    pub id: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RpcError>,
+}
+
+impl Response {
+    pub fn ok(id: Value, result: Value) -> Response {
+        Response { jsonrpc: "2.0".into(), id, result: Some(result), error: None }
+    }
+
+    pub fn err(id: Value, error: RpcError) -> Response {
+        Response { jsonrpc: "2.0".into(), id, result: None, error: Some(error) }
+    }
+}
+
+/// The closed set of error kinds, each with its JSON-RPC code. `data.kind` carries the
+/// string so that clients need not know the numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    ParseError,
+    InvalidRequest,
+    TooLarge,
+    UnknownMethod,
+    InvalidParams,
+    Unauthenticated,
+    Denied,
+    NotFound,
+    RunExited,
+    ProviderError,
+    NoProvider,
+    ToolError,
+    BudgetExhausted,
+    Internal,
+    Cancelled,
+}
+
+impl ErrorKind {
+    pub fn code(self) -> i64 {
+        match self {
+            ErrorKind::ParseError => -32700,
+            ErrorKind::InvalidRequest | ErrorKind::TooLarge => -32600,
+            ErrorKind::UnknownMethod => -32601,
+            ErrorKind::InvalidParams => -32602,
+            ErrorKind::Unauthenticated => 1000,
+            ErrorKind::Denied => 1001,
+            ErrorKind::NotFound => 1002,
+            ErrorKind::RunExited => 1003,
+            ErrorKind::ProviderError => 1004,
+            ErrorKind::NoProvider => 1005,
+            ErrorKind::ToolError => 1006,
+            ErrorKind::BudgetExhausted => 1007,
+            ErrorKind::Internal => 1008,
+            ErrorKind::Cancelled => 1009,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::ParseError => "parse_error",
+            ErrorKind::InvalidRequest => "invalid_request",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::UnknownMethod => "unknown_method",
+            ErrorKind::InvalidParams => "invalid_params",
+            ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::Denied => "denied",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::RunExited => "run_exited",
+            ErrorKind::ProviderError => "provider_error",
+            ErrorKind::NoProvider => "no_provider",
+            ErrorKind::ToolError => "tool_error",
+            ErrorKind::BudgetExhausted => "budget_exhausted",
+            ErrorKind::Internal => "internal",
+            ErrorKind::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn error(self, message: impl Into<String>) -> RpcError {
+        RpcError {
+            code: self.code(),
+            message: message.into(),
+            data: Some(serde_json::json!({ "kind": self.as_str() })),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HelloParams {
+    pub token: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HelloResult {
+    pub run_id: String,
+    pub protocol: u32,
+}
+
+/// A chat message in the OpenAI chat shape. `content` may be null on an assistant
+/// message that only carries tool calls.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ChatMessage {
+    pub role: ChatRole,
+    #[serde(default)]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ChatRole {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LlmChatParams {
+    pub messages: Vec<ChatMessage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AssistantMessage {
+    pub role: ChatRole,
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TokenUsage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LlmChatResult {
+    pub message: AssistantMessage,
+    pub usage: TokenUsage,
+    pub cost_usd: f64,
+    pub model: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCallParams {
+    pub name: String,
+    #[serde(default = "empty_object")]
+    pub args: Value,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Default::default())
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolCallResult {
+    pub result: Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolListResult {
+    pub tools: Vec<ToolSpec>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateCheckpointParams {
+    pub state: Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StateCheckpointResult {
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StateRestoreResult {
+    pub state: Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SysNowResult {
+    pub unix_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SysRandomResult {
+    pub value: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HumanAskParams {
+    pub question: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HumanAskResult {
+    pub answer: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunEmitParams {
+    pub event: Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunExitParams {
+    #[serde(default)]
+    pub output: Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_kinds_carry_code_and_kind() {
+        let err = ErrorKind::RunExited.error("the run has exited");
+        assert_eq!(err.code, 1003);
+        assert_eq!(err.data.unwrap()["kind"], "run_exited");
+        let text =
+            serde_json::to_string(&Response::err(Value::from(7), ErrorKind::TooLarge.error("x"))).unwrap();
+        assert_eq!(
+            text,
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32600,"message":"x","data":{"kind":"too_large"}}}"#
+        );
+    }
+
+    #[test]
+    fn llm_chat_params_accept_the_openai_shape() {
+        let params: LlmChatParams = serde_json::from_str(
+            r#"{"messages":[{"role":"system","content":"be brief"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1"}]},{"role":"tool","content":"4","tool_call_id":"c1"}],"max_tokens":64}"#,
+        )
+        .unwrap();
+        assert_eq!(params.messages.len(), 3);
+        assert_eq!(params.max_tokens, Some(64));
+        assert!(
+            serde_json::from_str::<LlmChatParams>(r#"{"messages":[{"role":"robot","content":"x"}]}"#)
+                .is_err()
+        );
+    }
+}

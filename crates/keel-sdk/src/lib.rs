@@ -1,0 +1,192 @@
+//! Rust SDK for Keel agents: a blocking client of the syscall channel (JSON-RPC 2.0 over
+//! the Unix socket in `KEEL_SOCKET`, one object per line, protocol 1).
+//!
+//! ```no_run
+//! let mut keel = keel_sdk::Client::connect()?;
+//! let state = keel.restore()?; // the last checkpoint, or null on a fresh start
+//! let reply = keel.llm_chat(&[keel_sdk::user("Plan the first step")])?;
+//! keel.checkpoint(&serde_json::json!({"plan": reply.message.content}))?;
+//! keel.exit(&serde_json::json!({"ok": true}))?;
+//! # Ok::<(), keel_sdk::Error>(())
+//! ```
+//!
+//! Recovery re-runs the agent and answers its syscalls from the journal, so take time and
+//! randomness from [`Client::now_ms`] and [`Client::random`], not from the OS.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+
+use keel_protocol::rpc::{
+    ChatMessage, ChatRole, HelloResult, LlmChatParams, LlmChatResult, Response, RpcError, ToolSpec,
+};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("not running under Keel ({0} is not set): start this program with `keel run -- <command>`")]
+    NotUnderKeel(&'static str),
+    #[error("could not reach the kernel at {path}: {source}")]
+    Connect {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the connection to the kernel was lost: {0}")]
+    ConnectionLost(#[source] std::io::Error),
+    /// The kernel refused the call; `kind` is the stable machine-readable reason.
+    #[error("{method} failed: {message} [{kind}, code {code}]")]
+    Kernel { method: String, code: i64, kind: String, message: String },
+    #[error("the kernel's reply to {method} is not what protocol 1 specifies: {detail}")]
+    Protocol { method: String, detail: String },
+}
+
+/// A user message, the most common thing to send.
+pub fn user(content: &str) -> ChatMessage {
+    ChatMessage {
+        role: ChatRole::User,
+        content: Some(content.into()),
+        tool_calls: None,
+        tool_call_id: None,
+        name: None,
+    }
+}
+
+/// A system message.
+pub fn system(content: &str) -> ChatMessage {
+    ChatMessage { role: ChatRole::System, ..user(content) }
+}
+
+/// A connection to the kernel. Calls are sequential on one client; open more clients for
+/// concurrent calls from several threads.
+pub struct Client {
+    writer: UnixStream,
+    reader: BufReader<UnixStream>,
+    next_id: u64,
+    run_id: String,
+}
+
+impl Client {
+    /// Connects with `KEEL_SOCKET` and `KEEL_RUN_TOKEN` and says hello.
+    pub fn connect() -> Result<Client> {
+        let socket = std::env::var("KEEL_SOCKET").map_err(|_| Error::NotUnderKeel("KEEL_SOCKET"))?;
+        let token = std::env::var("KEEL_RUN_TOKEN").map_err(|_| Error::NotUnderKeel("KEEL_RUN_TOKEN"))?;
+        Client::connect_to(&socket, &token)
+    }
+
+    pub fn connect_to(socket: &str, token: &str) -> Result<Client> {
+        let stream =
+            UnixStream::connect(socket).map_err(|source| Error::Connect { path: socket.into(), source })?;
+        let reader = BufReader::new(stream.try_clone().map_err(Error::ConnectionLost)?);
+        let mut client = Client { writer: stream, reader, next_id: 0, run_id: String::new() };
+        let hello: HelloResult = client.call("hello", json!({ "token": token }))?;
+        if hello.protocol != keel_protocol::PROTOCOL_VERSION {
+            return Err(Error::Protocol {
+                method: "hello".into(),
+                detail: format!(
+                    "kernel speaks protocol {}, this SDK {}",
+                    hello.protocol,
+                    keel_protocol::PROTOCOL_VERSION
+                ),
+            });
+        }
+        client.run_id = hello.run_id;
+        Ok(client)
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// Any syscall, with its result decoded as `T`.
+    pub fn call<T: DeserializeOwned>(&mut self, method: &str, params: Value) -> Result<T> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut line =
+            serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+                .map_err(|e| Error::Protocol { method: method.into(), detail: e.to_string() })?;
+        line.push(b'\n');
+        self.writer.write_all(&line).map_err(Error::ConnectionLost)?;
+        let mut reply = String::new();
+        let read = self.reader.read_line(&mut reply).map_err(Error::ConnectionLost)?;
+        if read == 0 {
+            return Err(Error::ConnectionLost(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)));
+        }
+        let response: Response = serde_json::from_str(&reply)
+            .map_err(|e| Error::Protocol { method: method.into(), detail: format!("{e}: {reply}") })?;
+        if let Some(RpcError { code, message, data }) = response.error {
+            let kind = data.as_ref().and_then(|d| d.get("kind")).and_then(Value::as_str).unwrap_or("unknown");
+            return Err(Error::Kernel { method: method.into(), code, kind: kind.into(), message });
+        }
+        serde_json::from_value(response.result.unwrap_or(Value::Null))
+            .map_err(|e| Error::Protocol { method: method.into(), detail: e.to_string() })
+    }
+
+    pub fn llm_chat(&mut self, messages: &[ChatMessage]) -> Result<LlmChatResult> {
+        let params = LlmChatParams {
+            messages: messages.to_vec(),
+            model: None,
+            tools: None,
+            max_tokens: None,
+            temperature: None,
+        };
+        self.llm_chat_with(&params)
+    }
+
+    pub fn llm_chat_with(&mut self, params: &LlmChatParams) -> Result<LlmChatResult> {
+        let params = serde_json::to_value(params)
+            .map_err(|e| Error::Protocol { method: "llm.chat".into(), detail: e.to_string() })?;
+        self.call("llm.chat", params)
+    }
+
+    /// Calls a granted tool; returns its `result`.
+    pub fn tool(&mut self, name: &str, args: Value) -> Result<Value> {
+        let reply: Value = self.call("tool.call", json!({ "name": name, "args": args }))?;
+        Ok(reply.get("result").cloned().unwrap_or(Value::Null))
+    }
+
+    pub fn list_tools(&mut self) -> Result<Vec<ToolSpec>> {
+        let reply: Value = self.call("tool.list", json!({}))?;
+        serde_json::from_value(reply.get("tools").cloned().unwrap_or(Value::Null))
+            .map_err(|e| Error::Protocol { method: "tool.list".into(), detail: e.to_string() })
+    }
+
+    /// Saves `state`; recovery resumes from the latest checkpoint. Returns its seq.
+    pub fn checkpoint(&mut self, state: &Value) -> Result<u64> {
+        let reply: Value = self.call("state.checkpoint", json!({ "state": state }))?;
+        Ok(reply.get("seq").and_then(Value::as_u64).unwrap_or(0))
+    }
+
+    /// The latest checkpointed state, or null.
+    pub fn restore(&mut self) -> Result<Value> {
+        let reply: Value = self.call("state.restore", json!({}))?;
+        Ok(reply.get("state").cloned().unwrap_or(Value::Null))
+    }
+
+    pub fn now_ms(&mut self) -> Result<u64> {
+        let reply: Value = self.call("sys.now", json!({}))?;
+        Ok(reply.get("unix_ms").and_then(Value::as_u64).unwrap_or(0))
+    }
+
+    pub fn random(&mut self) -> Result<u64> {
+        let reply: Value = self.call("sys.random", json!({}))?;
+        Ok(reply.get("value").and_then(Value::as_u64).unwrap_or(0))
+    }
+
+    /// Asks the operator; blocks (durably, across kernel restarts) until answered.
+    pub fn ask(&mut self, question: &str) -> Result<String> {
+        let reply: Value = self.call("human.ask", json!({ "question": question }))?;
+        Ok(reply.get("answer").and_then(Value::as_str).unwrap_or_default().to_owned())
+    }
+
+    pub fn emit(&mut self, event: &Value) -> Result<()> {
+        self.call::<Value>("run.emit", json!({ "event": event })).map(drop)
+    }
+
+    /// Records the run's output; the process should exit afterwards.
+    pub fn exit(&mut self, output: &Value) -> Result<()> {
+        self.call::<Value>("run.exit", json!({ "output": output })).map(drop)
+    }
+}

@@ -1,0 +1,89 @@
+//! The Rust SDK against a real kernel: the test binary re-executes itself as the agent
+//! (selected by an environment variable), so the SDK runs in a real agent process.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_kernel::{Command, CreateRun, DataDir, Kernel, KernelOptions};
+use keel_protocol::api::CreateRunParams;
+use serde_json::json;
+
+const AGENT_MODE: &str = "SDK_TEST_AGENT_MODE";
+
+/// The agent's body, run in the child process.
+fn agent() -> keel_sdk::Result<()> {
+    let mut keel = keel_sdk::Client::connect()?;
+    assert!(keel.run_id().starts_with("run_"));
+    assert_eq!(keel.restore()?, serde_json::Value::Null);
+    let reply = keel.llm_chat(&[keel_sdk::system("be brief"), keel_sdk::user("hello")])?;
+    assert_eq!(reply.message.content.as_deref(), Some("hi from the script"));
+    assert_eq!(keel.tool("echo", json!({"x": 1}))?, json!({"x": 1}));
+    assert!(keel.list_tools()?.iter().any(|t| t.name == "kv.get"));
+    let seq = keel.checkpoint(&json!({"step": 1}))?;
+    assert!(seq > 0);
+    assert_eq!(keel.restore()?, json!({"step": 1}));
+    assert!(keel.now_ms()? > 0);
+    keel.random()?;
+    match keel.tool("no.such.tool", json!({})) {
+        Err(keel_sdk::Error::Kernel { kind, code, .. }) => {
+            assert_eq!((kind.as_str(), code), ("not_found", 1002))
+        }
+        other => panic!("expected not_found, got {other:?}"),
+    }
+    keel.emit(&json!({"progress": 1}))?;
+    keel.exit(&json!({"done": true}))?;
+    match keel.now_ms() {
+        Err(keel_sdk::Error::Kernel { kind, .. }) => assert_eq!(kind, "run_exited"),
+        other => panic!("expected run_exited, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn sdk_speaks_protocol_1_to_a_real_kernel() {
+    if std::env::var_os(AGENT_MODE).is_some() {
+        agent().expect("agent failed");
+        return;
+    }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let data = tempfile::tempdir().unwrap();
+        let kernel = Kernel::start(KernelOptions {
+            data_dir: DataDir::new(data.path()),
+            recover: false,
+            sandbox: Arc::new(keel_sandbox::NoSandbox),
+            default_stop_grace: Duration::from_secs(1),
+        })
+        .await
+        .unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let params = CreateRunParams {
+            command: vec![
+                exe.display().to_string(),
+                "--exact".into(),
+                "sdk_speaks_protocol_1_to_a_real_kernel".into(),
+                "--nocapture".into(),
+            ],
+            cwd: Some(data.path().display().to_string()),
+            env: [(AGENT_MODE.to_owned(), "1".to_owned())].into(),
+            llm_script: Some(json!({"responses": [{"content": "hi from the script"}]})),
+            tenant: None,
+            stop_grace_secs: None,
+        };
+        let run = kernel.execute(Command::Create(CreateRun::validate(params).unwrap())).await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let record = loop {
+            let record = kernel.get(&run.id).await.unwrap();
+            if record.state.is_terminal() {
+                break record;
+            }
+            assert!(std::time::Instant::now() < deadline, "the agent did not finish");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let logs = kernel.events_page(&run.id, 0, 1000).await.unwrap();
+        assert_eq!(record.state, keel_types::RunState::Succeeded, "agent failed: {logs:#?}");
+        assert_eq!(record.output, Some(json!({"done": true})));
+        assert_eq!(record.provider_calls, 1);
+        kernel.shutdown().await;
+    });
+}

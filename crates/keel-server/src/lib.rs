@@ -1,0 +1,344 @@
+//! Keel's HTTP API. Handlers only parse requests into kernel commands and render kernel
+//! records as `keel_protocol::api` views; every decision is the kernel's. All `/v1/runs`
+//! routes need `Authorization: Bearer <token>` (the token in the data directory).
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use keel_kernel::{Command, CreateRun, Error as KernelError, Kernel, views};
+use keel_protocol::api::{
+    AnswerParams, CreateRunParams, ErrorBody, ErrorDetail, EventView, EventsPage, HealthView, InspectView,
+    JournalEntryView, RunView, StopParams, UsageView,
+};
+use keel_store::RunFilter;
+use keel_types::{RunId, RunState};
+use serde::Deserialize;
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Keel kernel API", description = "Start, inspect and control agent runs."),
+    paths(health, create_run, list_runs, inspect_run, run_events, pause_run, resume_run, stop_run, answer_run),
+    components(schemas(
+        CreateRunParams, RunView, InspectView, JournalEntryView, UsageView, EventView, EventsPage,
+        AnswerParams, StopParams, ErrorBody, ErrorDetail, HealthView
+    )),
+    modifiers(&BearerAuth)
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    kernel: Kernel,
+    token: String,
+}
+
+/// The API's router. `token` is the bearer token every `/v1/runs` request must carry.
+pub fn router(kernel: Kernel, token: String) -> Router {
+    let state = AppState { kernel, token };
+    let protected = Router::new()
+        .route("/v1/runs", post(create_run).get(list_runs))
+        .route("/v1/runs/{id}", get(inspect_run))
+        .route("/v1/runs/{id}/events", get(run_events))
+        .route("/v1/runs/{id}/pause", post(pause_run))
+        .route("/v1/runs/{id}/resume", post(resume_run))
+        .route("/v1/runs/{id}/stop", post(stop_run))
+        .route("/v1/runs/{id}/answer", post(answer_run))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/openapi.json", get(openapi))
+        .merge(protected)
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// An API error: a status and an [`ErrorBody`].
+pub struct ApiError(StatusCode, ErrorBody);
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &str, message: impl Into<String>) -> ApiError {
+        ApiError(status, ErrorBody { error: ErrorDetail { kind: kind.into(), message: message.into() } })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(self.1)).into_response()
+    }
+}
+
+impl From<KernelError> for ApiError {
+    fn from(err: KernelError) -> ApiError {
+        let (status, kind) = match &err {
+            KernelError::RunNotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            KernelError::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+            KernelError::Conflict(_) | KernelError::IllegalTransition(_) => {
+                (StatusCode::CONFLICT, "conflict")
+            }
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!("request failed: {err}");
+        }
+        ApiError::new(status, kind, err.to_string())
+    }
+}
+
+/// JSON bodies whose rejections are rendered as [`ErrorBody`] like every other error.
+struct Body<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(Body(value)),
+            Err(rejection) => {
+                let status = match rejection {
+                    JsonRejection::MissingJsonContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    _ => StatusCode::BAD_REQUEST,
+                };
+                Err(ApiError::new(status, "invalid_request", rejection.body_text()))
+            }
+        }
+    }
+}
+
+fn run_id(text: &str) -> Result<RunId, ApiError> {
+    RunId::parse(text).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()))
+}
+
+async fn require_token(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    request: Request,
+    next: Next,
+) -> Response {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if constant_time_eq(presented.as_bytes(), state.token.as_bytes()) {
+        next.run(request).await
+    } else {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "missing or wrong bearer token; the CLI reads it from <data dir>/api-token (or KEEL_API_TOKEN)",
+        )
+        .into_response()
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint; GET /openapi.json lists them")
+}
+
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
+
+/// Liveness, and which kernel answers.
+#[utoipa::path(get, path = "/v1/health", responses((status = 200, body = HealthView)))]
+async fn health() -> Json<HealthView> {
+    Json(HealthView {
+        status: "ok".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        pid: std::process::id(),
+    })
+}
+
+async fn view(kernel: &Kernel, record: &keel_store::RunRecord) -> Result<RunView, ApiError> {
+    let question = if matches!(record.state, RunState::Waiting | RunState::Paused) {
+        kernel.open_question(&record.id).await?
+    } else {
+        None
+    };
+    Ok(views::run(record, question))
+}
+
+/// Start a run.
+#[utoipa::path(post, path = "/v1/runs", request_body = CreateRunParams,
+    responses((status = 201, body = RunView), (status = 400, body = ErrorBody)), security(("bearer" = [])))]
+async fn create_run(
+    State(state): State<AppState>,
+    Body(params): Body<CreateRunParams>,
+) -> Result<(StatusCode, Json<RunView>), ApiError> {
+    let request = CreateRun::validate(params)?;
+    let record = state.kernel.execute(Command::Create(request)).await?;
+    Ok((StatusCode::CREATED, Json(view(&state.kernel, &record).await?)))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+struct ListQuery {
+    /// Comma-separated states to include, e.g. `running,waiting`.
+    state: Option<String>,
+    limit: Option<usize>,
+}
+
+/// List runs, newest first.
+#[utoipa::path(get, path = "/v1/runs", params(ListQuery),
+    responses((status = 200, body = Vec<RunView>)), security(("bearer" = [])))]
+async fn list_runs(
+    State(state): State<AppState>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<Vec<RunView>>, ApiError> {
+    let states = match query.state.as_deref().filter(|s| !s.is_empty()) {
+        Some(text) => text
+            .split(',')
+            .map(|s| s.trim().parse::<RunState>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()))?,
+        None => Vec::new(),
+    };
+    let records = state.kernel.list(&RunFilter { states, limit: query.limit }).await?;
+    let mut runs = Vec::with_capacity(records.len());
+    for record in &records {
+        runs.push(view(&state.kernel, record).await?);
+    }
+    Ok(Json(runs))
+}
+
+/// A run with its journal.
+#[utoipa::path(get, path = "/v1/runs/{id}", params(("id" = String, Path, description = "run id")),
+    responses((status = 200, body = InspectView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+async fn inspect_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<InspectView>, ApiError> {
+    let id = run_id(&id)?;
+    let record = state.kernel.get(&id).await?;
+    let journal = state.kernel.journal(&id).await?;
+    Ok(Json(InspectView {
+        run: view(&state.kernel, &record).await?,
+        journal: journal.iter().map(views::journal_entry).collect(),
+    }))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+struct EventsQuery {
+    /// Return events after this seq (0 for all).
+    after: Option<u64>,
+    /// Stream as server-sent events until the run ends.
+    follow: Option<bool>,
+}
+
+/// The run's events: a page of JSON, or with `follow=true` a server-sent event stream
+/// (each event's `data` is an `EventView`) that ends after the run's final state.
+#[utoipa::path(get, path = "/v1/runs/{id}/events", params(("id" = String, Path, description = "run id"), EventsQuery),
+    responses((status = 200, body = EventsPage)), security(("bearer" = [])))]
+async fn run_events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(query): Query<EventsQuery>,
+) -> Result<Response, ApiError> {
+    let id = run_id(&id)?;
+    let after = query.after.unwrap_or(0);
+    if !query.follow.unwrap_or(false) {
+        let events = state.kernel.events_page(&id, after, 10_000).await?;
+        let record = state.kernel.get(&id).await?;
+        let complete = record.state.is_terminal() && events.len() < 10_000;
+        let events = events.iter().map(views::event).collect();
+        return Ok(Json(EventsPage { events, complete }).into_response());
+    }
+    let stream = state.kernel.events(&id, after, true).await?;
+    let events = futures_util::stream::unfold(stream, |mut stream| async move {
+        match stream.next().await {
+            Ok(Some(record)) => {
+                let event = Event::default()
+                    .id(record.seq.to_string())
+                    .event(record.kind.clone())
+                    .json_data(views::event(&record))
+                    .unwrap_or_default();
+                Some((Ok::<_, Infallible>(event), stream))
+            }
+            Ok(None) => None,
+            Err(err) => {
+                tracing::warn!("event stream failed: {err}");
+                None
+            }
+        }
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+}
+
+async fn act(state: &AppState, command: Command) -> Result<Json<RunView>, ApiError> {
+    let record = state.kernel.execute(command).await?;
+    Ok(Json(view(&state.kernel, &record).await?))
+}
+
+/// Pause a run (its processes are frozen).
+#[utoipa::path(post, path = "/v1/runs/{id}/pause", params(("id" = String, Path)),
+    responses((status = 200, body = RunView), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
+async fn pause_run(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<RunView>, ApiError> {
+    act(&state, Command::Pause(run_id(&id)?)).await
+}
+
+/// Resume a paused run.
+#[utoipa::path(post, path = "/v1/runs/{id}/resume", params(("id" = String, Path)),
+    responses((status = 200, body = RunView), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
+async fn resume_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<RunView>, ApiError> {
+    act(&state, Command::Resume(run_id(&id)?)).await
+}
+
+/// Stop a run: SIGTERM to its process tree, SIGKILL after the grace period. Returns at
+/// once; the run becomes `cancelled` when its processes are gone.
+#[utoipa::path(post, path = "/v1/runs/{id}/stop", params(("id" = String, Path)), request_body = Option<StopParams>,
+    responses((status = 200, body = RunView), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
+async fn stop_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<RunView>, ApiError> {
+    // The body is optional: an empty one means "the run's own grace period".
+    let params: StopParams = if body.iter().all(u8::is_ascii_whitespace) {
+        StopParams::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", format!("stop body: {e}"))
+        })?
+    };
+    let grace = params.grace_secs.map(Duration::from_secs);
+    act(&state, Command::Stop { run: run_id(&id)?, grace }).await
+}
+
+/// Answer the run's open `human.ask`.
+#[utoipa::path(post, path = "/v1/runs/{id}/answer", params(("id" = String, Path)), request_body = AnswerParams,
+    responses((status = 200, body = RunView), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
+async fn answer_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Body(params): Body<AnswerParams>,
+) -> Result<Json<RunView>, ApiError> {
+    act(&state, Command::Answer { run: run_id(&id)?, text: params.text }).await
+}

@@ -1,0 +1,1021 @@
+//! The Store conformance suite: backend-independent checks of the `Store` contract, run
+//! by every backend's tests through `run_all`. A violated property panics with a message
+//! that names it.
+//!
+//! Every check makes its own runs (`RunId::generate`) and kv scopes, so the checks can
+//! share one store, and a store that already holds data (an earlier suite run, other
+//! tests) does not disturb them. The blob-size check reads global `stats()`, so the suite
+//! expects no other writer to be storing payloads at the same moment.
+//!
+//! The suite needs a tokio runtime (the concurrency checks spawn tasks); any flavor works.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use keel_types::{EntryStatus, RunId, RunState, Usage, WaitReason};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use crate::{
+    Completion, Error, NewEntry, NewEvent, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store,
+};
+
+/// Panics naming the operation unless the result is `Err` matching the pattern.
+macro_rules! expect_error {
+    ($result:expr, $pattern:pat $(if $guard:expr)?, $what:expr $(,)?) => {
+        match $result {
+            Err($pattern) $(if $guard)? => {}
+            other => panic!(
+                "store conformance: {}: expected Err({}), got {:?}",
+                $what,
+                stringify!($pattern),
+                other
+            ),
+        }
+    };
+}
+
+/// Runs every check, one after the other, against `store`.
+pub async fn run_all(store: Arc<dyn Store>) {
+    runs_create_get_list(&*store).await;
+    runs_reject_duplicate_ids(&*store).await;
+    runs_update_patches_every_field(&*store).await;
+    runs_compare_and_set(&*store).await;
+    journal_append_and_complete(&*store).await;
+    journal_usage_totals(&*store).await;
+    journal_abandon_entries(&*store).await;
+    journal_paging(&*store).await;
+    journal_latest_entry(&*store).await;
+    blobs_store_each_payload_once(&*store).await;
+    events_append_and_page(&*store).await;
+    kv_put_get_and_scopes(&*store).await;
+    unknown_runs_are_errors(&*store).await;
+    concurrent_appends_to_one_run(Arc::clone(&store)).await;
+    concurrent_appends_to_many_runs(Arc::clone(&store)).await;
+    failed_writes_do_not_disturb_concurrent_ones(Arc::clone(&store)).await;
+}
+
+/// Creating a run returns it as stored (with the documented defaults), `get_run` reads it
+/// back, and `list_runs` filters by state, limits, and orders newest first.
+pub async fn runs_create_get_list(store: &dyn Store) {
+    let created_at_ms = now_ms();
+    let new = new_run(created_at_ms, RunState::Created);
+    let created = store.create_run(new.clone()).await.must("create_run");
+    let expected = RunRecord {
+        id: new.id.clone(),
+        tenant: new.tenant.clone(),
+        spec: new.spec.clone(),
+        state: RunState::Created,
+        wait_reason: None,
+        created_at_ms,
+        updated_at_ms: created_at_ms,
+        ended_at_ms: None,
+        attempt: 1,
+        pid: None,
+        exit_code: None,
+        output: None,
+        error: None,
+        usage: Usage::default(),
+        provider_calls: 0,
+    };
+    assert_eq!(created, expected, "create_run must return the new run with its defaults");
+    let read = store.get_run(&new.id).await.must("get_run");
+    assert_eq!(read, Some(expected), "get_run must return the run as created");
+    let ghost = RunId::generate(now_ms());
+    assert_eq!(store.get_run(&ghost).await.must("get_run of an unknown run"), None);
+
+    // Dated a century ahead, so that these are the newest runs in the store even when it
+    // holds runs of other checks or of earlier suite runs (later runs date further ahead).
+    let base = now_ms() + 100 * 365 * 24 * 3600 * 1000;
+    let mut ids = Vec::new();
+    for (offset, state) in
+        [RunState::Created, RunState::Running, RunState::Paused, RunState::Running].into_iter().enumerate()
+    {
+        let run = new_run(base + offset as u64, state);
+        ids.push(store.create_run(run).await.must("create_run").id);
+    }
+    let [a, b, c, d] = [&ids[0], &ids[1], &ids[2], &ids[3]];
+
+    let newest = list_ids(store, &[], Some(4)).await;
+    assert_eq!(
+        newest.iter().collect::<Vec<_>>(),
+        [d, c, b, a],
+        "list_runs must return the newest runs first"
+    );
+    let running = list_ids(store, &[RunState::Running], Some(2)).await;
+    assert_eq!(running.iter().collect::<Vec<_>>(), [d, b], "list_runs must filter by state before limiting");
+    let running_or_paused = list_ids(store, &[RunState::Running, RunState::Paused], Some(3)).await;
+    assert_eq!(
+        running_or_paused.iter().collect::<Vec<_>>(),
+        [d, c, b],
+        "list_runs must accept several states"
+    );
+    assert!(list_ids(store, &[], Some(0)).await.is_empty(), "list_runs with limit 0 must return nothing");
+
+    let paused = store
+        .list_runs(&RunFilter { states: vec![RunState::Paused], limit: None })
+        .await
+        .must("list_runs of paused runs");
+    assert!(paused.iter().any(|run| &run.id == c), "list_runs must include every paused run");
+    assert!(
+        paused.iter().all(|run| run.state == RunState::Paused),
+        "list_runs filtered to paused returned a run in another state"
+    );
+    assert_newest_first(&paused);
+
+    let all = store.list_runs(&RunFilter::default()).await.must("list_runs without a filter");
+    for id in [&new.id, a, b, c, d] {
+        let listed = all.iter().find(|run| &run.id == id);
+        let read = store.get_run(id).await.must("get_run");
+        assert_eq!(listed, read.as_ref(), "list_runs must return each run as get_run does");
+    }
+    assert_newest_first(&all);
+}
+
+/// Creating a run with a taken id fails with `RunExists` and leaves the first one alone.
+pub async fn runs_reject_duplicate_ids(store: &dyn Store) {
+    let first = new_run(now_ms(), RunState::Created);
+    store.create_run(first.clone()).await.must("create_run");
+    let duplicate = NewRun { tenant: "someone-else".to_owned(), state: RunState::Running, ..first.clone() };
+    expect_error!(
+        store.create_run(duplicate).await,
+        Error::RunExists(id) if id == first.id,
+        "create_run with a taken id"
+    );
+    let stored = store.get_run(&first.id).await.must("get_run").expect_run(&first.id);
+    assert_eq!(stored.tenant, first.tenant, "a rejected duplicate must not overwrite the run");
+    assert_eq!(stored.state, RunState::Created);
+}
+
+/// `update_run` sets every field of a patch, clears optional ones with `Some(None)`,
+/// leaves absent ones alone, and returns the run as stored.
+pub async fn runs_update_patches_every_field(store: &dyn Store) {
+    let run = fresh_run(store).await;
+    let before = store.get_run(&run).await.must("get_run").expect_run(&run);
+
+    let full = RunPatch {
+        state: Some(RunState::Waiting),
+        wait_reason: Some(Some(WaitReason::Approval)),
+        updated_at_ms: Some(before.created_at_ms + 10),
+        ended_at_ms: Some(Some(before.created_at_ms + 20)),
+        attempt: Some(3),
+        pid: Some(Some(4242)),
+        exit_code: Some(Some(-9)),
+        output: Some(Some(json!({"answer": 42, "text": "fin"}))),
+        error: Some(Some("the agent exited with signal 9".to_owned())),
+    };
+    let updated = store.update_run(&run, None, full).await.must("update_run with every field");
+    let expected = RunRecord {
+        state: RunState::Waiting,
+        wait_reason: Some(WaitReason::Approval),
+        updated_at_ms: before.created_at_ms + 10,
+        ended_at_ms: Some(before.created_at_ms + 20),
+        attempt: 3,
+        pid: Some(4242),
+        exit_code: Some(-9),
+        output: Some(json!({"answer": 42, "text": "fin"})),
+        error: Some("the agent exited with signal 9".to_owned()),
+        ..before.clone()
+    };
+    assert_eq!(updated, expected, "update_run must return the run with the patch applied");
+    let read = store.get_run(&run).await.must("get_run").expect_run(&run);
+    assert_eq!(read, expected, "update_run must store every patched field");
+
+    let unchanged =
+        store.update_run(&run, None, RunPatch::default()).await.must("update_run with an empty patch");
+    assert_eq!(unchanged, expected, "an empty patch must change nothing");
+
+    let clearing = RunPatch {
+        state: Some(RunState::Running),
+        wait_reason: Some(None),
+        updated_at_ms: None,
+        ended_at_ms: Some(None),
+        attempt: None,
+        pid: Some(None),
+        exit_code: Some(None),
+        output: Some(None),
+        error: Some(None),
+    };
+    let cleared = store.update_run(&run, None, clearing).await.must("update_run clearing fields");
+    let expected = RunRecord {
+        state: RunState::Running,
+        wait_reason: None,
+        ended_at_ms: None,
+        pid: None,
+        exit_code: None,
+        output: None,
+        error: None,
+        ..expected
+    };
+    assert_eq!(cleared, expected, "Some(None) must clear a field and None must keep it");
+    let read = store.get_run(&run).await.must("get_run").expect_run(&run);
+    assert_eq!(read, expected, "cleared fields must be stored cleared");
+}
+
+/// With `expected`, `update_run` is a compare-and-set on the state: a mismatch fails with
+/// `StateConflict` carrying the actual state and writes nothing.
+pub async fn runs_compare_and_set(store: &dyn Store) {
+    let run = fresh_run(store).await;
+    let queued = store
+        .update_run(
+            &run,
+            Some(RunState::Created),
+            RunPatch { state: Some(RunState::Queued), ..RunPatch::default() },
+        )
+        .await
+        .must("update_run with the right expected state");
+    assert_eq!(queued.state, RunState::Queued);
+
+    let stale = RunPatch {
+        state: Some(RunState::Running),
+        pid: Some(Some(77)),
+        error: Some(Some("must not be written".to_owned())),
+        ..RunPatch::default()
+    };
+    expect_error!(
+        store.update_run(&run, Some(RunState::Created), stale).await,
+        Error::StateConflict { run: conflict_run, expected: RunState::Created, actual: RunState::Queued }
+            if conflict_run == run,
+        "update_run with a stale expected state"
+    );
+    let read = store.get_run(&run).await.must("get_run").expect_run(&run);
+    assert_eq!(read, queued, "a failed compare-and-set must leave the run unchanged");
+}
+
+/// Journal seqs start at 1 and are dense; entries appended complete and pending entries
+/// completed later read back exactly; completing twice, completing an entry appended
+/// complete, and completing an unknown seq all fail without changing anything.
+pub async fn journal_append_and_complete(store: &dyn Store) {
+    let run = fresh_run(store).await;
+    let params = json!({
+        "messages": [{"role": "user", "content": "héllo ✓ \"quoted\"\n\ttab"}],
+        "max": 18_446_744_073_709_551_615_u64,
+        "negative": -5,
+        "ratio": 1.5,
+        "nothing": null,
+        "empty": {},
+        "list": [true, false, []],
+    });
+    let first = pending_entry("llm.chat", params.clone());
+    let second = complete_entry("kv.get", json!({"key": "k"}), EntryStatus::Ok, Usage::default());
+    let third = complete_entry("tool.call", json!({"tool": "grep"}), EntryStatus::Error, Usage::default());
+    let fourth = pending_entry("tool.call", json!({"tool": "sed"}));
+    let mut seqs = Vec::new();
+    for entry in [&first, &second, &third, &fourth] {
+        seqs.push(store.append_entry(&run, entry.clone()).await.must("append_entry"));
+    }
+    assert_eq!(seqs, [1, 2, 3, 4], "journal seqs must start at 1 and be dense");
+
+    let journal = store.journal(&run, 0).await.must("journal");
+    assert_eq!(journal.len(), 4, "the journal must hold every appended entry");
+    for (stored, appended) in journal.iter().zip([&first, &second, &third, &fourth]) {
+        assert_entry_matches(stored, appended);
+    }
+
+    let result = json!({"choices": [{"message": {"content": "hi"}}]});
+    let usage =
+        Usage { input_tokens: 10, output_tokens: 5, llm_calls: 1, tool_calls: 0, cost_micro_usd: 1234 };
+    store
+        .complete_entry(&run, 1, ok_completion(result.clone(), usage, true))
+        .await
+        .must("complete_entry of a pending entry");
+    let completed = &store.journal(&run, 0).await.must("journal")[0];
+    assert_eq!(completed.status, EntryStatus::Ok);
+    assert_eq!(completed.result, Some(result.clone()), "the completion's result must be stored");
+    assert_eq!(completed.error, None);
+    assert_eq!(completed.finished_at_ms, Some(first.started_at_ms + 1));
+    assert_eq!(completed.usage, usage, "the completion's usage must be stored on the entry");
+    assert_eq!(completed.params, params, "completing must keep the params");
+
+    let again = ok_completion(json!("second result"), usage, true);
+    expect_error!(
+        store.complete_entry(&run, 1, again.clone()).await,
+        Error::Corrupt(message) if message.contains("not pending"),
+        "completing an entry twice"
+    );
+    expect_error!(
+        store.complete_entry(&run, 2, again.clone()).await,
+        Error::Corrupt(message) if message.contains("not pending"),
+        "completing an entry that was appended complete"
+    );
+    expect_error!(
+        store.complete_entry(&run, 99, again).await,
+        Error::EntryNotFound { run: missing_run, seq: 99 } if missing_run == run,
+        "completing an unknown seq"
+    );
+    let after_failures = &store.journal(&run, 0).await.must("journal")[0];
+    assert_eq!(after_failures, completed, "a rejected completion must leave the entry unchanged");
+
+    let not_an_outcome = Completion { status: EntryStatus::Pending, ..ok_completion(json!(1), usage, true) };
+    expect_error!(
+        store.complete_entry(&run, 4, not_an_outcome).await,
+        Error::Corrupt(_),
+        "completing an entry with status pending"
+    );
+    let failure = Completion {
+        status: EntryStatus::Error,
+        result: None,
+        error: Some(json!({"code": "timeout", "message": "sed took too long"})),
+        finished_at_ms: fourth.started_at_ms + 7,
+        usage: Usage::default(),
+        provider_served: false,
+    };
+    store.complete_entry(&run, 4, failure.clone()).await.must("complete_entry with an error");
+    let failed = &store.journal(&run, 3).await.must("journal")[0];
+    assert_eq!(failed.seq, 4);
+    assert_eq!(failed.status, EntryStatus::Error);
+    assert_eq!(failed.error, failure.error, "the completion's error must be stored");
+    assert_eq!(failed.result, None);
+    assert_eq!(failed.finished_at_ms, Some(failure.finished_at_ms));
+}
+
+/// A run's usage is the exact sum of its completed entries (appended complete or
+/// completed later); `provider_calls` counts completions a provider served. Pending
+/// entries and rejected completions add nothing.
+pub async fn journal_usage_totals(store: &dyn Store) {
+    let run = fresh_run(store).await;
+    let usages = [
+        usage(100, 20, 1, 0, 3_000),
+        usage(7, 0, 0, 1, 15),
+        usage(1_000_000, 250_000, 1, 0, 9_999_999),
+        usage(3, 4, 0, 2, 1),
+    ];
+    store
+        .append_entry(&run, complete_entry("llm.chat", json!({"n": 0}), EntryStatus::Ok, usages[0]))
+        .await
+        .must("append_entry complete");
+    for (index, (usage, provider_served)) in usages[1..].iter().zip([true, false, true]).enumerate() {
+        let seq = store
+            .append_entry(&run, pending_entry("llm.chat", json!({"n": index + 1})))
+            .await
+            .must("append_entry pending");
+        let mut completion = ok_completion(json!({"n": index + 1}), *usage, provider_served);
+        if index == 2 {
+            completion.status = EntryStatus::Error;
+            completion.result = None;
+            completion.error = Some(json!("rate limited"));
+        }
+        store.complete_entry(&run, seq, completion.clone()).await.must("complete_entry");
+        expect_error!(
+            store.complete_entry(&run, seq, completion).await,
+            Error::Corrupt(_),
+            "completing an entry twice"
+        );
+    }
+    // A pending entry's usage is not counted: it has not been spent yet.
+    let mut never_completed = pending_entry("llm.chat", json!({"n": "never"}));
+    never_completed.usage = usage(1, 1, 1, 1, 1);
+    store.append_entry(&run, never_completed).await.must("append_entry pending");
+
+    let mut expected = Usage::default();
+    for usage in &usages {
+        expected.add(usage);
+    }
+    let stored = store.get_run(&run).await.must("get_run").expect_run(&run);
+    assert_eq!(stored.usage, expected, "run usage must be the exact sum of completed entries");
+    assert_eq!(stored.provider_calls, 2, "provider_calls must count provider-served completions");
+}
+
+/// `abandon_entries` marks exactly the given entries, all or nothing, keeps usage totals,
+/// and an abandoned entry cannot be completed.
+pub async fn journal_abandon_entries(store: &dyn Store) {
+    let run = fresh_run(store).await;
+    store
+        .append_entry(
+            &run,
+            complete_entry("llm.chat", json!({"n": 1}), EntryStatus::Ok, usage(1, 2, 1, 0, 3)),
+        )
+        .await
+        .must("append_entry");
+    for n in 2..=5 {
+        store.append_entry(&run, pending_entry("tool.call", json!({"n": n}))).await.must("append_entry");
+    }
+    store
+        .complete_entry(&run, 3, ok_completion(json!("ok"), usage(0, 0, 0, 1, 0), false))
+        .await
+        .must("complete_entry");
+    let usage_before = store.get_run(&run).await.must("get_run").expect_run(&run).usage;
+
+    store.abandon_entries(&run, &[3, 4, 5]).await.must("abandon_entries");
+    let statuses = journal_statuses(store, &run).await;
+    assert_eq!(
+        statuses,
+        [
+            EntryStatus::Ok,
+            EntryStatus::Pending,
+            EntryStatus::Abandoned,
+            EntryStatus::Abandoned,
+            EntryStatus::Abandoned,
+        ],
+        "abandon_entries must mark exactly the given entries"
+    );
+
+    expect_error!(
+        store.abandon_entries(&run, &[2, 99]).await,
+        Error::EntryNotFound { run: missing_run, seq: 99 } if missing_run == run,
+        "abandon_entries with an unknown seq"
+    );
+    assert_eq!(
+        journal_statuses(store, &run).await[1],
+        EntryStatus::Pending,
+        "a failed abandon_entries must abandon nothing"
+    );
+    store.abandon_entries(&run, &[]).await.must("abandon_entries of nothing");
+    expect_error!(
+        store
+            .complete_entry(&run, 4, ok_completion(json!("late"), Usage::default(), true))
+            .await,
+        Error::Corrupt(message) if message.contains("not pending"),
+        "completing an abandoned entry"
+    );
+    let after = store.get_run(&run).await.must("get_run").expect_run(&run);
+    assert_eq!(after.usage, usage_before, "abandoning must not change usage totals");
+    assert_eq!(after.provider_calls, 0);
+}
+
+/// `journal(after)` returns exactly the entries with a greater seq, in order.
+pub async fn journal_paging(store: &dyn Store) {
+    let run = fresh_run(store).await;
+    for n in 1..=10 {
+        store.append_entry(&run, pending_entry("tool.call", json!({"n": n}))).await.must("append_entry");
+    }
+    for after in [0, 3, 9, 10, 100] {
+        let seqs: Vec<Seq> =
+            store.journal(&run, after).await.must("journal").iter().map(|entry| entry.seq).collect();
+        let expected: Vec<Seq> = (after + 1..=10).collect();
+        assert_eq!(seqs, expected, "journal(after = {after}) must return the later entries");
+    }
+    let page = store.journal(&run, 4).await.must("journal");
+    assert_eq!(page[0].params, json!({"n": 5}), "paged entries must carry their params");
+}
+
+/// `latest_entry` returns the newest entry of the method whose status is ok, ignoring
+/// other methods and entries pending, failed or abandoned.
+pub async fn journal_latest_entry(store: &dyn Store) {
+    let run = fresh_run(store).await;
+    assert_eq!(
+        store.latest_entry(&run, "state.checkpoint").await.must("latest_entry"),
+        None,
+        "an empty journal has no latest entry"
+    );
+    let checkpoint =
+        |n: u64, status| complete_entry("state.checkpoint", json!({"n": n}), status, Usage::default());
+    let appended = [
+        checkpoint(1, EntryStatus::Ok),
+        complete_entry("llm.chat", json!({}), EntryStatus::Ok, Usage::default()),
+        checkpoint(3, EntryStatus::Ok),
+        checkpoint(4, EntryStatus::Error),
+        complete_entry("llm.chat", json!({}), EntryStatus::Ok, Usage::default()),
+        pending_entry("state.checkpoint", json!({"n": 6})),
+        checkpoint(7, EntryStatus::Ok),
+    ];
+    for entry in appended {
+        store.append_entry(&run, entry).await.must("append_entry");
+    }
+    store.abandon_entries(&run, &[7]).await.must("abandon_entries");
+    let latest = store
+        .latest_entry(&run, "state.checkpoint")
+        .await
+        .must("latest_entry")
+        .unwrap_or_else(|| panic!("latest_entry found no ok checkpoint in run {run}"));
+    assert_eq!(latest.seq, 3, "latest_entry must pick the newest ok entry of the method");
+    assert_eq!(latest.params, json!({"n": 3}));
+
+    store
+        .complete_entry(&run, 6, ok_completion(json!("saved"), Usage::default(), false))
+        .await
+        .must("complete_entry");
+    let latest = store.latest_entry(&run, "state.checkpoint").await.must("latest_entry");
+    assert_eq!(
+        latest.map(|entry| (entry.seq, entry.result)),
+        Some((6, Some(json!("saved")))),
+        "a newly completed entry must become the latest"
+    );
+    assert_eq!(store.latest_entry(&run, "never.called").await.must("latest_entry"), None);
+}
+
+/// The same payload appended many times is stored once: `stats()` grows by about one
+/// payload, not a hundred, for params and for results alike.
+pub async fn blobs_store_each_payload_once(store: &dyn Store) {
+    const COPIES: u64 = 100;
+    let run = fresh_run(store).await;
+    // The run id makes the payload new to this store, so its first copy must be stored.
+    let conversation = json!({
+        "run": run.as_str(),
+        "messages": (0..200)
+            .map(|turn| json!({"role": "user", "content": format!("turn {turn}: {}", "x".repeat(400))}))
+            .collect::<Vec<_>>(),
+    });
+    let payload_len = conversation.to_string().len() as u64;
+
+    let before = store.stats().await.must("stats");
+    for _ in 0..COPIES {
+        store.append_entry(&run, pending_entry("llm.chat", conversation.clone())).await.must("append_entry");
+    }
+    let after = store.stats().await.must("stats");
+    assert!(
+        after.journal_entries >= before.journal_entries + COPIES,
+        "stats must count journal entries: {before:?} then {after:?}"
+    );
+    let grown = after.blob_bytes - before.blob_bytes;
+    assert!(
+        grown > 0 && grown < 2 * payload_len,
+        "{COPIES} copies of a {payload_len}-byte payload grew blob storage by {grown} bytes; \
+         it must be stored once"
+    );
+    assert!(
+        after.blobs - before.blobs <= 2,
+        "{COPIES} copies of one payload added {} blobs",
+        after.blobs - before.blobs
+    );
+
+    let reply = json!({"run": run.as_str(), "reply": "y".repeat(50_000)});
+    let reply_len = reply.to_string().len() as u64;
+    let before = store.stats().await.must("stats");
+    for seq in 1..=COPIES {
+        store
+            .complete_entry(&run, seq, ok_completion(reply.clone(), Usage::default(), true))
+            .await
+            .must("complete_entry");
+    }
+    let after = store.stats().await.must("stats");
+    let grown = after.blob_bytes - before.blob_bytes;
+    assert!(
+        grown > 0 && grown < 2 * reply_len,
+        "{COPIES} copies of a {reply_len}-byte result grew blob storage by {grown} bytes; \
+         it must be stored once"
+    );
+
+    let journal = store.journal(&run, 0).await.must("journal");
+    assert_eq!(journal.len() as u64, COPIES);
+    assert!(
+        journal.iter().all(|entry| entry.params == conversation && entry.result.as_ref() == Some(&reply)),
+        "every entry must read back its full payloads"
+    );
+}
+
+/// Event seqs are per run and dense from 1; `append_events` returns the last seq (the
+/// current one for an empty batch); `events(after, limit)` pages in order.
+pub async fn events_append_and_page(store: &dyn Store) {
+    let run = fresh_run(store).await;
+    let other = fresh_run(store).await;
+    assert_eq!(
+        store.append_events(&run, vec![]).await.must("append_events"),
+        0,
+        "an empty log's last seq is 0"
+    );
+    let events: Vec<NewEvent> = (1..=5)
+        .map(|n| NewEvent {
+            ts_ms: 1_000 + n,
+            kind: if n % 2 == 0 { "stderr" } else { "stdout" }.to_owned(),
+            data: json!({"line": format!("line {n}"), "n": n}),
+        })
+        .collect();
+    assert_eq!(store.append_events(&run, events[..3].to_vec()).await.must("append_events"), 3);
+    assert_eq!(store.append_events(&run, events[3..].to_vec()).await.must("append_events"), 5);
+    assert_eq!(
+        store.append_events(&run, vec![]).await.must("append_events"),
+        5,
+        "appending no events must return the current last seq"
+    );
+    assert_eq!(
+        store.append_events(&other, events[..1].to_vec()).await.must("append_events"),
+        1,
+        "event seqs must be per run"
+    );
+
+    let all = store.events(&run, 0, 100).await.must("events");
+    assert_eq!(all.len(), 5);
+    for (stored, (seq, appended)) in all.iter().zip((1..).zip(&events)) {
+        assert_eq!(stored.seq, seq, "event seqs must be dense from 1");
+        assert_eq!(
+            (stored.ts_ms, &stored.kind, &stored.data),
+            (appended.ts_ms, &appended.kind, &appended.data),
+            "an event must read back as appended"
+        );
+    }
+    for (after, limit, expected) in
+        [(0, 2, vec![1, 2]), (2, 2, vec![3, 4]), (4, 10, vec![5]), (5, 10, vec![]), (0, 0, vec![])]
+    {
+        let seqs: Vec<Seq> =
+            store.events(&run, after, limit).await.must("events").iter().map(|event| event.seq).collect();
+        assert_eq!(seqs, expected, "events(after = {after}, limit = {limit})");
+    }
+}
+
+/// `kv_put` writes and overwrites, `kv_get` reads, and scopes do not see each other.
+pub async fn kv_put_get_and_scopes(store: &dyn Store) {
+    let unique = RunId::generate(now_ms());
+    let scope = format!("conformance/{unique}/a");
+    let other_scope = format!("conformance/{unique}/b");
+    assert_eq!(store.kv_get(&scope, "k").await.must("kv_get"), None);
+
+    store.kv_put(&scope, "k", json!({"v": 1})).await.must("kv_put");
+    assert_eq!(store.kv_get(&scope, "k").await.must("kv_get"), Some(json!({"v": 1})));
+    store.kv_put(&scope, "k", json!("two")).await.must("kv_put");
+    assert_eq!(store.kv_get(&scope, "k").await.must("kv_get"), Some(json!("two")), "kv_put must overwrite");
+    assert_eq!(
+        store.kv_get(&other_scope, "k").await.must("kv_get"),
+        None,
+        "a key must not leak into another scope"
+    );
+    store.kv_put(&other_scope, "k", json!([3])).await.must("kv_put");
+    assert_eq!(
+        store.kv_get(&scope, "k").await.must("kv_get"),
+        Some(json!("two")),
+        "writing another scope must not change this one"
+    );
+    store.kv_put(&scope, "null", Value::Null).await.must("kv_put");
+    assert_eq!(
+        store.kv_get(&scope, "null").await.must("kv_get"),
+        Some(Value::Null),
+        "a stored JSON null must read back as Some(null), not as a missing key"
+    );
+}
+
+/// Per-run operations on a run that does not exist fail with `RunNotFound`; `get_run`
+/// returns `None`.
+pub async fn unknown_runs_are_errors(store: &dyn Store) {
+    let ghost = RunId::generate(now_ms());
+    let is_ghost = |id: &RunId| id == &ghost;
+    assert_eq!(store.get_run(&ghost).await.must("get_run"), None);
+    expect_error!(
+        store
+            .update_run(&ghost, None, RunPatch::default())
+            .await,
+        Error::RunNotFound(id) if is_ghost(&id),
+        "update_run of an unknown run"
+    );
+    expect_error!(
+        store
+            .update_run(&ghost, Some(RunState::Created), RunPatch::default())
+            .await,
+        Error::RunNotFound(id) if is_ghost(&id),
+        "update_run with an expected state of an unknown run"
+    );
+    expect_error!(
+        store
+            .append_entry(&ghost, pending_entry("llm.chat", json!({})))
+            .await,
+        Error::RunNotFound(id) if is_ghost(&id),
+        "append_entry to an unknown run"
+    );
+    expect_error!(
+        store
+            .complete_entry(&ghost, 1, ok_completion(json!(1), Usage::default(), false))
+            .await,
+        Error::RunNotFound(id) if is_ghost(&id),
+        "complete_entry of an unknown run"
+    );
+    expect_error!(
+        store.abandon_entries(&ghost, &[1]).await,
+        Error::RunNotFound(id) if is_ghost(&id),
+        "abandon_entries of an unknown run"
+    );
+    expect_error!(
+        store.journal(&ghost, 0).await,
+        Error::RunNotFound(id) if is_ghost(&id),
+        "journal of an unknown run"
+    );
+    expect_error!(
+        store.latest_entry(&ghost, "llm.chat").await,
+        Error::RunNotFound(id) if is_ghost(&id),
+        "latest_entry of an unknown run"
+    );
+    expect_error!(
+        store.append_events(&ghost, vec![]).await,
+        Error::RunNotFound(id) if is_ghost(&id),
+        "append_events to an unknown run"
+    );
+    expect_error!(
+        store.events(&ghost, 0, 10).await,
+        Error::RunNotFound(id) if is_ghost(&id),
+        "events of an unknown run"
+    );
+    assert_eq!(store.get_run(&ghost).await.must("get_run"), None, "failed writes must not create the run");
+}
+
+/// 100 tasks append to (and complete in) the same run at once: every task gets its own
+/// seq, the seqs are exactly 1..=100, each entry holds its task's params, and the usage
+/// totals count every completion.
+pub async fn concurrent_appends_to_one_run(store: Arc<dyn Store>) {
+    const TASKS: u64 = 100;
+    let run = fresh_run(&*store).await;
+    let tasks: Vec<JoinHandle<(u64, Seq)>> = (0..TASKS)
+        .map(|task| {
+            let store = Arc::clone(&store);
+            let run = run.clone();
+            tokio::spawn(async move {
+                let seq = store
+                    .append_entry(&run, pending_entry("tool.call", json!({"task": task})))
+                    .await
+                    .must("concurrent append_entry");
+                let completion = ok_completion(json!({"task": task}), usage(0, 0, 0, 1, 0), true);
+                store.complete_entry(&run, seq, completion).await.must("concurrent complete_entry");
+                (task, seq)
+            })
+        })
+        .collect();
+    let mut acknowledged = join_all(tasks).await;
+
+    acknowledged.sort_by_key(|&(_, seq)| seq);
+    let seqs: Vec<Seq> = acknowledged.iter().map(|&(_, seq)| seq).collect();
+    let expected: Vec<Seq> = (1..=TASKS).collect();
+    assert_eq!(seqs, expected, "concurrent appends to one run must get unique, dense seqs");
+    let journal = store.journal(&run, 0).await.must("journal");
+    assert_eq!(journal.len() as u64, TASKS, "no concurrent append may be lost");
+    for (entry, (task, seq)) in journal.iter().zip(&acknowledged) {
+        assert_eq!(entry.seq, *seq);
+        assert_eq!(
+            entry.params,
+            json!({"task": task}),
+            "entry {seq} must hold the params of the task that was told its seq is {seq}"
+        );
+        assert_eq!(entry.status, EntryStatus::Ok);
+        assert_eq!(entry.result, Some(json!({"task": task})));
+    }
+    let stored = store.get_run(&run).await.must("get_run").expect_run(&run);
+    assert_eq!(stored.usage.tool_calls, TASKS, "every concurrent completion must add its usage");
+    assert_eq!(stored.provider_calls, TASKS);
+}
+
+/// 100 tasks each create a run and journal steps in it at once: every run's journal is
+/// dense from 1 and complete, and its events too.
+pub async fn concurrent_appends_to_many_runs(store: Arc<dyn Store>) {
+    const TASKS: u64 = 100;
+    const STEPS: u64 = 5;
+    let tasks: Vec<JoinHandle<RunId>> = (0..TASKS)
+        .map(|task| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let run = fresh_run(&*store).await;
+                for step in 1..=STEPS {
+                    let params = json!({"task": task, "step": step});
+                    let seq = store
+                        .append_entry(&run, pending_entry("llm.chat", params))
+                        .await
+                        .must("concurrent append_entry");
+                    assert_eq!(seq, step, "run {run}: seqs of one writer must be dense");
+                    store
+                        .complete_entry(&run, seq, ok_completion(json!(step), usage(1, 1, 1, 0, 1), true))
+                        .await
+                        .must("concurrent complete_entry");
+                    let event = NewEvent { ts_ms: step, kind: "stdout".to_owned(), data: json!(step) };
+                    let event_seq =
+                        store.append_events(&run, vec![event]).await.must("concurrent append_events");
+                    assert_eq!(event_seq, step, "run {run}: event seqs must be dense");
+                }
+                run
+            })
+        })
+        .collect();
+    let runs = join_all(tasks).await;
+
+    for (task, run) in (0..).zip(&runs) {
+        let journal = store.journal(run, 0).await.must("journal");
+        let seqs: Vec<Seq> = journal.iter().map(|entry| entry.seq).collect();
+        assert_eq!(seqs, (1..=STEPS).collect::<Vec<_>>(), "run {run} lost journal entries");
+        for entry in &journal {
+            assert_eq!(entry.params, json!({"task": task, "step": entry.seq}));
+            assert_eq!(entry.result, Some(json!(entry.seq)));
+        }
+        let stored = store.get_run(run).await.must("get_run").expect_run(run);
+        assert_eq!(stored.usage.llm_calls, STEPS);
+        assert_eq!(stored.provider_calls, STEPS);
+        let events = store.events(run, 0, 100).await.must("events");
+        assert_eq!(events.len() as u64, STEPS, "run {run} lost events");
+    }
+}
+
+/// Writes that fail (unknown run, stale compare-and-set, double completion) while others
+/// are in flight fail alone: every valid concurrent write lands, no failed one leaves a
+/// trace. A backend that commits writes in groups must isolate each writer's failure.
+pub async fn failed_writes_do_not_disturb_concurrent_ones(store: Arc<dyn Store>) {
+    const TASKS: u64 = 120;
+    let run = fresh_run(&*store).await;
+    store
+        .append_entry(&run, complete_entry("seed", json!({}), EntryStatus::Ok, Usage::default()))
+        .await
+        .must("append_entry");
+    let ghost = RunId::generate(now_ms());
+    let tasks: Vec<JoinHandle<Option<Seq>>> = (0..TASKS)
+        .map(|task| {
+            let store = Arc::clone(&store);
+            let run = run.clone();
+            let ghost = ghost.clone();
+            tokio::spawn(async move {
+                match task % 4 {
+                    0 | 1 => Some(
+                        store
+                            .append_entry(&run, pending_entry("tool.call", json!({"task": task})))
+                            .await
+                            .must("append_entry beside failing writes"),
+                    ),
+                    2 => {
+                        expect_error!(
+                            store
+                                .append_entry(&ghost, pending_entry("tool.call", json!({"task": task})))
+                                .await,
+                            Error::RunNotFound(_),
+                            "append_entry to an unknown run beside other writes"
+                        );
+                        None
+                    }
+                    _ => {
+                        let stale = RunPatch {
+                            error: Some(Some(format!("task {task} must not write this"))),
+                            ..RunPatch::default()
+                        };
+                        expect_error!(
+                            store.update_run(&run, Some(RunState::Failed), stale).await,
+                            Error::StateConflict { actual: RunState::Created, .. },
+                            "a stale compare-and-set beside other writes"
+                        );
+                        expect_error!(
+                            store
+                                .complete_entry(
+                                    &run,
+                                    1,
+                                    ok_completion(json!(task), usage(1, 1, 1, 1, 1), true)
+                                )
+                                .await,
+                            Error::Corrupt(_),
+                            "completing a complete entry beside other writes"
+                        );
+                        None
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut seqs: Vec<Seq> = join_all(tasks).await.into_iter().flatten().collect();
+    seqs.sort_unstable();
+    let expected: Vec<Seq> = (2..=TASKS / 2 + 1).collect();
+    assert_eq!(seqs, expected, "valid appends beside failing writes must all land, densely");
+    let journal = store.journal(&run, 0).await.must("journal");
+    assert_eq!(journal.len() as u64, TASKS / 2 + 1, "failed writes must leave no entries");
+    let stored = store.get_run(&run).await.must("get_run").expect_run(&run);
+    assert_eq!(stored.error, None, "a failed compare-and-set must write nothing");
+    assert_eq!(stored.usage, Usage::default(), "rejected completions must add no usage");
+    assert_eq!(stored.provider_calls, 0);
+    assert_eq!(store.get_run(&ghost).await.must("get_run"), None);
+}
+
+/// `Ok` or a panic naming the operation: the suite's way to say "this must succeed".
+trait Must<T> {
+    fn must(self, what: &str) -> T;
+}
+
+impl<T> Must<T> for Result<T> {
+    #[track_caller]
+    fn must(self, what: &str) -> T {
+        match self {
+            Ok(value) => value,
+            Err(error) => panic!("store conformance: {what} failed: {error}"),
+        }
+    }
+}
+
+trait ExpectRun {
+    fn expect_run(self, id: &RunId) -> RunRecord;
+}
+
+impl ExpectRun for Option<RunRecord> {
+    #[track_caller]
+    fn expect_run(self, id: &RunId) -> RunRecord {
+        self.unwrap_or_else(|| panic!("store conformance: run {id} was written but get_run finds nothing"))
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as u64)
+}
+
+fn new_run(created_at_ms: u64, state: RunState) -> NewRun {
+    NewRun {
+        id: RunId::generate(created_at_ms),
+        tenant: "conformance".to_owned(),
+        spec: json!({"command": ["python3", "agent.py"], "env": {"MODE": "test"}}),
+        state,
+        created_at_ms,
+    }
+}
+
+async fn fresh_run(store: &dyn Store) -> RunId {
+    store.create_run(new_run(now_ms(), RunState::Created)).await.must("create_run").id
+}
+
+fn usage(
+    input_tokens: u64,
+    output_tokens: u64,
+    llm_calls: u64,
+    tool_calls: u64,
+    cost_micro_usd: u64,
+) -> Usage {
+    Usage { input_tokens, output_tokens, llm_calls, tool_calls, cost_micro_usd }
+}
+
+/// An intent: the entry written before an effect.
+fn pending_entry(method: &str, params: Value) -> NewEntry {
+    NewEntry {
+        method: method.to_owned(),
+        params_hash: format!("{method}:{params}"),
+        params,
+        status: EntryStatus::Pending,
+        result: None,
+        error: None,
+        attempt: 1,
+        started_at_ms: 1_700_000_000_000,
+        finished_at_ms: None,
+        usage: Usage::default(),
+    }
+}
+
+/// An entry complete at once, ok (with a result) or error (with an error).
+fn complete_entry(method: &str, params: Value, status: EntryStatus, usage: Usage) -> NewEntry {
+    let outcome = json!({"for": method});
+    NewEntry {
+        result: (status == EntryStatus::Ok).then(|| outcome.clone()),
+        error: (status == EntryStatus::Error).then_some(outcome),
+        finished_at_ms: Some(1_700_000_000_002),
+        usage,
+        status,
+        attempt: 2,
+        ..pending_entry(method, params)
+    }
+}
+
+fn ok_completion(result: Value, usage: Usage, provider_served: bool) -> Completion {
+    Completion {
+        status: EntryStatus::Ok,
+        result: Some(result),
+        error: None,
+        finished_at_ms: 1_700_000_000_001,
+        usage,
+        provider_served,
+    }
+}
+
+#[track_caller]
+fn assert_entry_matches(stored: &crate::JournalEntry, appended: &NewEntry) {
+    let NewEntry {
+        method,
+        params,
+        params_hash,
+        status,
+        result,
+        error,
+        attempt,
+        started_at_ms,
+        finished_at_ms,
+        usage,
+    } = appended;
+    let seq = stored.seq;
+    assert_eq!(&stored.method, method, "entry {seq}: method");
+    assert_eq!(&stored.params, params, "entry {seq}: params must read back exactly");
+    assert_eq!(&stored.params_hash, params_hash, "entry {seq}: params_hash");
+    assert_eq!(&stored.status, status, "entry {seq}: status");
+    assert_eq!(&stored.result, result, "entry {seq}: result");
+    assert_eq!(&stored.error, error, "entry {seq}: error");
+    assert_eq!(&stored.attempt, attempt, "entry {seq}: attempt");
+    assert_eq!(&stored.started_at_ms, started_at_ms, "entry {seq}: started_at_ms");
+    assert_eq!(&stored.finished_at_ms, finished_at_ms, "entry {seq}: finished_at_ms");
+    assert_eq!(&stored.usage, usage, "entry {seq}: usage");
+}
+
+async fn list_ids(store: &dyn Store, states: &[RunState], limit: Option<usize>) -> Vec<RunId> {
+    let filter = RunFilter { states: states.to_vec(), limit };
+    store.list_runs(&filter).await.must("list_runs").into_iter().map(|run| run.id).collect()
+}
+
+#[track_caller]
+fn assert_newest_first(runs: &[RunRecord]) {
+    for pair in runs.windows(2) {
+        assert!(
+            pair[0].created_at_ms >= pair[1].created_at_ms,
+            "list_runs must order newest first, but {} ({}) precedes {} ({})",
+            pair[0].id,
+            pair[0].created_at_ms,
+            pair[1].id,
+            pair[1].created_at_ms
+        );
+    }
+}
+
+async fn journal_statuses(store: &dyn Store, run: &RunId) -> Vec<EntryStatus> {
+    store.journal(run, 0).await.must("journal").iter().map(|entry| entry.status).collect()
+}
+
+/// Awaits every task in order, re-raising a task's panic so its message reaches the test.
+async fn join_all<T: Debug>(tasks: Vec<JoinHandle<T>>) -> Vec<T> {
+    let mut outputs = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        match task.await {
+            Ok(output) => outputs.push(output),
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            Err(error) => panic!("store conformance: a spawned task was cancelled: {error}"),
+        }
+    }
+    outputs
+}

@@ -1,0 +1,249 @@
+//! The Store API: the durable state of the kernel (runs, their journals, content-addressed
+//! payload blobs, run events and a key-value space), with one contract every backend
+//! meets. `conformance` holds the suite that proves it; `sqlite` is the embedded backend.
+//!
+//! Durability contract, for every backend: a write method that returns `Ok` has made its
+//! effect durable (it survives a process kill and a power cut the backend can survive).
+//! Writes issued concurrently may be committed together (group commit); each caller still
+//! sees `Ok` only after its own write is durable.
+
+pub mod conformance;
+pub mod sqlite;
+
+use async_trait::async_trait;
+use keel_types::{EntryStatus, RunId, RunState, Usage, WaitReason};
+use serde_json::Value;
+
+pub use sqlite::SqliteStore;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The position of an entry in a run's journal, or of an event in its event log. Starts
+/// at 1; 0 means "before the first".
+pub type Seq = u64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("run {0} does not exist")]
+    RunNotFound(RunId),
+    #[error("run {0} already exists")]
+    RunExists(RunId),
+    #[error("journal entry {seq} of run {run} does not exist")]
+    EntryNotFound { run: RunId, seq: Seq },
+    /// A conditional update found the run in another state than the caller expected;
+    /// nothing was written.
+    #[error("run {run} is {actual}, not {expected} as the update assumed")]
+    StateConflict { run: RunId, expected: RunState, actual: RunState },
+    /// Stored data could not be read back (a value that does not parse, a missing blob).
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    /// The backend failed at the named step.
+    #[error("store backend failed while {step}: {source}")]
+    Backend {
+        step: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The store was shut down (or its writer died) before the request was served.
+    #[error("the store is closed")]
+    Closed,
+}
+
+/// A run as first written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRun {
+    pub id: RunId,
+    pub tenant: String,
+    /// What to run, as the kernel describes it (command, env, script...). Opaque here.
+    pub spec: Value,
+    pub state: RunState,
+    pub created_at_ms: u64,
+}
+
+/// A run as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    pub id: RunId,
+    pub tenant: String,
+    pub spec: Value,
+    pub state: RunState,
+    /// Set exactly while `state` is `waiting` (and kept while a waiting run is paused).
+    pub wait_reason: Option<WaitReason>,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    pub ended_at_ms: Option<u64>,
+    /// How many times the agent process has been launched (1 for a run never recovered).
+    pub attempt: u32,
+    /// Process id (and process group id) of the current attempt's agent, if one runs.
+    pub pid: Option<u32>,
+    pub exit_code: Option<i32>,
+    /// What the agent passed to `run.exit`.
+    pub output: Option<Value>,
+    /// Why the run failed, in words a person can act on.
+    pub error: Option<String>,
+    /// Sum of the usage of every completed journal entry.
+    pub usage: Usage,
+    /// How many calls a provider actually served for this run (replays do not count).
+    pub provider_calls: u64,
+}
+
+/// A partial update of a run. `None` leaves a field as it is; `Some(None)` clears it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunPatch {
+    pub state: Option<RunState>,
+    pub wait_reason: Option<Option<WaitReason>>,
+    pub updated_at_ms: Option<u64>,
+    pub ended_at_ms: Option<Option<u64>>,
+    pub attempt: Option<u32>,
+    pub pid: Option<Option<u32>>,
+    pub exit_code: Option<Option<i32>>,
+    pub output: Option<Option<Value>>,
+    pub error: Option<Option<String>>,
+}
+
+/// Which runs `list_runs` returns, newest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunFilter {
+    /// Only runs in one of these states (all runs when empty).
+    pub states: Vec<RunState>,
+    /// At most this many (no limit when `None`).
+    pub limit: Option<usize>,
+}
+
+/// A journal entry as first appended: an intent (`Pending`) or, for a syscall that has
+/// no external effect, an entry that is complete at once (`Ok`/`Error`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEntry {
+    pub method: String,
+    pub params: Value,
+    /// Canonical hash of `params` (see `keel_core::replay::params_hash`), the replay key.
+    pub params_hash: String,
+    pub status: EntryStatus,
+    /// For entries complete at once.
+    pub result: Option<Value>,
+    pub error: Option<Value>,
+    pub attempt: u32,
+    pub started_at_ms: u64,
+    pub finished_at_ms: Option<u64>,
+    /// Added to the run's usage with the entry (only for entries complete at once).
+    pub usage: Usage,
+}
+
+/// The outcome that completes a pending entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// `Ok` or `Error`.
+    pub status: EntryStatus,
+    pub result: Option<Value>,
+    pub error: Option<Value>,
+    pub finished_at_ms: u64,
+    /// Added to the run's usage in the same transaction.
+    pub usage: Usage,
+    /// Whether a provider served this call (adds one to the run's `provider_calls` in the
+    /// same transaction, so the count is exact across crashes).
+    pub provider_served: bool,
+}
+
+/// A journal entry as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JournalEntry {
+    pub seq: Seq,
+    pub method: String,
+    pub params: Value,
+    pub params_hash: String,
+    pub status: EntryStatus,
+    pub result: Option<Value>,
+    pub error: Option<Value>,
+    pub attempt: u32,
+    pub started_at_ms: u64,
+    pub finished_at_ms: Option<u64>,
+    pub usage: Usage,
+}
+
+/// One record of a run's event log (agent output lines, lifecycle changes, emitted events).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    pub ts_ms: u64,
+    /// e.g. `stdout`, `stderr`, `state`, `syscall`, `emit`.
+    pub kind: String,
+    pub data: Value,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventRecord {
+    pub seq: Seq,
+    pub ts_ms: u64,
+    pub kind: String,
+    pub data: Value,
+}
+
+/// Sizes, for tests and benchmarks (e.g. proving payloads are stored once).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub runs: u64,
+    pub journal_entries: u64,
+    pub blobs: u64,
+    pub blob_bytes: u64,
+}
+
+/// The kernel's durable state. All methods are safe to call concurrently.
+///
+/// Payloads (`params`, `result`, `error`, `spec`, event `data`, kv values) are JSON;
+/// journal payloads are stored content-addressed, so the same payload written many times
+/// (a conversation re-sent on every call) occupies space once.
+///
+/// Every method that names a run, other than `get_run`, fails with `RunNotFound` when the
+/// run does not exist (reads included), and a write that fails writes nothing.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Writes a new run. Fails with `RunExists` if the id is taken. Durable on return.
+    /// The run starts with `attempt` 1, `updated_at_ms` equal to `created_at_ms`, no wait
+    /// reason, pid, exit code, output or error, and zero usage.
+    async fn create_run(&self, run: NewRun) -> Result<RunRecord>;
+
+    async fn get_run(&self, id: &RunId) -> Result<Option<RunRecord>>;
+
+    /// Runs matching `filter`, newest (by creation) first.
+    async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>>;
+
+    /// Applies `patch` to the run. When `expected` is given, the update happens only if
+    /// the run is currently in that state, else `StateConflict` and nothing changes.
+    /// Returns the run as updated. Durable on return.
+    async fn update_run(&self, id: &RunId, expected: Option<RunState>, patch: RunPatch) -> Result<RunRecord>;
+
+    /// Appends an entry to the run's journal and returns its seq (previous last + 1).
+    /// The usage of an entry appended complete is added to the run's totals in the same
+    /// transaction. Durable on return: the caller may perform the effect afterwards.
+    async fn append_entry(&self, run: &RunId, entry: NewEntry) -> Result<Seq>;
+
+    /// Records the outcome of a pending entry (and its usage, in the same transaction).
+    /// Completing an entry that is not pending is an error (`Corrupt`), as is a completion
+    /// whose status is not `Ok` or `Error`; an unknown seq is `EntryNotFound`. Durable on
+    /// return.
+    async fn complete_entry(&self, run: &RunId, seq: Seq, completion: Completion) -> Result<()>;
+
+    /// Marks entries `abandoned` (a replay tail the restarted agent never asked for).
+    /// All or nothing: an unknown seq fails with `EntryNotFound` and marks none. Usage
+    /// totals keep what the entries added. Durable on return.
+    async fn abandon_entries(&self, run: &RunId, seqs: &[Seq]) -> Result<()>;
+
+    /// Entries with seq greater than `after`, in seq order.
+    async fn journal(&self, run: &RunId, after: Seq) -> Result<Vec<JournalEntry>>;
+
+    /// The newest entry of `method` in the run's journal whose status is `Ok`.
+    async fn latest_entry(&self, run: &RunId, method: &str) -> Result<Option<JournalEntry>>;
+
+    /// Appends events to the run's log in order; returns the seq of the last one (with
+    /// no events, the current last seq: 0 for an empty log). Durable on return.
+    async fn append_events(&self, run: &RunId, events: Vec<NewEvent>) -> Result<Seq>;
+
+    /// Up to `limit` events with seq greater than `after`, in order.
+    async fn events(&self, run: &RunId, after: Seq, limit: usize) -> Result<Vec<EventRecord>>;
+
+    async fn kv_get(&self, scope: &str, key: &str) -> Result<Option<Value>>;
+
+    /// Durable on return.
+    async fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()>;
+
+    async fn stats(&self) -> Result<StoreStats>;
+}

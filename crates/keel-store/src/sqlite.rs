@@ -1,0 +1,372 @@
+//! The embedded SQLite backend of the Store API: one writer thread that group-commits
+//! every write, and a small pool of read-only connections that read alongside it (WAL).
+//!
+//! Shape: `SqliteStore` is a cheap-to-clone handle. Writes are turned into a closed
+//! `WriteCommand` and sent to the writer thread (`writer`), which owns the only read-write
+//! connection, drains whatever is queued into one transaction, commits once (one fsync
+//! with `synchronous=FULL`) and then answers every caller. Reads run on tokio's blocking
+//! pool with a connection of their own (`ReadPool`); since a write is answered only after
+//! its commit, a read that starts after a write returned sees it.
+
+mod queries;
+mod schema;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use async_trait::async_trait;
+use keel_types::{RunId, RunState};
+use rusqlite::{Connection, OpenFlags};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::{
+    Completion, Error, EventRecord, JournalEntry, NewEntry, NewEvent, NewRun, Result, RunFilter, RunPatch,
+    RunRecord, Seq, Store, StoreStats,
+};
+use writer::{Blob, EncodedCompletion, EncodedEntry, EncodedEvent, WriteCommand};
+
+/// How many write commands may wait for the writer before callers are held back. Large
+/// enough that a burst from many runs forms big batches, small enough to bound memory.
+const WRITE_QUEUE_CAPACITY: usize = 4096;
+
+/// Idle read connections kept open for reuse; more are opened on demand under load.
+const MAX_IDLE_READERS: usize = 8;
+
+/// The SQLite store. Clones share one database, one writer thread and one read pool;
+/// when the last clone is dropped the writer finishes what is queued, closes its
+/// connection and its thread is joined.
+///
+/// A write whose caller stops waiting (its future is dropped) may still be committed:
+/// the command has already been handed to the writer.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// `None` only while `Drop` runs: dropping the sender is what tells the writer to stop.
+    commands: Option<mpsc::Sender<WriteCommand>>,
+    writer_thread: Option<JoinHandle<()>>,
+    readers: Arc<ReadPool>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Idle readers close first, so that the writer's connection is the last one open:
+        // SQLite checkpoints the WAL into the database file when its last connection closes.
+        self.readers.idle.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        // Closing the channel lets the writer drain the queue and return; joining it means
+        // the database file is closed once the store is gone, so the same process can
+        // reopen it at once.
+        self.commands = None;
+        if let Some(thread) = self.writer_thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the keel-store writer thread panicked");
+        }
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database file at `path` and brings its schema up
+    /// to date. The directory must exist. Blocks briefly (file IO), so call it at startup
+    /// or from a blocking context.
+    pub fn open(path: &Path) -> Result<SqliteStore> {
+        let mut connection = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(writer::sql_error("opening the database file"))?;
+        schema::configure_writer(&connection)?;
+        schema::migrate(&mut connection)?;
+
+        let (commands, receiver) = mpsc::channel(WRITE_QUEUE_CAPACITY);
+        let writer_thread = std::thread::Builder::new()
+            .name("keel-store-writer".to_owned())
+            .spawn(move || writer::run(connection, receiver))
+            .map_err(|source| Error::Backend {
+                step: "starting the writer thread",
+                source: Box::new(source),
+            })?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                commands: Some(commands),
+                writer_thread: Some(writer_thread),
+                readers: Arc::new(ReadPool { path: path.to_owned(), idle: Mutex::new(Vec::new()) }),
+            }),
+        })
+    }
+
+    /// Hands a command to the writer and waits until it is committed (or failed).
+    async fn write<T>(&self, command: impl FnOnce(writer::Reply<T>) -> WriteCommand) -> Result<T> {
+        let commands = self.inner.commands.as_ref().ok_or(Error::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        commands.send(command(reply)).await.map_err(|_| Error::Closed)?;
+        // The writer drops the reply sender without answering only if it died.
+        answer.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Runs `read` on the blocking pool inside one read transaction, so that it sees one
+    /// consistent snapshot that includes every write already answered.
+    async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let readers = Arc::clone(&self.inner.readers);
+        match tokio::task::spawn_blocking(move || readers.with_snapshot(read)).await {
+            Ok(result) => result,
+            Err(join_error) if join_error.is_panic() => std::panic::resume_unwind(join_error.into_panic()),
+            // The runtime is shutting down.
+            Err(_) => Err(Error::Closed),
+        }
+    }
+}
+
+/// Read-only connections, reused across reads. WAL lets them read while the writer
+/// writes; each read runs in its own transaction and therefore sees the latest commit.
+struct ReadPool {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl ReadPool {
+    fn with_snapshot<T>(&self, read: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        // A poisoned lock only means another reader panicked while pushing or popping;
+        // the vector of connections is still valid.
+        let reused = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let mut connection = match reused {
+            Some(connection) => connection,
+            None => self.open()?,
+        };
+        let transaction =
+            connection.transaction().map_err(writer::sql_error("beginning a read transaction"))?;
+        let result = read(&transaction);
+        // Nothing was written, so ending with a rollback is the cheapest correct end. A
+        // connection that cannot even do that is not returned to the pool.
+        if transaction.rollback().is_ok() {
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            if idle.len() < MAX_IDLE_READERS {
+                idle.push(connection);
+            }
+        }
+        result
+    }
+
+    fn open(&self) -> Result<Connection> {
+        let connection = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(writer::sql_error("opening a read connection"))?;
+        schema::configure_reader(&connection)?;
+        Ok(connection)
+    }
+}
+
+/// Applies a patch to a run: `None` keeps a field, `Some(value)` sets it (`Some(None)`
+/// clears an optional one).
+fn apply_patch(run: &mut RunRecord, patch: RunPatch) {
+    let RunPatch { state, wait_reason, updated_at_ms, ended_at_ms, attempt, pid, exit_code, output, error } =
+        patch;
+    if let Some(state) = state {
+        run.state = state;
+    }
+    if let Some(wait_reason) = wait_reason {
+        run.wait_reason = wait_reason;
+    }
+    if let Some(updated_at_ms) = updated_at_ms {
+        run.updated_at_ms = updated_at_ms;
+    }
+    if let Some(ended_at_ms) = ended_at_ms {
+        run.ended_at_ms = ended_at_ms;
+    }
+    if let Some(attempt) = attempt {
+        run.attempt = attempt;
+    }
+    if let Some(pid) = pid {
+        run.pid = pid;
+    }
+    if let Some(exit_code) = exit_code {
+        run.exit_code = exit_code;
+    }
+    if let Some(output) = output {
+        run.output = output;
+    }
+    if let Some(error) = error {
+        run.error = error;
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create_run(&self, run: NewRun) -> Result<RunRecord> {
+        self.write(|reply| WriteCommand::CreateRun { run, reply }).await
+    }
+
+    async fn get_run(&self, id: &RunId) -> Result<Option<RunRecord>> {
+        let id = id.clone();
+        self.read(move |connection| queries::load_run(connection, &id)).await
+    }
+
+    async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
+        let filter = filter.clone();
+        self.read(move |connection| queries::list_runs(connection, &filter)).await
+    }
+
+    async fn update_run(&self, id: &RunId, expected: Option<RunState>, patch: RunPatch) -> Result<RunRecord> {
+        let id = id.clone();
+        self.write(|reply| WriteCommand::UpdateRun { id, expected, patch, reply }).await
+    }
+
+    async fn append_entry(&self, run: &RunId, entry: NewEntry) -> Result<Seq> {
+        // Serializing and hashing happen here, in the caller's task, so the single writer
+        // thread spends its time on SQLite only.
+        let entry = EncodedEntry {
+            method: entry.method,
+            params: Blob::of(&entry.params),
+            params_hash: entry.params_hash,
+            status: entry.status,
+            result: entry.result.as_ref().map(Blob::of),
+            error: entry.error.as_ref().map(Blob::of),
+            attempt: entry.attempt,
+            started_at_ms: entry.started_at_ms,
+            finished_at_ms: entry.finished_at_ms,
+            usage: entry.usage,
+        };
+        let run = run.clone();
+        self.write(|reply| WriteCommand::AppendEntry { run, entry, reply }).await
+    }
+
+    async fn complete_entry(&self, run: &RunId, seq: Seq, completion: Completion) -> Result<()> {
+        let completion = EncodedCompletion {
+            status: completion.status,
+            result: completion.result.as_ref().map(Blob::of),
+            error: completion.error.as_ref().map(Blob::of),
+            finished_at_ms: completion.finished_at_ms,
+            usage: completion.usage,
+            provider_served: completion.provider_served,
+        };
+        let run = run.clone();
+        self.write(|reply| WriteCommand::CompleteEntry { run, seq, completion, reply }).await
+    }
+
+    async fn abandon_entries(&self, run: &RunId, seqs: &[Seq]) -> Result<()> {
+        let run = run.clone();
+        let seqs = seqs.to_vec();
+        self.write(|reply| WriteCommand::AbandonEntries { run, seqs, reply }).await
+    }
+
+    async fn journal(&self, run: &RunId, after: Seq) -> Result<Vec<JournalEntry>> {
+        let run = run.clone();
+        self.read(move |connection| queries::journal(connection, &run, after)).await
+    }
+
+    async fn latest_entry(&self, run: &RunId, method: &str) -> Result<Option<JournalEntry>> {
+        let run = run.clone();
+        let method = method.to_owned();
+        self.read(move |connection| queries::latest_entry(connection, &run, &method)).await
+    }
+
+    async fn append_events(&self, run: &RunId, events: Vec<NewEvent>) -> Result<Seq> {
+        let events = events
+            .into_iter()
+            .map(|event| EncodedEvent { ts_ms: event.ts_ms, kind: event.kind, data: event.data.to_string() })
+            .collect();
+        let run = run.clone();
+        self.write(|reply| WriteCommand::AppendEvents { run, events, reply }).await
+    }
+
+    async fn events(&self, run: &RunId, after: Seq, limit: usize) -> Result<Vec<EventRecord>> {
+        let run = run.clone();
+        self.read(move |connection| queries::events(connection, &run, after, limit)).await
+    }
+
+    async fn kv_get(&self, scope: &str, key: &str) -> Result<Option<Value>> {
+        let scope = scope.to_owned();
+        let key = key.to_owned();
+        self.read(move |connection| queries::kv_get(connection, &scope, &key)).await
+    }
+
+    async fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()> {
+        let scope = scope.to_owned();
+        let key = key.to_owned();
+        let value = value.to_string();
+        self.write(|reply| WriteCommand::KvPut { scope, key, value, reply }).await
+    }
+
+    async fn stats(&self) -> Result<StoreStats> {
+        self.read(queries::stats).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use keel_types::{Usage, WaitReason};
+    use serde_json::json;
+
+    use super::*;
+
+    fn sample_run() -> RunRecord {
+        RunRecord {
+            id: RunId::parse("run_00000000000000000000000001").unwrap(),
+            tenant: "t".to_owned(),
+            spec: json!({"cmd": "x"}),
+            state: RunState::Waiting,
+            wait_reason: Some(WaitReason::Human),
+            created_at_ms: 1,
+            updated_at_ms: 2,
+            ended_at_ms: Some(3),
+            attempt: 1,
+            pid: Some(42),
+            exit_code: Some(0),
+            output: Some(json!("done")),
+            error: Some("boom".to_owned()),
+            usage: Usage::default(),
+            provider_calls: 0,
+        }
+    }
+
+    #[test]
+    fn empty_patch_changes_nothing() {
+        let mut run = sample_run();
+        apply_patch(&mut run, RunPatch::default());
+        assert_eq!(run, sample_run());
+    }
+
+    #[test]
+    fn patch_sets_and_clears_each_field() {
+        let mut run = sample_run();
+        apply_patch(
+            &mut run,
+            RunPatch {
+                state: Some(RunState::Running),
+                wait_reason: Some(None),
+                updated_at_ms: Some(9),
+                ended_at_ms: Some(None),
+                attempt: Some(2),
+                pid: Some(None),
+                exit_code: Some(None),
+                output: Some(None),
+                error: Some(None),
+            },
+        );
+        let expected = RunRecord {
+            state: RunState::Running,
+            wait_reason: None,
+            updated_at_ms: 9,
+            ended_at_ms: None,
+            attempt: 2,
+            pid: None,
+            exit_code: None,
+            output: None,
+            error: None,
+            ..sample_run()
+        };
+        assert_eq!(run, expected);
+    }
+}

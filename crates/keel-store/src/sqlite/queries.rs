@@ -1,0 +1,336 @@
+//! Reading the SQLite schema back into Store records: the read queries (used by the read
+//! pool and, for runs, by the writer) and the row decoders that turn bad stored data into
+//! `Error::Corrupt` naming what and where.
+
+use std::str::FromStr;
+
+use keel_types::{RunId, Usage};
+use rusqlite::types::FromSql;
+use rusqlite::{Connection, Params, Row, params, params_from_iter};
+use serde_json::Value;
+
+use super::writer::sql_error;
+use crate::{Error, EventRecord, JournalEntry, Result, RunFilter, RunRecord, Seq, StoreStats};
+
+/// The columns `decode_run` reads, in `SELECT` form.
+const RUN_COLUMNS: &str = "id, tenant, spec, state, wait_reason, created_at_ms, updated_at_ms, \
+     ended_at_ms, attempt, pid, exit_code, output, error, input_tokens, output_tokens, \
+     llm_calls, tool_calls, cost_micro_usd, provider_calls";
+
+/// A journal row joined with its three payloads; `decode_entry` reads these names.
+const ENTRY_SELECT: &str = "SELECT j.seq AS seq, j.method AS method, j.params_hash AS params_hash, \
+     j.status AS status, j.attempt AS attempt, j.started_at_ms AS started_at_ms, \
+     j.finished_at_ms AS finished_at_ms, j.input_tokens AS input_tokens, \
+     j.output_tokens AS output_tokens, j.llm_calls AS llm_calls, j.tool_calls AS tool_calls, \
+     j.cost_micro_usd AS cost_micro_usd, \
+     j.params_blob AS params_blob, p.bytes AS params_bytes, \
+     j.result_blob AS result_blob, r.bytes AS result_bytes, \
+     j.error_blob AS error_blob, e.bytes AS error_bytes \
+     FROM journal j \
+     LEFT JOIN blobs p ON p.hash = j.params_blob \
+     LEFT JOIN blobs r ON r.hash = j.result_blob \
+     LEFT JOIN blobs e ON e.hash = j.error_blob";
+
+pub(super) fn load_run(connection: &Connection, id: &RunId) -> Result<Option<RunRecord>> {
+    query_first(
+        connection,
+        "reading a run",
+        &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"),
+        params![id.as_str()],
+        decode_run,
+    )
+}
+
+pub(super) fn list_runs(connection: &Connection, filter: &RunFilter) -> Result<Vec<RunRecord>> {
+    let states = if filter.states.is_empty() {
+        String::new()
+    } else {
+        let placeholders = vec!["?"; filter.states.len()].join(", ");
+        format!("WHERE state IN ({placeholders})")
+    };
+    // SQLite reads a negative LIMIT as "no limit".
+    let limit = match filter.limit {
+        Some(limit) => i64::try_from(limit).unwrap_or(i64::MAX),
+        None => -1,
+    };
+    let sql =
+        format!("SELECT {RUN_COLUMNS} FROM runs {states} ORDER BY created_at_ms DESC, id DESC LIMIT {limit}");
+    query_all(
+        connection,
+        "listing runs",
+        &sql,
+        params_from_iter(filter.states.iter().map(|state| state.as_str())),
+        decode_run,
+    )
+}
+
+/// Whether the run exists; per-run reads and writes fail with `RunNotFound` otherwise.
+pub(super) fn require_run(connection: &Connection, run: &RunId) -> Result<()> {
+    let found = query_first(
+        connection,
+        "looking up a run",
+        "SELECT 1 FROM runs WHERE id = ?1",
+        params![run.as_str()],
+        |_| Ok(()),
+    )?;
+    found.ok_or_else(|| Error::RunNotFound(run.clone()))
+}
+
+pub(super) fn journal(connection: &Connection, run: &RunId, after: Seq) -> Result<Vec<JournalEntry>> {
+    require_run(connection, run)?;
+    query_all(
+        connection,
+        "reading a journal",
+        &format!("{ENTRY_SELECT} WHERE j.run_id = ?1 AND j.seq > ?2 ORDER BY j.seq"),
+        params![run.as_str(), seq_param(after)],
+        |row| decode_entry(row, run),
+    )
+}
+
+pub(super) fn latest_entry(
+    connection: &Connection,
+    run: &RunId,
+    method: &str,
+) -> Result<Option<JournalEntry>> {
+    require_run(connection, run)?;
+    query_first(
+        connection,
+        "reading the latest journal entry of a method",
+        &format!(
+            "{ENTRY_SELECT} WHERE j.run_id = ?1 AND j.method = ?2 AND j.status = 'ok' \
+             ORDER BY j.seq DESC LIMIT 1"
+        ),
+        params![run.as_str(), method],
+        |row| decode_entry(row, run),
+    )
+}
+
+pub(super) fn events(
+    connection: &Connection,
+    run: &RunId,
+    after: Seq,
+    limit: usize,
+) -> Result<Vec<EventRecord>> {
+    require_run(connection, run)?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    query_all(
+        connection,
+        "reading events",
+        "SELECT seq, ts_ms, kind, data FROM events WHERE run_id = ?1 AND seq > ?2 \
+         ORDER BY seq LIMIT ?3",
+        params![run.as_str(), seq_param(after), limit],
+        |row| {
+            let seq: Seq = column(row, "seq", &format!("an event of run {run}"))?;
+            let place = format!("event {seq} of run {run}");
+            Ok(EventRecord {
+                seq,
+                ts_ms: column(row, "ts_ms", &place)?,
+                kind: column(row, "kind", &place)?,
+                data: json_column(row, "data", &place)?,
+            })
+        },
+    )
+}
+
+pub(super) fn kv_get(connection: &Connection, scope: &str, key: &str) -> Result<Option<Value>> {
+    query_first(
+        connection,
+        "reading a kv value",
+        "SELECT value FROM kv WHERE scope = ?1 AND key = ?2",
+        params![scope, key],
+        |row| json_column(row, "value", &format!("kv key {key:?} in scope {scope:?}")),
+    )
+}
+
+pub(super) fn stats(connection: &Connection) -> Result<StoreStats> {
+    let stats = query_first(
+        connection,
+        "counting rows",
+        "SELECT (SELECT COUNT(*) FROM runs) AS runs, \
+                (SELECT COUNT(*) FROM journal) AS journal_entries, \
+                (SELECT COUNT(*) FROM blobs) AS blobs, \
+                (SELECT COALESCE(SUM(size), 0) FROM blobs) AS blob_bytes",
+        [],
+        |row| {
+            Ok(StoreStats {
+                runs: column(row, "runs", "the store statistics")?,
+                journal_entries: column(row, "journal_entries", "the store statistics")?,
+                blobs: column(row, "blobs", "the store statistics")?,
+                blob_bytes: column(row, "blob_bytes", "the store statistics")?,
+            })
+        },
+    )?;
+    // An aggregate query always yields exactly one row.
+    Ok(stats.unwrap_or_default())
+}
+
+/// The last journal seq of a run (0 for an empty journal).
+pub(super) fn last_journal_seq(connection: &Connection, run: &RunId) -> Result<Seq> {
+    last_seq(connection, "finding the last journal seq", "journal", run)
+}
+
+/// The last event seq of a run (0 for an empty log).
+pub(super) fn last_event_seq(connection: &Connection, run: &RunId) -> Result<Seq> {
+    last_seq(connection, "finding the last event seq", "events", run)
+}
+
+fn last_seq(connection: &Connection, step: &'static str, table: &str, run: &RunId) -> Result<Seq> {
+    // MAX over the (run_id, seq) primary key is one index seek.
+    let last = query_first(
+        connection,
+        step,
+        &format!("SELECT COALESCE(MAX(seq), 0) AS last FROM {table} WHERE run_id = ?1"),
+        params![run.as_str()],
+        |row| column(row, "last", &format!("the {table} of run {run}")),
+    )?;
+    Ok(last.unwrap_or(0))
+}
+
+/// Runs a cached statement and decodes the first row, if any.
+pub(super) fn query_first<T>(
+    connection: &Connection,
+    step: &'static str,
+    sql: &str,
+    params: impl Params,
+    decode: impl FnOnce(&Row<'_>) -> Result<T>,
+) -> Result<Option<T>> {
+    let mut statement = connection.prepare_cached(sql).map_err(sql_error(step))?;
+    let mut rows = statement.query(params).map_err(sql_error(step))?;
+    match rows.next().map_err(sql_error(step))? {
+        Some(row) => decode(row).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Runs a cached statement and decodes every row.
+fn query_all<T>(
+    connection: &Connection,
+    step: &'static str,
+    sql: &str,
+    params: impl Params,
+    mut decode: impl FnMut(&Row<'_>) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut statement = connection.prepare_cached(sql).map_err(sql_error(step))?;
+    let mut rows = statement.query(params).map_err(sql_error(step))?;
+    let mut decoded = Vec::new();
+    while let Some(row) = rows.next().map_err(sql_error(step))? {
+        decoded.push(decode(row)?);
+    }
+    Ok(decoded)
+}
+
+fn decode_run(row: &Row<'_>) -> Result<RunRecord> {
+    let id_text: String = column(row, "id", "a run")?;
+    let place = format!("run {id_text}");
+    let id = RunId::parse(&id_text).map_err(|error| corrupt("id", &place, error))?;
+    Ok(RunRecord {
+        id,
+        tenant: column(row, "tenant", &place)?,
+        spec: json_column(row, "spec", &place)?,
+        state: parsed_column(row, "state", &place)?,
+        wait_reason: optional_parsed_column(row, "wait_reason", &place)?,
+        created_at_ms: column(row, "created_at_ms", &place)?,
+        updated_at_ms: column(row, "updated_at_ms", &place)?,
+        ended_at_ms: column(row, "ended_at_ms", &place)?,
+        attempt: column(row, "attempt", &place)?,
+        pid: column(row, "pid", &place)?,
+        exit_code: column(row, "exit_code", &place)?,
+        output: optional_json_column(row, "output", &place)?,
+        error: column(row, "error", &place)?,
+        usage: usage_columns(row, &place)?,
+        provider_calls: column(row, "provider_calls", &place)?,
+    })
+}
+
+fn decode_entry(row: &Row<'_>, run: &RunId) -> Result<JournalEntry> {
+    let seq: Seq = column(row, "seq", &format!("a journal entry of run {run}"))?;
+    let place = format!("journal entry {seq} of run {run}");
+    let params = blob_column(row, "params", &place)?
+        .ok_or_else(|| Error::Corrupt(format!("params of {place}: no blob is referenced")))?;
+    Ok(JournalEntry {
+        seq,
+        method: column(row, "method", &place)?,
+        params,
+        params_hash: column(row, "params_hash", &place)?,
+        status: parsed_column(row, "status", &place)?,
+        result: blob_column(row, "result", &place)?,
+        error: blob_column(row, "error", &place)?,
+        attempt: column(row, "attempt", &place)?,
+        started_at_ms: column(row, "started_at_ms", &place)?,
+        finished_at_ms: column(row, "finished_at_ms", &place)?,
+        usage: usage_columns(row, &place)?,
+    })
+}
+
+fn usage_columns(row: &Row<'_>, place: &str) -> Result<Usage> {
+    Ok(Usage {
+        input_tokens: column(row, "input_tokens", place)?,
+        output_tokens: column(row, "output_tokens", place)?,
+        llm_calls: column(row, "llm_calls", place)?,
+        tool_calls: column(row, "tool_calls", place)?,
+        cost_micro_usd: column(row, "cost_micro_usd", place)?,
+    })
+}
+
+/// Reads a column, reporting a value of the wrong type or range as corrupt data at
+/// `place` rather than as a backend failure.
+fn column<T: FromSql>(row: &Row<'_>, name: &str, place: &str) -> Result<T> {
+    row.get(name).map_err(|error| match error {
+        rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..) => corrupt(name, place, error),
+        other => Error::Backend { step: "reading a column", source: Box::new(other) },
+    })
+}
+
+fn parsed_column<T>(row: &Row<'_>, name: &str, place: &str) -> Result<T>
+where
+    T: FromStr,
+    T::Err: std::fmt::Display,
+{
+    let text: String = column(row, name, place)?;
+    text.parse().map_err(|error| corrupt(name, place, error))
+}
+
+fn optional_parsed_column<T>(row: &Row<'_>, name: &str, place: &str) -> Result<Option<T>>
+where
+    T: FromStr,
+    T::Err: std::fmt::Display,
+{
+    let text: Option<String> = column(row, name, place)?;
+    text.map(|text| text.parse().map_err(|error| corrupt(name, place, error))).transpose()
+}
+
+fn json_column(row: &Row<'_>, name: &str, place: &str) -> Result<Value> {
+    let text: String = column(row, name, place)?;
+    serde_json::from_str(&text).map_err(|error| corrupt(name, place, error))
+}
+
+fn optional_json_column(row: &Row<'_>, name: &str, place: &str) -> Result<Option<Value>> {
+    let text: Option<String> = column(row, name, place)?;
+    text.map(|text| serde_json::from_str(&text).map_err(|error| corrupt(name, place, error))).transpose()
+}
+
+/// Reads a payload through its blob reference (`{what}_blob`) and the joined bytes
+/// (`{what}_bytes`): a reference without bytes is a missing blob.
+fn blob_column(row: &Row<'_>, what: &str, place: &str) -> Result<Option<Value>> {
+    let hash: Option<String> = column(row, &format!("{what}_blob"), place)?;
+    let Some(hash) = hash else {
+        return Ok(None);
+    };
+    let bytes: Option<Vec<u8>> = column(row, &format!("{what}_bytes"), place)?;
+    let bytes = bytes.ok_or_else(|| Error::Corrupt(format!("{what} of {place}: blob {hash} is missing")))?;
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|error| Error::Corrupt(format!("{what} of {place}: blob {hash} is not JSON: {error}")))
+}
+
+/// A seq as an SQL parameter. SQLite integers are signed; no stored seq comes near
+/// `i64::MAX`, so clamping keeps comparisons right without a conversion error.
+pub(super) fn seq_param(seq: Seq) -> i64 {
+    i64::try_from(seq).unwrap_or(i64::MAX)
+}
+
+fn corrupt(column: &str, place: &str, error: impl std::fmt::Display) -> Error {
+    Error::Corrupt(format!("column {column} of {place}: {error}"))
+}

@@ -1,0 +1,161 @@
+//! The SQLite schema, its migrations (tracked by `PRAGMA user_version`) and the settings
+//! every connection is opened with.
+
+use std::time::Duration;
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::writer::sql_error;
+use crate::{Error, Result};
+
+/// How long a connection waits for a lock held by another connection (for example a
+/// second process opening the same file) before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Migration `i` brings a database from version `i` to version `i + 1`. Append only:
+/// a released migration never changes.
+const MIGRATIONS: &[&str] = &[V1];
+
+/// The schema this build writes and reads.
+pub(super) const SCHEMA_VERSION: usize = MIGRATIONS.len();
+
+/// Version 1. Notes on the choices:
+/// - Journal payloads live in `blobs`, keyed by the hex sha256 of their bytes, so a
+///   conversation re-sent on every call is stored once; `size` makes `stats` cheap.
+/// - `journal` rows are small (hashes and numbers), so it is a WITHOUT ROWID table
+///   clustered by (run_id, seq): reading a run's journal is one range scan.
+/// - `journal_by_method` serves `latest_entry` (newest entry of a method).
+/// - Run usage totals are columns of `runs`, updated in the same transaction as the
+///   entry that adds to them, so they are exact across crashes.
+const V1: &str = "
+CREATE TABLE runs (
+    id             TEXT PRIMARY KEY NOT NULL,
+    tenant         TEXT NOT NULL,
+    spec           TEXT NOT NULL,
+    state          TEXT NOT NULL,
+    wait_reason    TEXT,
+    created_at_ms  INTEGER NOT NULL,
+    updated_at_ms  INTEGER NOT NULL,
+    ended_at_ms    INTEGER,
+    attempt        INTEGER NOT NULL,
+    pid            INTEGER,
+    exit_code      INTEGER,
+    output         TEXT,
+    error          TEXT,
+    input_tokens   INTEGER NOT NULL DEFAULT 0,
+    output_tokens  INTEGER NOT NULL DEFAULT 0,
+    llm_calls      INTEGER NOT NULL DEFAULT 0,
+    tool_calls     INTEGER NOT NULL DEFAULT 0,
+    cost_micro_usd INTEGER NOT NULL DEFAULT 0,
+    provider_calls INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX runs_by_creation ON runs (created_at_ms, id);
+CREATE INDEX runs_by_state ON runs (state, created_at_ms, id);
+
+CREATE TABLE blobs (
+    hash  TEXT PRIMARY KEY NOT NULL,
+    size  INTEGER NOT NULL,
+    bytes BLOB NOT NULL
+);
+
+CREATE TABLE journal (
+    run_id         TEXT NOT NULL REFERENCES runs (id),
+    seq            INTEGER NOT NULL,
+    method         TEXT NOT NULL,
+    params_hash    TEXT NOT NULL,
+    params_blob    TEXT NOT NULL REFERENCES blobs (hash),
+    status         TEXT NOT NULL,
+    result_blob    TEXT REFERENCES blobs (hash),
+    error_blob     TEXT REFERENCES blobs (hash),
+    attempt        INTEGER NOT NULL,
+    started_at_ms  INTEGER NOT NULL,
+    finished_at_ms INTEGER,
+    input_tokens   INTEGER NOT NULL DEFAULT 0,
+    output_tokens  INTEGER NOT NULL DEFAULT 0,
+    llm_calls      INTEGER NOT NULL DEFAULT 0,
+    tool_calls     INTEGER NOT NULL DEFAULT 0,
+    cost_micro_usd INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+CREATE INDEX journal_by_method ON journal (run_id, method, seq);
+
+CREATE TABLE events (
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    seq    INTEGER NOT NULL,
+    ts_ms  INTEGER NOT NULL,
+    kind   TEXT NOT NULL,
+    data   TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+
+CREATE TABLE kv (
+    scope TEXT NOT NULL,
+    key   TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (scope, key)
+);
+";
+
+/// Settings of the one read-write connection. WAL lets readers run beside the writer;
+/// `synchronous=FULL` makes every commit fsync the WAL, which is what "durable on return"
+/// needs (NORMAL would survive a process kill but not a power cut).
+pub(super) fn configure_writer(connection: &Connection) -> Result<()> {
+    connection.busy_timeout(BUSY_TIMEOUT).map_err(sql_error("setting the busy timeout"))?;
+    let mode: String = connection
+        .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+        .map_err(sql_error("switching the database to WAL mode"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::Backend {
+            step: "switching the database to WAL mode",
+            source: format!("SQLite kept journal mode {mode:?}; is the file on a filesystem without shared memory support?").into(),
+        });
+    }
+    connection
+        .execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
+        .map_err(sql_error("setting synchronous=FULL and foreign_keys=ON"))?;
+    connection.set_prepared_statement_cache_capacity(64);
+    Ok(())
+}
+
+/// Settings of a read-only connection.
+pub(super) fn configure_reader(connection: &Connection) -> Result<()> {
+    connection
+        .busy_timeout(BUSY_TIMEOUT)
+        .map_err(sql_error("setting the busy timeout of a read connection"))?;
+    connection.set_prepared_statement_cache_capacity(64);
+    Ok(())
+}
+
+/// Brings the schema to `SCHEMA_VERSION`, one migration per transaction. The version is
+/// read inside the write transaction, so two processes opening a new file at once do not
+/// both migrate it.
+pub(super) fn migrate(connection: &mut Connection) -> Result<()> {
+    loop {
+        let transaction = connection
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql_error("beginning a schema migration"))?;
+        let version: i64 = transaction
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .map_err(sql_error("reading the schema version"))?;
+        let version = usize::try_from(version)
+            .map_err(|_| Error::Corrupt(format!("the database has a negative schema version ({version})")))?;
+        if version == SCHEMA_VERSION {
+            return Ok(());
+        }
+        let Some(migration) = MIGRATIONS.get(version) else {
+            return Err(Error::Backend {
+                step: "checking the schema version",
+                source: format!(
+                    "the database has schema version {version}, newer than the {SCHEMA_VERSION} \
+                     this build of keel knows; run a newer keel against it"
+                )
+                .into(),
+            });
+        };
+        transaction.execute_batch(migration).map_err(sql_error("applying a schema migration"))?;
+        transaction
+            .pragma_update(None, "user_version", version + 1)
+            .map_err(sql_error("recording the schema version"))?;
+        transaction.commit().map_err(sql_error("committing a schema migration"))?;
+    }
+}

@@ -1,0 +1,545 @@
+//! The writer thread: it owns the only read-write connection, takes `WriteCommand`s from a
+//! channel, group-commits them (many commands, one transaction, one fsync) and answers
+//! each caller only after the commit. A savepoint per command keeps one command's failure
+//! from touching the others in its batch.
+
+use std::collections::VecDeque;
+
+use keel_types::{EntryStatus, RunId, RunState, Usage, WaitReason};
+use rusqlite::{Connection, Params, params};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, oneshot};
+
+use super::queries::{self, seq_param};
+use crate::{Error, NewRun, Result, RunPatch, RunRecord, Seq};
+
+/// The most commands one transaction serves. Bounds how long the first caller of a big
+/// batch waits, and the memory of the answers held until the commit.
+const MAX_BATCH: usize = 512;
+
+/// Where the writer sends a command's outcome.
+pub(super) type Reply<T> = oneshot::Sender<Result<T>>;
+
+/// Everything the writer can do: the write half of the Store API, with payloads already
+/// serialized by the caller.
+pub(super) enum WriteCommand {
+    CreateRun {
+        run: NewRun,
+        reply: Reply<RunRecord>,
+    },
+    UpdateRun {
+        id: RunId,
+        expected: Option<RunState>,
+        patch: RunPatch,
+        reply: Reply<RunRecord>,
+    },
+    AppendEntry {
+        run: RunId,
+        entry: EncodedEntry,
+        reply: Reply<Seq>,
+    },
+    CompleteEntry {
+        run: RunId,
+        seq: Seq,
+        completion: EncodedCompletion,
+        reply: Reply<()>,
+    },
+    AbandonEntries {
+        run: RunId,
+        seqs: Vec<Seq>,
+        reply: Reply<()>,
+    },
+    AppendEvents {
+        run: RunId,
+        events: Vec<EncodedEvent>,
+        reply: Reply<Seq>,
+    },
+    KvPut {
+        scope: String,
+        key: String,
+        /// JSON text.
+        value: String,
+        reply: Reply<()>,
+    },
+}
+
+/// A journal payload ready to store: its JSON bytes and their content address.
+pub(super) struct Blob {
+    /// Hex sha256 of `bytes`.
+    pub(super) hash: String,
+    pub(super) bytes: Vec<u8>,
+}
+
+impl Blob {
+    pub(super) fn of(value: &Value) -> Blob {
+        // `Value`'s Display is its compact JSON form and cannot fail.
+        let bytes = value.to_string().into_bytes();
+        let hash = hex::encode(Sha256::digest(&bytes));
+        Blob { hash, bytes }
+    }
+}
+
+/// A `NewEntry` with its payloads encoded.
+pub(super) struct EncodedEntry {
+    pub(super) method: String,
+    pub(super) params: Blob,
+    pub(super) params_hash: String,
+    pub(super) status: EntryStatus,
+    pub(super) result: Option<Blob>,
+    pub(super) error: Option<Blob>,
+    pub(super) attempt: u32,
+    pub(super) started_at_ms: u64,
+    pub(super) finished_at_ms: Option<u64>,
+    pub(super) usage: Usage,
+}
+
+/// A `Completion` with its payloads encoded.
+pub(super) struct EncodedCompletion {
+    pub(super) status: EntryStatus,
+    pub(super) result: Option<Blob>,
+    pub(super) error: Option<Blob>,
+    pub(super) finished_at_ms: u64,
+    pub(super) usage: Usage,
+    pub(super) provider_served: bool,
+}
+
+/// A `NewEvent` with its data as JSON text.
+pub(super) struct EncodedEvent {
+    pub(super) ts_ms: u64,
+    pub(super) kind: String,
+    pub(super) data: String,
+}
+
+/// Maps an SQLite failure to `Error::Backend` naming the step.
+pub(super) fn sql_error(step: &'static str) -> impl FnOnce(rusqlite::Error) -> Error {
+    move |source| Error::Backend { step, source: Box::new(source) }
+}
+
+/// The writer thread's body. Returns when every sender is gone (the store was dropped);
+/// commands already queued are still served first. Dropping `connection` closes the file.
+pub(super) fn run(connection: Connection, mut commands: mpsc::Receiver<WriteCommand>) {
+    let mut batch = VecDeque::with_capacity(MAX_BATCH);
+    while let Some(first) = commands.blocking_recv() {
+        batch.push_back(first);
+        // Whatever queued up while the previous batch was being fsynced joins this one:
+        // that is the group commit, and it needs no timer.
+        while batch.len() < MAX_BATCH {
+            match commands.try_recv() {
+                Ok(command) => batch.push_back(command),
+                Err(_) => break,
+            }
+        }
+        while !batch.is_empty() {
+            for answer in run_transaction(&connection, &mut batch) {
+                answer.deliver();
+            }
+        }
+    }
+}
+
+/// Runs commands from the front of `batch` in one transaction and returns their answers,
+/// to be delivered only now that the transaction is over. Normally it consumes the whole
+/// batch; if SQLite aborts the transaction midway, the commands not yet run stay in
+/// `batch` for the next transaction.
+fn run_transaction(connection: &Connection, batch: &mut VecDeque<WriteCommand>) -> Vec<Box<dyn Answer>> {
+    let mut answers: Vec<Box<dyn Answer>> = Vec::with_capacity(batch.len());
+    // Only a failed rollback after a failed commit could have left one open; without
+    // this, every later BEGIN would fail.
+    abort_transaction(connection);
+    if let Err(error) = run_sql(connection, "beginning a write transaction", "BEGIN IMMEDIATE", []) {
+        let message = error.to_string();
+        tracing::error!(%message, "keel-store could not begin a write transaction");
+        for command in batch.drain(..) {
+            answers.push(command.fail(batch_error("beginning a write transaction", &message)));
+        }
+        return answers;
+    }
+
+    while let Some(command) = batch.pop_front() {
+        answers.push(apply(connection, command));
+        if connection.is_autocommit() {
+            // SQLite rolled the whole transaction back (it does on some I/O, disk-full and
+            // out-of-memory errors), so the writes answered so far in it are gone.
+            let message = "SQLite rolled back the transaction after another write of the same batch failed";
+            tracing::error!(message, "keel-store lost a write transaction");
+            for answer in &mut answers {
+                answer.revoke(batch_error("running a batch of writes", message));
+            }
+            return answers;
+        }
+    }
+
+    if let Err(error) = run_sql(connection, "committing a batch of writes", "COMMIT", []) {
+        let message = error.to_string();
+        tracing::error!(%message, "keel-store could not commit a batch of writes");
+        abort_transaction(connection);
+        for answer in &mut answers {
+            answer.revoke(batch_error("committing a batch of writes", &message));
+        }
+    }
+    answers
+}
+
+/// Rolls the open transaction back, if there still is one.
+fn abort_transaction(connection: &Connection) {
+    if !connection.is_autocommit()
+        && let Err(error) = run_sql(connection, "rolling back a transaction", "ROLLBACK", [])
+    {
+        tracing::error!(%error, "keel-store could not roll back a write transaction");
+    }
+}
+
+/// The error every command of a failed batch gets: the original SQLite error can be
+/// owned by one answer only, so the others carry its text.
+fn batch_error(step: &'static str, message: &str) -> Error {
+    Error::Backend { step, source: message.into() }
+}
+
+/// Runs one command inside its own savepoint and holds its outcome for delivery.
+fn apply(connection: &Connection, command: WriteCommand) -> Box<dyn Answer> {
+    match command {
+        WriteCommand::CreateRun { run, reply } => {
+            answer(reply, in_savepoint(connection, |c| create_run(c, run)))
+        }
+        WriteCommand::UpdateRun { id, expected, patch, reply } => {
+            answer(reply, in_savepoint(connection, |c| update_run(c, id, expected, patch)))
+        }
+        WriteCommand::AppendEntry { run, entry, reply } => {
+            answer(reply, in_savepoint(connection, |c| append_entry(c, run, entry)))
+        }
+        WriteCommand::CompleteEntry { run, seq, completion, reply } => {
+            answer(reply, in_savepoint(connection, |c| complete_entry(c, run, seq, completion)))
+        }
+        WriteCommand::AbandonEntries { run, seqs, reply } => {
+            answer(reply, in_savepoint(connection, |c| abandon_entries(c, run, &seqs)))
+        }
+        WriteCommand::AppendEvents { run, events, reply } => {
+            answer(reply, in_savepoint(connection, |c| append_events(c, run, events)))
+        }
+        WriteCommand::KvPut { scope, key, value, reply } => {
+            answer(reply, in_savepoint(connection, |c| kv_put(c, &scope, &key, &value)))
+        }
+    }
+}
+
+impl WriteCommand {
+    /// Answers the command with `error` without running it.
+    fn fail(self, error: Error) -> Box<dyn Answer> {
+        match self {
+            WriteCommand::CreateRun { reply, .. } | WriteCommand::UpdateRun { reply, .. } => {
+                answer(reply, Err(error))
+            }
+            WriteCommand::AppendEntry { reply, .. } | WriteCommand::AppendEvents { reply, .. } => {
+                answer(reply, Err(error))
+            }
+            WriteCommand::CompleteEntry { reply, .. }
+            | WriteCommand::AbandonEntries { reply, .. }
+            | WriteCommand::KvPut { reply, .. } => answer(reply, Err(error)),
+        }
+    }
+}
+
+/// A command's outcome, held until its transaction has ended.
+trait Answer: Send {
+    /// Turns a success into `error`: the transaction that made it did not commit.
+    fn revoke(&mut self, error: Error);
+    fn deliver(self: Box<Self>);
+}
+
+struct Outcome<T> {
+    reply: Reply<T>,
+    result: Result<T>,
+}
+
+impl<T: Send + 'static> Answer for Outcome<T> {
+    fn revoke(&mut self, error: Error) {
+        if self.result.is_ok() {
+            self.result = Err(error);
+        }
+    }
+
+    fn deliver(self: Box<Self>) {
+        // A caller that stopped waiting has nobody to tell; the write stands regardless.
+        let _ = self.reply.send(self.result);
+    }
+}
+
+fn answer<T: Send + 'static>(reply: Reply<T>, result: Result<T>) -> Box<dyn Answer> {
+    Box::new(Outcome { reply, result })
+}
+
+/// Runs `write` so that, if it fails (for a reason of its own such as `StateConflict`,
+/// or in SQLite), its partial writes are undone while the rest of the batch carries on.
+fn in_savepoint<T>(connection: &Connection, write: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+    run_sql(connection, "opening a savepoint", "SAVEPOINT request", [])?;
+    let result = write(connection);
+    if connection.is_autocommit() {
+        // SQLite already rolled back the whole transaction; the caller sees that.
+        return result;
+    }
+    let ended = match &result {
+        Ok(_) => run_sql(connection, "releasing a savepoint", "RELEASE request", []),
+        Err(_) => run_sql(connection, "rolling back a savepoint", "ROLLBACK TO request", [])
+            .and_then(|_| run_sql(connection, "releasing a savepoint", "RELEASE request", [])),
+    };
+    match ended {
+        Ok(_) => result,
+        Err(error) => {
+            // The savepoint could not be ended, so this command's writes cannot be told
+            // apart from the batch's: drop the whole transaction (`run_transaction`
+            // notices and fails the batch) rather than commit something half known.
+            abort_transaction(connection);
+            Err(error)
+        }
+    }
+}
+
+/// Executes one cached statement and returns how many rows it changed.
+fn run_sql(connection: &Connection, step: &'static str, sql: &str, params: impl Params) -> Result<usize> {
+    connection
+        .prepare_cached(sql)
+        .and_then(|mut statement| statement.execute(params))
+        .map_err(sql_error(step))
+}
+
+fn create_run(connection: &Connection, run: NewRun) -> Result<RunRecord> {
+    let inserted = run_sql(
+        connection,
+        "inserting a run",
+        "INSERT INTO runs (id, tenant, spec, state, created_at_ms, updated_at_ms, attempt) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5, 1) ON CONFLICT (id) DO NOTHING",
+        params![run.id.as_str(), run.tenant, run.spec.to_string(), run.state.as_str(), run.created_at_ms,],
+    )?;
+    if inserted == 0 {
+        return Err(Error::RunExists(run.id));
+    }
+    Ok(RunRecord {
+        id: run.id,
+        tenant: run.tenant,
+        spec: run.spec,
+        state: run.state,
+        wait_reason: None,
+        created_at_ms: run.created_at_ms,
+        updated_at_ms: run.created_at_ms,
+        ended_at_ms: None,
+        attempt: 1,
+        pid: None,
+        exit_code: None,
+        output: None,
+        error: None,
+        usage: Usage::default(),
+        provider_calls: 0,
+    })
+}
+
+fn update_run(
+    connection: &Connection,
+    id: RunId,
+    expected: Option<RunState>,
+    patch: RunPatch,
+) -> Result<RunRecord> {
+    let Some(mut run) = queries::load_run(connection, &id)? else {
+        return Err(Error::RunNotFound(id));
+    };
+    if let Some(expected) = expected
+        && run.state != expected
+    {
+        return Err(Error::StateConflict { run: id, expected, actual: run.state });
+    }
+    super::apply_patch(&mut run, patch);
+    run_sql(
+        connection,
+        "updating a run",
+        "UPDATE runs SET state = ?2, wait_reason = ?3, updated_at_ms = ?4, ended_at_ms = ?5, \
+         attempt = ?6, pid = ?7, exit_code = ?8, output = ?9, error = ?10 WHERE id = ?1",
+        params![
+            id.as_str(),
+            run.state.as_str(),
+            run.wait_reason.map(WaitReason::as_str),
+            run.updated_at_ms,
+            run.ended_at_ms,
+            run.attempt,
+            run.pid,
+            run.exit_code,
+            run.output.as_ref().map(Value::to_string),
+            run.error,
+        ],
+    )?;
+    Ok(run)
+}
+
+fn append_entry(connection: &Connection, run: RunId, entry: EncodedEntry) -> Result<Seq> {
+    queries::require_run(connection, &run)?;
+    // Only this thread writes, so last + 1 cannot race: concurrent appends to one run get
+    // dense seqs in the order they reached the writer.
+    let seq = queries::last_journal_seq(connection, &run)? + 1;
+    put_blob(connection, &entry.params)?;
+    for blob in [&entry.result, &entry.error].into_iter().flatten() {
+        put_blob(connection, blob)?;
+    }
+    run_sql(
+        connection,
+        "inserting a journal entry",
+        "INSERT INTO journal (run_id, seq, method, params_hash, params_blob, status, \
+         result_blob, error_blob, attempt, started_at_ms, finished_at_ms, input_tokens, \
+         output_tokens, llm_calls, tool_calls, cost_micro_usd) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+        params![
+            run.as_str(),
+            seq,
+            entry.method,
+            entry.params_hash,
+            entry.params.hash,
+            entry.status.as_str(),
+            entry.result.as_ref().map(|blob| blob.hash.as_str()),
+            entry.error.as_ref().map(|blob| blob.hash.as_str()),
+            entry.attempt,
+            entry.started_at_ms,
+            entry.finished_at_ms,
+            entry.usage.input_tokens,
+            entry.usage.output_tokens,
+            entry.usage.llm_calls,
+            entry.usage.tool_calls,
+            entry.usage.cost_micro_usd,
+        ],
+    )?;
+    if matches!(entry.status, EntryStatus::Ok | EntryStatus::Error) {
+        add_usage(connection, &run, &entry.usage, false)?;
+    }
+    Ok(seq)
+}
+
+fn complete_entry(
+    connection: &Connection,
+    run: RunId,
+    seq: Seq,
+    completion: EncodedCompletion,
+) -> Result<()> {
+    if !matches!(completion.status, EntryStatus::Ok | EntryStatus::Error) {
+        return Err(Error::Corrupt(format!(
+            "journal entry {seq} of run {run} cannot be completed as {}: a completion is ok or error",
+            completion.status
+        )));
+    }
+    queries::require_run(connection, &run)?;
+    let status = queries::query_first(
+        connection,
+        "reading the status of a journal entry",
+        "SELECT status FROM journal WHERE run_id = ?1 AND seq = ?2",
+        params![run.as_str(), seq_param(seq)],
+        |row| row.get::<_, String>(0).map_err(sql_error("reading the status of a journal entry")),
+    )?;
+    match status {
+        None => return Err(Error::EntryNotFound { run, seq }),
+        Some(status) if status != EntryStatus::Pending.as_str() => {
+            return Err(Error::Corrupt(format!(
+                "journal entry {seq} of run {run} is not pending (its status is {status}), \
+                 so it cannot be completed"
+            )));
+        }
+        Some(_) => {}
+    }
+    for blob in [&completion.result, &completion.error].into_iter().flatten() {
+        put_blob(connection, blob)?;
+    }
+    run_sql(
+        connection,
+        "completing a journal entry",
+        "UPDATE journal SET status = ?3, result_blob = ?4, error_blob = ?5, finished_at_ms = ?6, \
+         input_tokens = ?7, output_tokens = ?8, llm_calls = ?9, tool_calls = ?10, \
+         cost_micro_usd = ?11 WHERE run_id = ?1 AND seq = ?2",
+        params![
+            run.as_str(),
+            seq_param(seq),
+            completion.status.as_str(),
+            completion.result.as_ref().map(|blob| blob.hash.as_str()),
+            completion.error.as_ref().map(|blob| blob.hash.as_str()),
+            completion.finished_at_ms,
+            completion.usage.input_tokens,
+            completion.usage.output_tokens,
+            completion.usage.llm_calls,
+            completion.usage.tool_calls,
+            completion.usage.cost_micro_usd,
+        ],
+    )?;
+    add_usage(connection, &run, &completion.usage, completion.provider_served)
+}
+
+/// Adds to a run's usage totals (and provider call count) in the current transaction.
+fn add_usage(connection: &Connection, run: &RunId, usage: &Usage, provider_served: bool) -> Result<()> {
+    run_sql(
+        connection,
+        "adding to a run's usage",
+        "UPDATE runs SET input_tokens = input_tokens + ?2, output_tokens = output_tokens + ?3, \
+         llm_calls = llm_calls + ?4, tool_calls = tool_calls + ?5, \
+         cost_micro_usd = cost_micro_usd + ?6, provider_calls = provider_calls + ?7 \
+         WHERE id = ?1",
+        params![
+            run.as_str(),
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.llm_calls,
+            usage.tool_calls,
+            usage.cost_micro_usd,
+            u64::from(provider_served),
+        ],
+    )?;
+    Ok(())
+}
+
+fn abandon_entries(connection: &Connection, run: RunId, seqs: &[Seq]) -> Result<()> {
+    queries::require_run(connection, &run)?;
+    for &seq in seqs {
+        let changed = run_sql(
+            connection,
+            "marking a journal entry abandoned",
+            "UPDATE journal SET status = 'abandoned' WHERE run_id = ?1 AND seq = ?2",
+            params![run.as_str(), seq_param(seq)],
+        )?;
+        if changed == 0 {
+            // The savepoint undoes the entries already marked: all or nothing.
+            return Err(Error::EntryNotFound { run, seq });
+        }
+    }
+    Ok(())
+}
+
+fn append_events(connection: &Connection, run: RunId, events: Vec<EncodedEvent>) -> Result<Seq> {
+    queries::require_run(connection, &run)?;
+    let mut seq = queries::last_event_seq(connection, &run)?;
+    for event in events {
+        seq += 1;
+        run_sql(
+            connection,
+            "inserting an event",
+            "INSERT INTO events (run_id, seq, ts_ms, kind, data) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![run.as_str(), seq, event.ts_ms, event.kind, event.data],
+        )?;
+    }
+    Ok(seq)
+}
+
+fn kv_put(connection: &Connection, scope: &str, key: &str, value: &str) -> Result<()> {
+    run_sql(
+        connection,
+        "writing a kv value",
+        "INSERT INTO kv (scope, key, value) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value",
+        params![scope, key, value],
+    )?;
+    Ok(())
+}
+
+/// Stores a payload once: a blob with the same hash is already the same bytes.
+/// (`ON CONFLICT (hash) DO NOTHING` rather than `INSERT OR IGNORE`, which would also
+/// swallow other constraint failures.)
+fn put_blob(connection: &Connection, blob: &Blob) -> Result<()> {
+    run_sql(
+        connection,
+        "storing a payload blob",
+        "INSERT INTO blobs (hash, size, bytes) VALUES (?1, ?2, ?3) ON CONFLICT (hash) DO NOTHING",
+        params![blob.hash, blob.bytes.len(), blob.bytes],
+    )?;
+    Ok(())
+}

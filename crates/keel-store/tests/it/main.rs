@@ -1,0 +1,46 @@
+//! keel-store's integration tests: the conformance suite on SQLite files, reopening a
+//! store, acknowledged writes surviving a SIGKILL, and corrupt data read back as errors.
+
+mod corrupt;
+mod crash;
+mod sqlite;
+
+use std::path::{Path, PathBuf};
+
+use keel_store::{NewRun, SqliteStore};
+use keel_types::{RunId, RunState};
+use serde_json::json;
+use tempfile::TempDir;
+
+/// A fresh directory for one test's database file; removed when dropped.
+struct TestDb {
+    dir: TempDir,
+}
+
+impl TestDb {
+    fn new() -> TestDb {
+        TestDb { dir: tempfile::tempdir().expect("creating a temporary directory") }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("keel.db")
+    }
+
+    fn open(&self) -> SqliteStore {
+        open(&self.path())
+    }
+}
+
+fn open(path: &Path) -> SqliteStore {
+    SqliteStore::open(path).unwrap_or_else(|error| panic!("opening {}: {error}", path.display()))
+}
+
+fn new_run(created_at_ms: u64) -> NewRun {
+    NewRun {
+        id: RunId::generate(created_at_ms),
+        tenant: "tests".to_owned(),
+        spec: json!({"command": ["agent"]}),
+        state: RunState::Created,
+        created_at_ms,
+    }
+}

@@ -1,0 +1,153 @@
+//! The SQLite backend against the conformance suite, and the lifecycle of a store file:
+//! reopening, sharing clones, schema versions.
+
+use std::sync::Arc;
+
+use keel_store::{
+    Completion, Error, NewEntry, NewEvent, RunFilter, RunPatch, SqliteStore, Store, conformance,
+};
+use keel_types::{EntryStatus, RunState, Usage};
+use serde_json::json;
+
+use crate::{TestDb, new_run};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conformance_suite_on_a_fresh_file() {
+    let db = TestDb::new();
+    conformance::run_all(Arc::new(db.open())).await;
+}
+
+/// The suite must also hold on a store that already has data, and on the
+/// single-threaded runtime where every task interleaves on one thread.
+#[tokio::test(flavor = "current_thread")]
+async fn conformance_suite_twice_on_one_file_single_threaded() {
+    let db = TestDb::new();
+    let store: Arc<dyn Store> = Arc::new(db.open());
+    conformance::run_all(Arc::clone(&store)).await;
+    conformance::run_all(store).await;
+}
+
+#[tokio::test]
+async fn reopened_store_keeps_everything() {
+    let db = TestDb::new();
+    let store = db.open();
+    let run = store.create_run(new_run(1_000)).await.unwrap().id;
+    let params = json!({"messages": ["hello"]});
+    let seq = store
+        .append_entry(
+            &run,
+            NewEntry {
+                method: "llm.chat".to_owned(),
+                params: params.clone(),
+                params_hash: "h".to_owned(),
+                status: EntryStatus::Pending,
+                result: None,
+                error: None,
+                attempt: 1,
+                started_at_ms: 1_001,
+                finished_at_ms: None,
+                usage: Usage::default(),
+            },
+        )
+        .await
+        .unwrap();
+    let usage = Usage { input_tokens: 3, output_tokens: 4, llm_calls: 1, tool_calls: 0, cost_micro_usd: 50 };
+    store
+        .complete_entry(
+            &run,
+            seq,
+            Completion {
+                status: EntryStatus::Ok,
+                result: Some(json!("hi")),
+                error: None,
+                finished_at_ms: 1_002,
+                usage,
+                provider_served: true,
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .update_run(
+            &run,
+            Some(RunState::Created),
+            RunPatch { state: Some(RunState::Running), pid: Some(Some(99)), ..RunPatch::default() },
+        )
+        .await
+        .unwrap();
+    let event = NewEvent { ts_ms: 1_003, kind: "stdout".to_owned(), data: json!("line") };
+    store.append_events(&run, vec![event]).await.unwrap();
+    store.kv_put("scope", "key", json!({"v": 1})).await.unwrap();
+
+    let run_before = store.get_run(&run).await.unwrap();
+    let journal_before = store.journal(&run, 0).await.unwrap();
+    let events_before = store.events(&run, 0, 10).await.unwrap();
+    let stats_before = store.stats().await.unwrap();
+    drop(store);
+
+    let store = db.open();
+    assert_eq!(store.get_run(&run).await.unwrap(), run_before);
+    assert_eq!(store.journal(&run, 0).await.unwrap(), journal_before);
+    assert_eq!(store.events(&run, 0, 10).await.unwrap(), events_before);
+    assert_eq!(store.stats().await.unwrap(), stats_before);
+    assert_eq!(store.kv_get("scope", "key").await.unwrap(), Some(json!({"v": 1})));
+    let reopened_run = store.get_run(&run).await.unwrap().unwrap();
+    assert_eq!(reopened_run.usage, usage);
+    assert_eq!(reopened_run.provider_calls, 1);
+    // Seqs continue after a reopen instead of starting over.
+    assert_eq!(store.append_events(&run, vec![]).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn clones_share_one_store_until_the_last_is_dropped() {
+    let db = TestDb::new();
+    let store = db.open();
+    let clone = store.clone();
+    let run = store.create_run(new_run(5)).await.unwrap().id;
+    drop(store);
+    // The writer thread lives on while a clone does.
+    clone.update_run(&run, None, RunPatch::default()).await.unwrap();
+    drop(clone);
+    let reopened = db.open();
+    let runs = reopened.list_runs(&RunFilter::default()).await.unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].id, run);
+}
+
+#[tokio::test]
+async fn dropping_the_store_from_a_task_does_not_block_forever() {
+    let db = TestDb::new();
+    let store = db.open();
+    store.create_run(new_run(7)).await.unwrap();
+    // The last handle may well be dropped inside a spawned task; joining the writer there
+    // must return once the writer has drained its queue.
+    tokio::spawn(async move { drop(store) }).await.unwrap();
+    assert_eq!(db.open().stats().await.unwrap().runs, 1);
+}
+
+#[test]
+fn open_refuses_a_schema_newer_than_it_knows() {
+    let db = TestDb::new();
+    drop(db.open());
+    let raw = rusqlite::Connection::open(db.path()).unwrap();
+    raw.pragma_update(None, "user_version", 99).unwrap();
+    drop(raw);
+    match SqliteStore::open(&db.path()) {
+        Err(error @ Error::Backend { .. }) => {
+            let message = error.to_string();
+            assert!(message.contains("schema version 99"), "{message}");
+        }
+        Err(other) => panic!("expected a schema version error, got {other}"),
+        Ok(_) => panic!("a database from a newer keel must be refused"),
+    }
+}
+
+#[test]
+fn open_fails_clearly_when_the_directory_is_missing() {
+    let db = TestDb::new();
+    let path = db.path().join("missing-dir").join("keel.db");
+    match SqliteStore::open(&path) {
+        Err(error) => assert!(error.to_string().contains("opening the database file"), "{error}"),
+        Ok(_) => panic!("opening a file in a missing directory must fail"),
+    }
+}

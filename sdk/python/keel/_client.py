@@ -1,0 +1,397 @@
+"""The syscall channel: a thread-safe JSON-RPC 2.0 client over Keel's Unix socket.
+
+One JSON object per line in both directions. Requests may be pipelined and the kernel
+may answer them out of order, so a background reader thread hands each response to the
+caller waiting on its id. Everything here follows the wire contract, protocol 1.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+PROTOCOL_VERSION = 1
+
+#: The kernel refuses longer lines (and then closes the connection), so the client
+#: refuses to send them and keeps the connection usable instead.
+MAX_LINE_BYTES = 1024 * 1024
+
+#: `data.kind` for each error code, used when an error arrives without one.
+ERROR_KINDS: dict[int, str] = {
+    -32700: "parse_error",
+    -32600: "invalid_request",
+    -32601: "unknown_method",
+    -32602: "invalid_params",
+    1000: "unauthenticated",
+    1001: "denied",
+    1002: "not_found",
+    1003: "run_exited",
+    1004: "provider_error",
+    1005: "no_provider",
+    1006: "tool_error",
+    1007: "budget_exhausted",
+    1008: "internal",
+    1009: "cancelled",
+}
+
+_NOT_UNDER_KEEL = (
+    "not running under Keel: start this program with `keel run -- python3 your_agent.py`"
+)
+
+
+class KeelError(Exception):
+    """The kernel answered a syscall with an error.
+
+    `code` is the JSON-RPC code, `kind` the stable string from `data.kind` (match on
+    this, e.g. ``err.kind == "budget_exhausted"``), `message` the kernel's explanation,
+    `data` the whole `data` member, and `method` the syscall that failed.
+    """
+
+    def __init__(
+        self, code: int, message: str, data: Any = None, *, method: str | None = None
+    ) -> None:
+        super().__init__(code, message, data)
+        self.code = code
+        self.message = message
+        self.data = data
+        self.method = method
+        kind = data.get("kind") if isinstance(data, Mapping) else None
+        self.kind: str = kind if isinstance(kind, str) else ERROR_KINDS.get(code, "unknown")
+
+    def __str__(self) -> str:
+        where = f"{self.method} failed: " if self.method else ""
+        return f"{where}{self.message} [{self.kind}, code {self.code}]"
+
+
+class ConnectionLost(ConnectionError):
+    """The connection to the kernel is gone (or could not be made).
+
+    Calls in flight and every later call raise this. Under Keel the right reaction is
+    usually to exit: if the kernel crashed, it restarts the agent and replays.
+    """
+
+
+class ProtocolError(RuntimeError):
+    """The kernel said something this SDK does not understand (a bug on one side)."""
+
+
+class NotUnderKeel(RuntimeError):
+    """`KEEL_SOCKET` or `KEEL_RUN_TOKEN` is missing: the program was not started by Keel."""
+
+    def __init__(self, detail: str | None = None) -> None:
+        super().__init__(_NOT_UNDER_KEEL if detail is None else f"{_NOT_UNDER_KEEL} ({detail})")
+
+
+class _Pending:
+    """One request waiting for its response."""
+
+    __slots__ = ("method", "done", "result", "error")
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+def connect(socket_path: str | None = None, token: str | None = None) -> Client:
+    """Connect to the kernel and say hello.
+
+    Reads `KEEL_SOCKET` and `KEEL_RUN_TOKEN` from the environment unless given. Raises
+    `NotUnderKeel` when they are missing, `ConnectionLost` when the socket cannot be
+    reached, and `KeelError` (kind ``unauthenticated``) when the token is refused.
+    """
+    socket_path = socket_path or os.environ.get("KEEL_SOCKET")
+    token = token or os.environ.get("KEEL_RUN_TOKEN")
+    if not socket_path:
+        raise NotUnderKeel()
+    if not token:
+        raise NotUnderKeel("KEEL_SOCKET is set but KEEL_RUN_TOKEN is not")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(socket_path)
+    except OSError as err:
+        sock.close()
+        raise ConnectionLost(f"cannot connect to the Keel kernel at {socket_path}: {err}") from err
+    client = Client(sock)
+    try:
+        client._hello(token)
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+class Client:
+    """A connection to the kernel, shared safely by any number of threads.
+
+    Build one with `keel.connect()`. Each method is one syscall and blocks until its
+    answer arrives; calls from different threads are in flight at the same time.
+    Use it as a context manager, or call `close()`.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._lines = sock.makefile("rb")
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _pending and _closed_reason
+        self._pending: dict[int, _Pending] = {}
+        self._closed_reason: str | None = None
+        self._orphan_error: str | None = None  # an error the kernel sent with a null id
+        self._ids = itertools.count(1)  # id 0 is reserved for hello
+        self.run_id: str = ""
+        self.protocol: int = 0
+        self._reader = threading.Thread(target=self._read_loop, name="keel-reader", daemon=True)
+        self._reader.start()
+
+    # -- the generic call -------------------------------------------------------------
+
+    def call(
+        self, method: str, params: Mapping[str, Any] | None = None, *, timeout: float | None = None
+    ) -> Any:
+        """Send one request and return its `result` (an object for every protocol-1 method).
+
+        Raises `KeelError` for an error answer, `ConnectionLost` when the connection
+        goes, and `TimeoutError` if `timeout` seconds pass first (the default waits
+        forever: `human.ask` may legitimately take hours).
+        """
+        return self._request(next(self._ids), method, params, timeout)
+
+    def _request(
+        self,
+        request_id: int,
+        method: str,
+        params: Mapping[str, Any] | None,
+        timeout: float | None,
+    ) -> Any:
+        message = {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": method,
+            "params": dict(params) if params is not None else {},
+        }
+        # allow_nan=False: NaN and Infinity are not JSON and the kernel would refuse them.
+        line = (
+            json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            + "\n"
+        ).encode("utf-8")
+        if len(line) > MAX_LINE_BYTES:
+            raise KeelError(
+                -32600,
+                f"the request is {len(line)} bytes and the kernel refuses lines over "
+                f"{MAX_LINE_BYTES} bytes; send less (store big data with a tool and pass a key)",
+                {"kind": "too_large"},
+                method=method,
+            )
+
+        pending = _Pending(method)
+        with self._lock:
+            if self._closed_reason is not None:
+                raise ConnectionLost(self._closed_reason)
+            self._pending[request_id] = pending
+        try:
+            with self._send_lock:
+                self._sock.sendall(line)
+        except OSError as err:
+            with self._lock:
+                self._pending.pop(request_id, None)
+            raise ConnectionLost(f"sending {method} to the Keel kernel failed: {err}") from err
+
+        if not pending.done.wait(timeout):
+            with self._lock:
+                self._pending.pop(request_id, None)
+            raise TimeoutError(f"{method}: no answer from the Keel kernel within {timeout} s")
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    def _hello(self, token: str) -> None:
+        result = _object(self._request(0, "hello", {"token": token}, None), "hello")
+        protocol = result.get("protocol")
+        if protocol != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"the kernel speaks protocol {protocol!r}; this SDK speaks {PROTOCOL_VERSION}"
+            )
+        self.run_id = str(_field(result, "run_id", "hello"))
+        self.protocol = protocol
+
+    # -- the syscalls -----------------------------------------------------------------
+
+    def llm_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> dict[str, Any]:
+        """Ask the LLM (OpenAI chat shape). Returns the whole result: ``message``,
+        ``usage`` (``input_tokens``, ``output_tokens``), ``cost_usd`` and ``model``."""
+        params: dict[str, Any] = {"messages": [dict(m) for m in messages]}
+        # Unset options are left out rather than sent as null: the kernel matches
+        # replayed calls by their exact parameters.
+        if model is not None:
+            params["model"] = model
+        if tools is not None:
+            params["tools"] = [dict(t) for t in tools]
+        if max_tokens is not None:
+            params["max_tokens"] = max_tokens
+        if temperature is not None:
+            params["temperature"] = temperature
+        return _object(self.call("llm.chat", params), "llm.chat")
+
+    def tool(self, name: str, args: Mapping[str, Any] | None = None, /, **kwargs: Any) -> Any:
+        """Call a tool and return its result: ``k.tool("kv.put", key="k", value=1)``.
+
+        Arguments come as keywords, as a mapping (for names that are not identifiers),
+        or both.
+        """
+        merged = dict(args) if args is not None else {}
+        merged.update(kwargs)
+        return _field(self.call("tool.call", {"name": name, "args": merged}), "result", "tool.call")
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        """The tools this run may call: ``name``, ``description``, ``input_schema``."""
+        tools: list[dict[str, Any]] = _field(self.call("tool.list", {}), "tools", "tool.list")
+        return tools
+
+    def checkpoint(self, state: Any) -> int:
+        """Save `state` (any JSON); after a crash, `restore()` returns it and replay
+        starts here. Returns the checkpoint's sequence number."""
+        result = self.call("state.checkpoint", {"state": state})
+        return int(_field(result, "seq", "state.checkpoint"))
+
+    def restore(self) -> Any:
+        """The last checkpointed state, or None on a fresh run."""
+        return _field(self.call("state.restore", {}), "state", "state.restore")
+
+    def now_ms(self) -> int:
+        """Wall-clock time in Unix milliseconds, journaled (use instead of `time.time()`)."""
+        return int(_field(self.call("sys.now", {}), "unix_ms", "sys.now"))
+
+    def random(self) -> int:
+        """A random unsigned 64-bit integer, journaled (use instead of `random`)."""
+        return int(_field(self.call("sys.random", {}), "value", "sys.random"))
+
+    def ask(self, question: str, *, timeout: float | None = None) -> str:
+        """Ask a human and wait (durably, maybe for hours) for `keel answer`."""
+        result = self.call("human.ask", {"question": question}, timeout=timeout)
+        return str(_field(result, "answer", "human.ask"))
+
+    def emit(self, event: Any) -> None:
+        """Publish an event (any JSON) on the run's event stream."""
+        self.call("run.emit", {"event": event})
+
+    def exit(self, output: Any = None) -> None:
+        """Finish the run with `output` (any JSON). Later calls fail with kind
+        ``run_exited``; the program should end its process after this."""
+        self.call("run.exit", {"output": output})
+
+    # -- lifetime ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection. Calls still waiting raise `ConnectionLost`. Idempotent."""
+        with self._lock:
+            if self._closed_reason is None:
+                self._closed_reason = "the client was closed"
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread
+        except OSError:
+            pass
+        if self._reader is not threading.current_thread():
+            self._reader.join(timeout=5)
+        self._lines.close()
+        self._sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- the reader thread ------------------------------------------------------------
+
+    def _read_loop(self) -> None:
+        reason = "the Keel kernel closed the connection"
+        try:
+            for line in self._lines:
+                problem = self._dispatch(line)
+                if problem is not None:
+                    reason = problem
+                    break
+        except (OSError, ValueError) as err:  # ValueError: the file was closed under us
+            reason = f"reading from the Keel kernel failed: {err}"
+        self._fail_all(reason)
+
+    def _dispatch(self, line: bytes) -> str | None:
+        """Hand one response to its caller. Returns a reason to give up, if any."""
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return f"the Keel kernel sent a line that is not JSON: {line[:200]!r}"
+        if not isinstance(message, dict):
+            return f"the Keel kernel sent JSON that is not an object: {line[:200]!r}"
+        request_id = message.get("id")
+        if request_id is None:
+            error = message.get("error")
+            if isinstance(error, dict):
+                # An error about a request the kernel could not attribute to an id. The
+                # kernel closes the connection after such errors, so keep the explanation
+                # for the callers that will see ConnectionLost.
+                with self._lock:
+                    self._orphan_error = f"the Keel kernel reported: {error.get('message')}"
+            return None  # a notification: protocol 1 defines none, so ignore it
+        with self._lock:
+            pending = self._pending.pop(request_id, None) if isinstance(request_id, int) else None
+        if pending is None:
+            return None  # a caller that timed out and left
+        error = message.get("error")
+        if isinstance(error, dict):
+            pending.error = KeelError(
+                int(error.get("code", 0)),
+                str(error.get("message", "")),
+                error.get("data"),
+                method=pending.method,
+            )
+        elif "result" in message:
+            pending.result = message["result"]
+        else:
+            pending.error = ProtocolError(f"response without result or error: {line[:200]!r}")
+        pending.done.set()
+        return None
+
+    def _fail_all(self, reason: str) -> None:
+        with self._lock:
+            if self._closed_reason is None:
+                orphan = self._orphan_error
+                self._closed_reason = f"{reason}; {orphan}" if orphan else reason
+            pending = list(self._pending.values())
+            self._pending.clear()
+            closed_reason = self._closed_reason
+        for waiter in pending:
+            waiter.error = ConnectionLost(closed_reason)
+            waiter.done.set()
+
+
+def _object(value: Any, method: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{method}: expected an object as the result, got {value!r}")
+    return value
+
+
+def _field(result: Any, name: str, method: str) -> Any:
+    if not isinstance(result, dict) or name not in result:
+        raise ProtocolError(f"{method}: the result lacks {name!r}: {result!r}")
+    return result[name]

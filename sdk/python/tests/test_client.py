@@ -1,0 +1,302 @@
+"""The SDK client against a fake kernel: handshake, pipelining, errors, lost connections."""
+
+from __future__ import annotations
+
+import os
+import threading
+import unittest
+from typing import Any
+from unittest import mock
+
+import keel
+from tests.fake_kernel import FakeKernel, LineConnection
+
+TOKEN = "secret-token"
+
+
+def answer(conn: LineConnection, request: dict[str, Any], result: Any) -> None:
+    conn.send({"jsonrpc": "2.0", "id": request["id"], "result": result})
+
+
+def fail(
+    conn: LineConnection, request: dict[str, Any], code: int, message: str, data: Any = None
+) -> None:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        body["data"] = data
+    conn.send({"jsonrpc": "2.0", "id": request["id"], "error": body})
+
+
+class KernelTestCase(unittest.TestCase):
+    """Starts a fake kernel whose connections greet, then run `self.serve` (if set)."""
+
+    def start(self, serve: Any = None, run_id: str = "run_1") -> FakeKernel:
+        self.requests: list[dict[str, Any]] = []
+
+        def handler(conn: LineConnection) -> None:
+            hello = conn.read()
+            self.requests.append(hello)
+            answer(conn, hello, {"run_id": run_id, "protocol": 1})
+            if serve is not None:
+                serve(conn)
+
+        kernel = FakeKernel(handler)
+        self.addCleanup(kernel.close)
+        return kernel
+
+    def connect(self, kernel: FakeKernel) -> keel.Client:
+        client = keel.connect(kernel.path, TOKEN)
+        self.addCleanup(client.close)
+        return client
+
+
+class ConnectTests(KernelTestCase):
+    def test_hello_sends_the_token_from_the_environment(self) -> None:
+        kernel = self.start()
+        with mock.patch.dict(os.environ, kernel.env(token=TOKEN)):
+            client = keel.connect()
+        self.addCleanup(client.close)
+        self.assertEqual(client.run_id, "run_1")
+        self.assertEqual(client.protocol, 1)
+        self.assertEqual(
+            self.requests,
+            [{"jsonrpc": "2.0", "id": 0, "method": "hello", "params": {"token": TOKEN}}],
+        )
+
+    def test_missing_socket_variable_says_how_to_run_under_keel(self) -> None:
+        with mock.patch.dict(os.environ, {}, clear=True):
+            with self.assertRaises(keel.NotUnderKeel) as caught:
+                keel.connect()
+        self.assertIn("not running under Keel", str(caught.exception))
+        self.assertIn("keel run -- python3 your_agent.py", str(caught.exception))
+
+    def test_missing_token_variable_is_reported(self) -> None:
+        with mock.patch.dict(os.environ, {"KEEL_SOCKET": "/nonexistent.sock"}, clear=True):
+            with self.assertRaises(keel.NotUnderKeel) as caught:
+                keel.connect()
+        self.assertIn("KEEL_RUN_TOKEN", str(caught.exception))
+
+    def test_unreachable_socket_raises_connection_lost(self) -> None:
+        with self.assertRaises(keel.ConnectionLost) as caught:
+            keel.connect("/nonexistent/keel.sock", TOKEN)
+        self.assertIn("/nonexistent/keel.sock", str(caught.exception))
+
+    def test_refused_token_raises_unauthenticated(self) -> None:
+        def handler(conn: LineConnection) -> None:
+            fail(conn, conn.read(), 1000, "unknown run token", {"kind": "unauthenticated"})
+
+        kernel = FakeKernel(handler)
+        self.addCleanup(kernel.close)
+        with self.assertRaises(keel.KeelError) as caught:
+            keel.connect(kernel.path, "forged")
+        self.assertEqual((caught.exception.code, caught.exception.kind), (1000, "unauthenticated"))
+        self.assertEqual(caught.exception.method, "hello")
+
+    def test_other_protocol_versions_are_refused(self) -> None:
+        def handler(conn: LineConnection) -> None:
+            answer(conn, conn.read(), {"run_id": "r", "protocol": 2})
+
+        kernel = FakeKernel(handler)
+        self.addCleanup(kernel.close)
+        with self.assertRaises(keel.ProtocolError):
+            keel.connect(kernel.path, TOKEN)
+
+
+class CallTests(KernelTestCase):
+    def test_pipelined_calls_are_matched_by_id_when_answered_out_of_order(self) -> None:
+        count = 8
+        all_received = threading.Event()
+
+        def serve(conn: LineConnection) -> None:
+            received = [conn.read() for _ in range(count)]  # nothing answered yet
+            self.requests.extend(received)
+            all_received.set()
+            for request in reversed(received):
+                answer(conn, request, {"result": request["params"]["args"]})
+
+        client = self.connect(self.start(serve))
+        results: dict[int, Any] = {}
+        barrier = threading.Barrier(count)
+
+        def worker(n: int) -> None:
+            barrier.wait()
+            results[n] = client.tool("echo", n=n)
+
+        threads = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=10)
+        self.assertTrue(all_received.is_set(), "the calls were not in flight together")
+        self.assertEqual(results, {n: {"n": n} for n in range(count)})
+        ids = [r["id"] for r in self.requests[1:]]
+        self.assertEqual(len(set(ids)), count, "request ids must be unique")
+        self.assertNotIn(0, ids, "id 0 belongs to hello")
+
+    def test_each_syscall_sends_the_contract_params_and_unwraps_the_result(self) -> None:
+        canned = {
+            "llm.chat": {
+                "message": {"role": "assistant", "content": "hi"},
+                "usage": {"input_tokens": 3, "output_tokens": 1},
+                "cost_usd": 0.0,
+                "model": "scripted",
+            },
+            "tool.call": {"result": True},
+            "tool.list": {"tools": [{"name": "echo", "description": "", "input_schema": {}}]},
+            "state.checkpoint": {"seq": 7},
+            "state.restore": {"state": {"step": 2}},
+            "sys.now": {"unix_ms": 1700000000000},
+            "sys.random": {"value": 18446744073709551615},
+            "human.ask": {"answer": "yes"},
+            "run.emit": {},
+            "run.exit": {},
+        }
+
+        def serve(conn: LineConnection) -> None:
+            while (request := conn.read()) is not None:
+                self.requests.append(request)
+                answer(conn, request, canned[request["method"]])
+
+        client = self.connect(self.start(serve))
+        chat = client.llm_chat([{"role": "user", "content": "hello"}], max_tokens=5)
+        self.assertEqual(chat["message"]["content"], "hi")
+        self.assertIs(client.tool("kv.put", {"key": "k"}, value=[1, 2]), True)
+        self.assertEqual(client.list_tools()[0]["name"], "echo")
+        self.assertEqual(client.checkpoint({"step": 2}), 7)
+        self.assertEqual(client.restore(), {"step": 2})
+        self.assertEqual(client.now_ms(), 1700000000000)
+        self.assertEqual(client.random(), 2**64 - 1)
+        self.assertEqual(client.ask("approve?"), "yes")
+        self.assertIsNone(client.emit({"progress": 1}))
+        self.assertIsNone(client.exit({"ok": True}))
+
+        sent = [(r["method"], r["params"]) for r in self.requests[1:]]
+        self.assertEqual(
+            sent,
+            [
+                # Options left unset are absent, not null: replay matches exact params.
+                ("llm.chat", {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}),
+                ("tool.call", {"name": "kv.put", "args": {"key": "k", "value": [1, 2]}}),
+                ("tool.list", {}),
+                ("state.checkpoint", {"state": {"step": 2}}),
+                ("state.restore", {}),
+                ("sys.now", {}),
+                ("sys.random", {}),
+                ("human.ask", {"question": "approve?"}),
+                ("run.emit", {"event": {"progress": 1}}),
+                ("run.exit", {"output": {"ok": True}}),
+            ],
+        )
+        self.assertTrue(all(r["jsonrpc"] == "2.0" for r in self.requests))
+
+    def test_error_answers_raise_keel_error_with_code_kind_and_data(self) -> None:
+        def serve(conn: LineConnection) -> None:
+            fail(
+                conn,
+                conn.read(),
+                1007,
+                "the run's budget of $1.00 is spent; top it up with `keel budget`",
+                {"kind": "budget_exhausted", "limit_usd": 1.0},
+            )
+            fail(conn, conn.read(), -32601, "no method 'nope'")  # no data at all
+
+        client = self.connect(self.start(serve))
+        with self.assertRaises(keel.KeelError) as caught:
+            client.llm_chat([{"role": "user", "content": "hi"}])
+        err = caught.exception
+        self.assertEqual((err.code, err.kind, err.method), (1007, "budget_exhausted", "llm.chat"))
+        self.assertEqual(err.data, {"kind": "budget_exhausted", "limit_usd": 1.0})
+        self.assertEqual(
+            str(err),
+            "llm.chat failed: the run's budget of $1.00 is spent; top it up with `keel budget` "
+            "[budget_exhausted, code 1007]",
+        )
+
+        with self.assertRaises(keel.KeelError) as caught:
+            client.call("nope")
+        self.assertEqual((caught.exception.code, caught.exception.kind), (-32601, "unknown_method"))
+        self.assertIsNone(caught.exception.data)
+
+    def test_oversized_request_is_refused_locally_and_the_connection_survives(self) -> None:
+        def serve(conn: LineConnection) -> None:
+            while (request := conn.read()) is not None:
+                answer(conn, request, {"unix_ms": 5})
+
+        client = self.connect(self.start(serve))
+        with self.assertRaises(keel.KeelError) as caught:
+            client.emit("x" * keel.MAX_LINE_BYTES)
+        self.assertEqual((caught.exception.code, caught.exception.kind), (-32600, "too_large"))
+        self.assertEqual(client.now_ms(), 5)
+
+    def test_timeout_gives_up_waiting_without_breaking_the_connection(self) -> None:
+        def serve(conn: LineConnection) -> None:
+            slow = conn.read()  # never answered
+            answer(conn, conn.read(), {"unix_ms": 9})
+            answer(conn, slow, {"answer": "too late"})  # dropped: nobody waits for it
+
+        client = self.connect(self.start(serve))
+        with self.assertRaises(TimeoutError):
+            client.ask("anyone?", timeout=0.2)
+        self.assertEqual(client.now_ms(), 9)
+
+
+class ConnectionLossTests(KernelTestCase):
+    def test_calls_in_flight_and_later_calls_raise_connection_lost(self) -> None:
+        def serve(conn: LineConnection) -> None:
+            conn.read()  # then hang up without answering
+
+        client = self.connect(self.start(serve))
+        with self.assertRaises(keel.ConnectionLost) as caught:
+            client.llm_chat([{"role": "user", "content": "hi"}])
+        self.assertIn("closed the connection", str(caught.exception))
+        with self.assertRaises(keel.ConnectionLost):
+            client.now_ms()
+
+    def test_an_error_without_id_before_the_close_explains_it(self) -> None:
+        def serve(conn: LineConnection) -> None:
+            conn.read()
+            data = {"kind": "too_large"}
+            too_large = {"code": -32600, "message": "line over 1 MiB", "data": data}
+            conn.send({"jsonrpc": "2.0", "id": None, "error": too_large})
+
+        client = self.connect(self.start(serve))
+        with self.assertRaises(keel.ConnectionLost) as caught:
+            client.now_ms()
+        self.assertIn("line over 1 MiB", str(caught.exception))
+
+    def test_close_releases_waiting_callers(self) -> None:
+        received = threading.Event()
+
+        def serve(conn: LineConnection) -> None:
+            conn.read()
+            received.set()
+            conn.read()  # waits until the client goes away
+
+        client = self.connect(self.start(serve))
+        outcome: list[BaseException] = []
+
+        def ask() -> None:
+            try:
+                client.ask("approve?")
+            except BaseException as err:  # noqa: BLE001 - recorded for the assertion
+                outcome.append(err)
+
+        thread = threading.Thread(target=ask, daemon=True)
+        thread.start()
+        self.assertTrue(received.wait(5))
+        client.close()
+        thread.join(timeout=5)
+        self.assertEqual(len(outcome), 1)
+        self.assertIsInstance(outcome[0], keel.ConnectionLost)
+        client.close()  # idempotent
+
+    def test_context_manager_closes_the_connection(self) -> None:
+        kernel = self.start()
+        with keel.connect(kernel.path, TOKEN) as client:
+            pass
+        with self.assertRaises(keel.ConnectionLost):
+            client.now_ms()
+
+
+if __name__ == "__main__":
+    unittest.main()
