@@ -17,6 +17,7 @@ pub const METHODS: &[&str] = &[
     "state.restore",
     "sys.now",
     "sys.random",
+    "sys.ping",
     "human.ask",
     "run.emit",
     "run.exit",

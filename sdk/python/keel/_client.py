@@ -1,8 +1,11 @@
 """The syscall channel: a thread-safe JSON-RPC 2.0 client over Keel's Unix socket.
 
 One JSON object per line in both directions. Requests may be pipelined and the kernel
-may answer them out of order, so a background reader thread hands each response to the
-caller waiting on its id. Everything here follows the wire contract, protocol 1.
+may answer them out of order, so responses are matched to callers by id. There is no
+background thread: a waiting caller becomes the reader (the "leader") and hands other
+callers' responses to them; when its own arrives it passes the role on. A lone caller thus
+reads its own reply with no thread switch, which keeps a syscall near the socket's floor.
+Everything here follows the wire contract, protocol 1.
 """
 
 from __future__ import annotations
@@ -10,8 +13,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import select
 import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -89,13 +94,18 @@ class NotUnderKeel(RuntimeError):
 
 
 class _Pending:
-    """One request waiting for its response."""
+    """One request waiting for its response.
 
-    __slots__ = ("method", "done", "result", "error")
+    `wake` is set when the response arrived (`finished`) or when the caller is asked to
+    take over reading from the socket.
+    """
+
+    __slots__ = ("method", "wake", "finished", "result", "error")
 
     def __init__(self, method: str) -> None:
         self.method = method
-        self.done = threading.Event()
+        self.wake = threading.Event()
+        self.finished = False
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -138,7 +148,8 @@ class Client:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
-        self._lines = sock.makefile("rb")
+        self._buffer = b""  # bytes read but not yet dispatched; only the leader touches it
+        self._read_lock = threading.Lock()  # held by the caller currently reading (the leader)
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # guards _pending and _closed_reason
         self._pending: dict[int, _Pending] = {}
@@ -147,8 +158,6 @@ class Client:
         self._ids = itertools.count(1)  # id 0 is reserved for hello
         self.run_id: str = ""
         self.protocol: int = 0
-        self._reader = threading.Thread(target=self._read_loop, name="keel-reader", daemon=True)
-        self._reader.start()
 
     # -- the generic call -------------------------------------------------------------
 
@@ -203,7 +212,21 @@ class Client:
                 self._pending.pop(request_id, None)
             raise ConnectionLost(f"sending {method} to the Keel kernel failed: {err}") from err
 
-        if not pending.done.wait(timeout):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not pending.finished:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            if self._read_lock.acquire(blocking=False):
+                try:
+                    self._lead(pending, deadline)
+                finally:
+                    self._read_lock.release()
+                    self._promote_next()
+                continue
+            pending.wake.wait(remaining)
+            pending.wake.clear()
+        if not pending.finished:
             with self._lock:
                 self._pending.pop(request_id, None)
             raise TimeoutError(f"{method}: no answer from the Keel kernel within {timeout} s")
@@ -276,6 +299,10 @@ class Client:
         """Wall-clock time in Unix milliseconds, journaled (use instead of `time.time()`)."""
         return int(_field(self.call("sys.now", {}), "unix_ms", "sys.now"))
 
+    def ping(self) -> None:
+        """A no-op round trip to the kernel (not journaled): checks the channel is alive."""
+        self.call("sys.ping", {})
+
     def random(self) -> int:
         """A random unsigned 64-bit integer, journaled (use instead of `random`)."""
         return int(_field(self.call("sys.random", {}), "value", "sys.random"))
@@ -302,12 +329,10 @@ class Client:
             if self._closed_reason is None:
                 self._closed_reason = "the client was closed"
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes a caller blocked reading
         except OSError:
             pass
-        if self._reader is not threading.current_thread():
-            self._reader.join(timeout=5)
-        self._lines.close()
+        self._fail_all("the client was closed")
         self._sock.close()
 
     def __enter__(self) -> Client:
@@ -321,19 +346,43 @@ class Client:
     ) -> None:
         self.close()
 
-    # -- the reader thread ------------------------------------------------------------
+    # -- reading ----------------------------------------------------------------------
 
-    def _read_loop(self) -> None:
-        reason = "the Keel kernel closed the connection"
+    def _lead(self, mine: _Pending, deadline: float | None) -> None:
+        """Read and dispatch responses until `mine` is answered or the deadline passes.
+
+        Called with `_read_lock` held. On a broken connection every caller is failed.
+        """
         try:
-            for line in self._lines:
-                problem = self._dispatch(line)
-                if problem is not None:
-                    reason = problem
-                    break
-        except (OSError, ValueError) as err:  # ValueError: the file was closed under us
-            reason = f"reading from the Keel kernel failed: {err}"
-        self._fail_all(reason)
+            while not mine.finished:
+                newline = self._buffer.find(b"\n")
+                if newline >= 0:
+                    line, self._buffer = self._buffer[:newline], self._buffer[newline + 1 :]
+                    problem = self._dispatch(line)
+                    if problem is not None:
+                        self._fail_all(problem)
+                    continue
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return
+                    readable, _, _ = select.select([self._sock], [], [], remaining)
+                    if not readable:
+                        return
+                chunk = self._sock.recv(1 << 16)
+                if not chunk:
+                    self._fail_all("the Keel kernel closed the connection")
+                    return
+                self._buffer += chunk
+        except (OSError, ValueError) as err:
+            self._fail_all(f"reading from the Keel kernel failed: {err}")
+
+    def _promote_next(self) -> None:
+        """Wake one caller still waiting, so that someone reads for it."""
+        with self._lock:
+            waiting = next((p for p in self._pending.values() if not p.finished), None)
+        if waiting is not None:
+            waiting.wake.set()
 
     def _dispatch(self, line: bytes) -> str | None:
         """Hand one response to its caller. Returns a reason to give up, if any."""
@@ -369,7 +418,8 @@ class Client:
             pending.result = message["result"]
         else:
             pending.error = ProtocolError(f"response without result or error: {line[:200]!r}")
-        pending.done.set()
+        pending.finished = True
+        pending.wake.set()
         return None
 
     def _fail_all(self, reason: str) -> None:
@@ -382,7 +432,8 @@ class Client:
             closed_reason = self._closed_reason
         for waiter in pending:
             waiter.error = ConnectionLost(closed_reason)
-            waiter.done.set()
+            waiter.finished = True
+            waiter.wake.set()
 
 
 def _object(value: Any, method: str) -> dict[str, Any]:

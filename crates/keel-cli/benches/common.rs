@@ -1,0 +1,74 @@
+//! Shared by the benchmarks: a daemon in a temporary data directory, driven through the
+//! real `keel` binary (the release build `cargo bench` makes).
+#![allow(dead_code, reason = "each benchmark uses a different part of this harness")]
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Daemon {
+    pub data: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    pub fn start(data: tempfile::TempDir) -> Daemon {
+        let mut daemon = Daemon { data, child: None };
+        daemon.spawn();
+        daemon
+    }
+
+    pub fn keel(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_keel"));
+        cmd.env("KEEL_DATA_DIR", self.data.path())
+            .env_remove("KEEL_ADDR")
+            .env_remove("KEEL_LLM_SCRIPT")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    pub fn spawn(&mut self) {
+        let info = self.data.path().join("kernel.json");
+        let _ = std::fs::remove_file(&info);
+        let child = self
+            .keel()
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start keel serve");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !info.exists() {
+            assert!(Instant::now() < deadline, "the daemon did not start");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The daemon's API address and token.
+    pub fn api(&self) -> (String, String) {
+        let info: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(self.data.path().join("kernel.json")).expect("kernel.json"),
+        )
+        .expect("kernel.json is JSON");
+        let token = std::fs::read_to_string(self.data.path().join("api-token")).expect("api token");
+        (format!("http://{}", info["addr"].as_str().expect("addr")), token.trim().to_owned())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn bench_dir() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/benches"))
+}
