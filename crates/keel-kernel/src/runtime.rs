@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures_util::StreamExt;
 use keel_core::lifecycle::{self, Command as Lifecycle};
 use keel_core::replay::{RecordedCall, ReplayMatcher};
 use keel_llm::{Provider, ScriptedProvider};
@@ -38,6 +39,10 @@ pub struct KernelOptions {
     pub sandbox: Arc<dyn Sandbox>,
     /// Seconds between SIGTERM and SIGKILL on stop, unless the run sets its own.
     pub default_stop_grace: Duration,
+    /// The scripted provider's script for runs that bring none (`keel serve
+    /// --llm-script`). Copied into each run's spec when it is created, so a later change
+    /// of the kernel's configuration never changes what a recovering run replays against.
+    pub default_llm_script: Option<Value>,
 }
 
 /// A request to start a run, validated (see [`CreateRun::validate`]).
@@ -147,10 +152,12 @@ pub(crate) struct Inner {
     sandbox: Arc<dyn Sandbox>,
     pub(crate) data_dir: DataDir,
     default_stop_grace: Duration,
+    default_llm_script: Option<Value>,
     live: Mutex<HashMap<RunId, Arc<LiveRun>>>,
     tokens: Mutex<HashMap<String, Arc<LiveRun>>>,
-    /// Serialises lifecycle changes so that read-decide-write never races.
-    transitions: tokio::sync::Mutex<()>,
+    /// One lock per run, serialising its lifecycle changes so that read-decide-write
+    /// never races; runs do not wait for each other.
+    transitions: Mutex<HashMap<RunId, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) events: EventLog,
     shutting_down: AtomicBool,
     /// Held for the kernel's life; dropping it releases the data directory.
@@ -210,9 +217,10 @@ impl Kernel {
                 sandbox: options.sandbox,
                 data_dir: options.data_dir,
                 default_stop_grace: options.default_stop_grace,
+                default_llm_script: options.default_llm_script,
                 live: Mutex::default(),
                 tokens: Mutex::default(),
-                transitions: tokio::sync::Mutex::new(()),
+                transitions: Mutex::default(),
                 events,
                 shutting_down: AtomicBool::new(false),
                 _lock: lock_file,
@@ -220,7 +228,14 @@ impl Kernel {
         };
         crate::syscall::listen(kernel.clone())?;
         if options.recover {
-            kernel.recover_all().await?;
+            // In the background, so the API answers (and shows `recovering` runs) while
+            // a large backlog is brought back.
+            let recovering = kernel.clone();
+            tokio::spawn(async move {
+                if let Err(err) = recovering.recover_all().await {
+                    tracing::error!("recovery of interrupted runs stopped: {err}");
+                }
+            });
         }
         Ok(kernel)
     }
@@ -318,7 +333,8 @@ impl Kernel {
         command: Lifecycle,
         mut patch: RunPatch,
     ) -> Result<RunRecord> {
-        let _serial = self.inner.transitions.lock().await;
+        let run_lock = lock(&self.inner.transitions).entry(run.clone()).or_default().clone();
+        let _serial = run_lock.lock().await;
         let current = self.get(run).await?;
         let next = lifecycle::transition(current.state, command)?;
         let now = now_ms();
@@ -335,6 +351,9 @@ impl Kernel {
             patch.ended_at_ms = Some(Some(now));
         }
         let updated = self.inner.store.update_run(run, Some(current.state), patch).await?;
+        if next.is_terminal() {
+            lock(&self.inner.transitions).remove(run); // An ended run never changes again.
+        }
         let mut data = json!({ "state": next.as_str(), "from": current.state.as_str() });
         if let Some(reason) = updated.wait_reason {
             data["wait_reason"] = json!(reason.as_str());
@@ -351,7 +370,10 @@ impl Kernel {
         Ok(updated)
     }
 
-    async fn create(&self, request: CreateRun) -> Result<RunRecord> {
+    async fn create(&self, mut request: CreateRun) -> Result<RunRecord> {
+        if request.llm_script.is_none() {
+            request.llm_script = self.inner.default_llm_script.clone();
+        }
         let now = now_ms();
         let id = RunId::generate(now);
         let record = self
@@ -711,7 +733,8 @@ impl Kernel {
         Ok(rx)
     }
 
-    /// Brings back every run that was live when the previous kernel stopped.
+    /// Brings back every run that was live when the previous kernel stopped, several at
+    /// a time so that their journal writes share commits.
     async fn recover_all(&self) -> Result<()> {
         let filter = RunFilter {
             states: vec![
@@ -725,33 +748,53 @@ impl Kernel {
         };
         let mut runs = self.inner.store.list_runs(&filter).await?;
         runs.reverse(); // Oldest first.
-        for run in runs {
-            // Agents of the previous kernel die with it (PDEATHSIG), but descendants that
-            // escaped may linger; they must not race the relaunched agent.
-            tree::kill_tree(run.pid, run.id.as_str());
-            let result = match run.state {
-                RunState::Created | RunState::Queued => {
-                    let run = if run.state == RunState::Created {
-                        self.transition(&run.id, Lifecycle::Enqueue, RunPatch::default()).await?
-                    } else {
-                        run
-                    };
-                    self.launch(run, false).await
-                }
-                _ => {
-                    let record = if run.state == RunState::Recovering {
-                        run
-                    } else {
-                        self.transition(&run.id, Lifecycle::KernelRestart, RunPatch::default()).await?
-                    };
-                    self.launch(record, true).await
-                }
-            };
-            if let Err(err) = result {
-                tracing::warn!("could not recover a run: {err}");
+        // Agents of the previous kernel die with it (PDEATHSIG), but descendants that
+        // escaped may linger; they must not race the relaunched agents. One scan of /proc
+        // serves every run.
+        let mut leftovers = tree::processes_by_marker();
+        for run in &runs {
+            if let Some(pid) = run.pid {
+                tree::signal_group(pid, Signal::SIGKILL);
+            }
+            if let Some(pids) = leftovers.remove(run.id.as_str()) {
+                tree::kill_pids(&pids);
             }
         }
+        const PARALLEL: usize = 16;
+        let kernel = self.clone();
+        futures_util::stream::iter(runs)
+            .for_each_concurrent(PARALLEL, |run| {
+                let kernel = kernel.clone();
+                async move {
+                    let id = run.id.clone();
+                    if let Err(err) = kernel.recover(run).await {
+                        tracing::warn!(run = %id, "could not recover the run: {err}");
+                    }
+                }
+            })
+            .await;
         Ok(())
+    }
+
+    async fn recover(&self, run: RunRecord) -> Result<RunRecord> {
+        match run.state {
+            RunState::Created | RunState::Queued => {
+                let run = if run.state == RunState::Created {
+                    self.transition(&run.id, Lifecycle::Enqueue, RunPatch::default()).await?
+                } else {
+                    run
+                };
+                self.launch(run, false).await
+            }
+            _ => {
+                let record = if run.state == RunState::Recovering {
+                    run
+                } else {
+                    self.transition(&run.id, Lifecycle::KernelRestart, RunPatch::default()).await?
+                };
+                self.launch(record, true).await
+            }
+        }
     }
 }
 
