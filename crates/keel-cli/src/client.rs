@@ -109,7 +109,7 @@ impl Client {
     /// Starts a kernel inside this process (no recovery of other runs: it ends with us).
     pub async fn embed(dir: DataDir) -> Result<Client> {
         let token = api_token(&dir)?;
-        let kernel = start_kernel(dir.clone(), false).await?;
+        let kernel = start_kernel(dir.clone(), false, None).await?;
         let listener =
             tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding a loopback port")?;
         let addr = listener.local_addr()?;
@@ -277,12 +277,17 @@ fn normalize(addr: &str) -> String {
     }
 }
 
-pub async fn start_kernel(dir: DataDir, recover: bool) -> Result<Kernel> {
+pub async fn start_kernel(
+    dir: DataDir,
+    recover: bool,
+    default_llm_script: Option<serde_json::Value>,
+) -> Result<Kernel> {
     let options = KernelOptions {
         data_dir: dir,
         recover,
         sandbox: Arc::new(keel_sandbox::NoSandbox),
         default_stop_grace: Duration::from_secs(5),
+        default_llm_script,
     };
     Ok(Kernel::start(options).await?)
 }

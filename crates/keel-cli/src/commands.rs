@@ -33,14 +33,18 @@ pub struct ServeArgs {
     /// Address for the HTTP API.
     #[arg(long, default_value = "127.0.0.1:7777", value_name = "HOST:PORT")]
     listen: String,
+    /// The scripted LLM provider's script for runs that bring none.
+    #[arg(long, env = "KEEL_LLM_SCRIPT", value_name = "FILE")]
+    llm_script: Option<PathBuf>,
 }
 
 pub async fn serve(ctx: Context, args: ServeArgs) -> Result<ExitCode> {
     let token = client::api_token(&ctx.data_dir)?;
+    let default_script = args.llm_script.as_ref().map(read_script).transpose()?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}; pick another with --listen HOST:PORT", args.listen))?;
-    let kernel = client::start_kernel(ctx.data_dir.clone(), true).await?;
+    let kernel = client::start_kernel(ctx.data_dir.clone(), true, default_script).await?;
     let addr = listener.local_addr()?;
     client::write_info(&ctx.data_dir, &addr.to_string(), "daemon")?;
     eprintln!(

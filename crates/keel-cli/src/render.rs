@@ -136,7 +136,7 @@ pub fn runs_table(runs: &[RunView], now: u64) -> String {
         return "no runs yet; start one with `keel run -- COMMAND`\n".into();
     }
     let mut out = format!(
-        "{:<30} {:<11} {:>5} {:>4} {:>8} {:>9}  {}\n",
+        "{:<30} {:<14} {:>5} {:>4} {:>8} {:>9}  {}\n",
         "RUN", "STATE", "AGE", "LLM", "TOKENS", "COST", "COMMAND"
     );
     for run in runs {
@@ -146,7 +146,7 @@ pub fn runs_table(runs: &[RunView], now: u64) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<30} {:<11} {:>5} {:>4} {:>8} {:>9}  {}",
+            "{:<30} {:<14} {:>5} {:>4} {:>8} {:>9}  {}",
             run.run_id,
             state,
             age(now.saturating_sub(run.created_at)),

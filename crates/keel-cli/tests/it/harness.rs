@@ -79,12 +79,18 @@ impl Keel {
     }
 
     pub fn start_daemon(&mut self) {
+        self.start_daemon_with(&[]);
+    }
+
+    /// Starts `keel serve` with extra arguments and waits until it answers.
+    pub fn start_daemon_with(&mut self, extra: &[&str]) {
         assert!(self.daemon.is_none(), "daemon already running");
         let info = self.data.path().join("kernel.json");
         let _ = std::fs::remove_file(&info);
         let child = self
             .cmd()
             .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

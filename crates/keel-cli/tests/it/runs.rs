@@ -88,3 +88,23 @@ fn concurrent_calls_are_each_served_once() {
     assert_eq!(runs[0]["provider_calls"], 12);
     assert_eq!(runs[0]["output"]["replies"].as_array().unwrap().len(), 12);
 }
+
+#[test]
+fn the_daemons_default_script_serves_runs_that_bring_none() {
+    let mut keel = Keel::new();
+    let script = agent("crash_script.json");
+    keel.start_daemon_with(&["--llm-script", &script]);
+    let run = keel.detach(&["--", "python3", &agent("crash_agent.py")]);
+    let done = keel.wait_state(&run, &["succeeded", "failed"]);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["provider_calls"], 12);
+
+    // Without any script, llm.chat says how to configure one.
+    let keel = Keel::new();
+    let out = keel.run(&["run", "--", "python3", &agent("crash_agent.py")]);
+    assert!(!out.status.success());
+    let run = keel.json(&["ps", "--json"])[0]["run_id"].as_str().unwrap().to_owned();
+    let logs = keel.run(&["logs", &run]);
+    let stderr = String::from_utf8_lossy(&logs.stderr);
+    assert!(stderr.contains("no_provider") && stderr.contains("--llm-script"), "{stderr}");
+}

@@ -53,6 +53,7 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
             recover: false,
             sandbox: Arc::new(keel_sandbox::NoSandbox),
             default_stop_grace: Duration::from_secs(1),
+            default_llm_script: None,
         })
         .await
         .unwrap();
