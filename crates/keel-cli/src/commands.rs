@@ -295,6 +295,16 @@ pub async fn inspect(ctx: Context, args: InspectArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The one-line answer of the control commands: `RUN STATE`, or the run as JSON.
+fn print_run(view: &keel_protocol::api::RunView, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(view)?);
+    } else {
+        println!("{} {}", view.run_id, view.state);
+    }
+    Ok(())
+}
+
 #[derive(Debug, Args)]
 pub struct RunRef {
     /// The run id (see `keel ps`).
@@ -314,11 +324,7 @@ pub async fn control(ctx: Context, args: RunRef, action: &str) -> Result<ExitCod
         );
     }
     let view = client.action(&args.run, action).await?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&view)?);
-    } else {
-        println!("{} {}", view.run_id, view.state);
-    }
+    print_run(&view, args.json)?;
     client.close().await;
     Ok(ExitCode::SUCCESS)
 }
@@ -348,11 +354,7 @@ pub async fn stop(ctx: Context, args: StopArgs) -> Result<ExitCode> {
             view = client.inspect(&args.run).await?.run;
         }
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&view)?);
-    } else {
-        println!("{} {}", view.run_id, view.state);
-    }
+    print_run(&view, args.json)?;
     client.close().await;
     Ok(ExitCode::SUCCESS)
 }
@@ -372,11 +374,7 @@ pub struct AnswerArgs {
 pub async fn answer(ctx: Context, args: AnswerArgs) -> Result<ExitCode> {
     let client = ctx.client().await?;
     let view = client.answer(&args.run, &args.text).await?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&view)?);
-    } else {
-        println!("{} {}", view.run_id, view.state);
-    }
+    print_run(&view, args.json)?;
     client.close().await;
     Ok(ExitCode::SUCCESS)
 }

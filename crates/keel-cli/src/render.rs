@@ -219,3 +219,85 @@ pub fn inspect(view: &InspectView, now: u64) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use keel_protocol::api::UsageView;
+    use serde_json::json;
+
+    use super::*;
+
+    fn run(state: &str, wait_reason: Option<&str>) -> RunView {
+        RunView {
+            run_id: "run_01m7yg8vmfwnsqddwp8gr8ey2p".into(),
+            tenant: "default".into(),
+            state: state.into(),
+            wait_reason: wait_reason.map(str::to_owned),
+            command: vec!["python3".into(), "agent.py".into()],
+            created_at: 1_000,
+            updated_at: 2_000,
+            ended_at: None,
+            attempt: 1,
+            pid: Some(42),
+            exit_code: None,
+            output: None,
+            error: None,
+            usage: UsageView {
+                input_tokens: 300,
+                output_tokens: 135,
+                llm_calls: 5,
+                tool_calls: 3,
+                cost_usd: 0.0123,
+            },
+            provider_calls: 5,
+            question: None,
+        }
+    }
+
+    #[test]
+    fn ps_table_is_aligned_and_shows_why_a_run_waits() {
+        let table = runs_table(&[run("waiting", Some("human")), run("succeeded", None)], 125_000);
+        let expected = "\
+RUN                            STATE            AGE  LLM   TOKENS      COST  COMMAND
+run_01m7yg8vmfwnsqddwp8gr8ey2p waiting:human     2m    5      435   $0.0123  python3 agent.py
+run_01m7yg8vmfwnsqddwp8gr8ey2p succeeded         2m    5      435   $0.0123  python3 agent.py
+";
+        assert_eq!(table, expected);
+        assert!(runs_table(&[], 0).contains("keel run"), "an empty table says how to start");
+    }
+
+    #[test]
+    fn events_read_as_one_line_each() {
+        let event = |kind: &str, data: Value| EventView { seq: 1, ts: 0, kind: kind.into(), data };
+        let id = "run_x";
+        assert_eq!(
+            describe_event(&event("syscall", json!({"seq": 4, "method": "llm.chat", "status": "ok", "input_tokens": 41, "output_tokens": 27, "duration_ms": 3})), id).unwrap(),
+            "#4 llm.chat · 41 in / 27 out tokens · 3 ms · journaled"
+        );
+        assert_eq!(
+            describe_event(
+                &event(
+                    "syscall",
+                    json!({"seq": 5, "method": "tool.call", "tool": "echo", "status": "ok", "replayed": true})
+                ),
+                id
+            )
+            .unwrap(),
+            "#5 tool.call echo · replayed from the journal"
+        );
+        assert_eq!(
+            describe_event(&event("state", json!({"state": "waiting", "wait_reason": "human"})), id).unwrap(),
+            "state → waiting (human)"
+        );
+        assert_eq!(
+            describe_event(&event("question", json!({"question": "ok?"})), id).unwrap(),
+            "waiting for a human: ok?  → keel answer run_x --text \"...\""
+        );
+        assert!(describe_event(&event("state", json!({"state": "queued"})), id).is_none());
+    }
+
+    #[test]
+    fn ages_are_short() {
+        assert_eq!([age(0), age(61_000), age(7_200_000), age(200_000_000)], ["0s", "1m", "2h", "2d"]);
+    }
+}
