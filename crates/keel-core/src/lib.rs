@@ -4,5 +4,6 @@
 //! maps (state, event) to a new state or a decision, so the kernel's effectful loop stays
 //! thin and these rules can be tested densely and exhaustively (STYLE.md habit 2).
 
+pub mod budget;
 pub mod lifecycle;
 pub mod replay;

@@ -1,33 +1,59 @@
-//! The provider seam: the one trait through which the kernel reaches a model, and the
-//! scripted provider, which answers from a JSON script so that runs, demos and tests work
-//! offline and deterministically.
+//! The provider seam: the one trait through which the kernel reaches a model, its
+//! implementations (OpenAI-compatible Chat Completions, the Anthropic Messages API, and the
+//! scripted provider that answers from a JSON script offline), and the [`Router`] that owns
+//! them: model resolution, per-model rate limits, retries with backoff, fallback chains,
+//! prices.
+//!
+//! Pure decisions (wire conversions, error classification, rate-limit buckets, backoff,
+//! prices, config parsing) live in their own modules with dense unit tests; HTTP happens
+//! only in `http`, `openai::OpenAiProvider`, `anthropic::AnthropicProvider` and the router.
 
+pub mod anthropic;
+pub mod config;
+pub mod error;
+mod http;
+pub mod openai;
+pub mod pricing;
+pub mod ratelimit;
+pub mod retry;
+pub mod router;
 pub mod scripted;
+pub mod sse;
 
 use async_trait::async_trait;
 use keel_protocol::rpc::{LlmChatParams, LlmChatResult};
 use serde_json::Value;
 
+pub use anthropic::AnthropicProvider;
+pub use config::{LlmConfig, ProviderKind};
+pub use error::{Error, ErrorClass, Result, UpstreamError};
+pub use openai::OpenAiProvider;
+pub use pricing::{DEFAULT_MAX_OUTPUT_TOKENS, ModelPrice, PriceTable, estimate_input_tokens};
+pub use router::Router;
 pub use scripted::ScriptedProvider;
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum Error {
-    /// The script has no answer for this request.
-    #[error(
-        "the LLM script has no response for this request (last user message: {last_user:?}); \
-         {served} ordered responses were already served. Add a response, or a `match` entry \
-         whose text occurs in that message"
-    )]
-    NoScriptedResponse { last_user: String, served: usize },
-    /// The script document itself is malformed.
-    #[error("invalid LLM script: {0}")]
-    InvalidScript(String),
+/// A piece of a streamed response, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delta {
+    Text(String),
+    /// A fragment of tool call `index` (the position among the response's tool calls).
+    /// `id` and `name` come with the first fragment of a call; `arguments` is a fragment
+    /// of its JSON text (the fragments concatenated are the whole arguments).
+    ToolCall {
+        index: u32,
+        id: Option<String>,
+        name: Option<String>,
+        arguments: String,
+    },
 }
+
+/// Where a streaming call sends its deltas.
+pub type DeltaSink = tokio::sync::mpsc::UnboundedSender<Delta>;
 
 /// A call served by a provider: what the agent gets back, plus provider bookkeeping the
 /// kernel journals with it and hands back through [`Provider::restore`] after a restart.
+/// `meta` always has `provider` (the provider's name); providers reached through the
+/// [`Router`] also get `model` (the route, e.g. `openai/gpt-4o-mini`) and `attempts`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Served {
     pub response: LlmChatResult,
@@ -41,12 +67,27 @@ pub trait Provider: Send + Sync {
     /// Short name for journals and errors, e.g. `scripted`, `openai`.
     fn name(&self) -> &str;
 
-    async fn chat(&self, request: &LlmChatParams) -> Result<Served>;
+    /// Serves one call. With `stream`, the provider asks upstream for a streamed response
+    /// and sends each delta to the sink as it arrives, in order; it still returns the
+    /// complete response, which the kernel journals whole. A send to a closed sink is not
+    /// an error (the listener went away; the call still completes and is journaled).
+    /// HTTP providers make exactly one upstream attempt; retries and fallback are the
+    /// [`Router`]'s.
+    async fn chat(&self, request: &LlmChatParams, stream: Option<&DeltaSink>) -> Result<Served>;
 
     /// Called once before the first live call of a recovered run with the `meta` of every
     /// call this provider served earlier in the run, oldest first, so a stateful provider
     /// (the scripted one keeps a cursor) continues where it was.
     fn restore(&self, served: &[Value]) {
         let _ = served;
+    }
+
+    /// The most this call can cost in USD, for budget reservations: `input_tokens` plus
+    /// `max_output_tokens` at this provider's price for the request's model (the most
+    /// expensive model of the fallback chain, for the router). A provider that knows no
+    /// price for the model returns 0 (token and call limits still hold).
+    fn worst_case_cost_usd(&self, request: &LlmChatParams, input_tokens: u64, max_output_tokens: u64) -> f64 {
+        let _ = (request, input_tokens, max_output_tokens);
+        0.0
     }
 }

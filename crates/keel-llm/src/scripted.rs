@@ -10,7 +10,7 @@ use keel_protocol::rpc::{AssistantMessage, ChatRole, LlmChatParams, LlmChatResul
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::{Error, Provider, Result, Served};
+use crate::{Delta, DeltaSink, Error, Provider, Result, Served};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -123,7 +123,7 @@ impl Provider for ScriptedProvider {
         "scripted"
     }
 
-    async fn chat(&self, request: &LlmChatParams) -> Result<Served> {
+    async fn chat(&self, request: &LlmChatParams, stream: Option<&DeltaSink>) -> Result<Served> {
         let last_user = last_user_message(request);
         let matched = self
             .script
@@ -163,6 +163,25 @@ impl Provider for ScriptedProvider {
             .clone()
             .or_else(|| self.script.model.clone())
             .unwrap_or_else(|| "scripted".to_owned());
+        if let Some(sink) = stream {
+            // A script has no tokens to trickle: the whole reply is one delta.
+            if let Some(text) = &content {
+                let _ = sink.send(Delta::Text(text.clone()));
+            }
+            for (index, call) in entry.tool_calls.iter().flatten().enumerate() {
+                let function = call.get("function");
+                let _ = sink.send(Delta::ToolCall {
+                    index: index as u32,
+                    id: call.get("id").and_then(Value::as_str).map(str::to_owned),
+                    name: function.and_then(|f| f.get("name")).and_then(Value::as_str).map(str::to_owned),
+                    arguments: match function.and_then(|f| f.get("arguments")) {
+                        Some(Value::String(text)) => text.clone(),
+                        Some(other) => other.to_string(),
+                        None => String::new(),
+                    },
+                });
+            }
+        }
         Ok(Served {
             response: LlmChatResult {
                 message: AssistantMessage {
@@ -173,8 +192,23 @@ impl Provider for ScriptedProvider {
                 usage,
                 cost_usd,
                 model,
+                finish_reason: Some(
+                    if entry.tool_calls.is_some() { "tool_calls" } else { "stop" }.to_owned(),
+                ),
             },
             meta: json!({ "provider": "scripted", "index": index, "ordered": ordered }),
+        })
+    }
+
+    fn worst_case_cost_usd(
+        &self,
+        _request: &LlmChatParams,
+        input_tokens: u64,
+        max_output_tokens: u64,
+    ) -> f64 {
+        self.script.price.map_or(0.0, |p| {
+            (input_tokens as f64 * p.input_per_mtok + max_output_tokens as f64 * p.output_per_mtok)
+                / 1_000_000.0
         })
     }
 
@@ -199,10 +233,7 @@ mod tests {
                 tool_call_id: None,
                 name: None,
             }],
-            model: None,
-            tools: None,
-            max_tokens: None,
-            temperature: None,
+            ..LlmChatParams::default()
         }
     }
 
@@ -216,13 +247,13 @@ mod tests {
             r#"{"responses":[{"content":"one"},{"match":"weather","content":"sunny"},{"content":"two","usage":{"input_tokens":5,"output_tokens":7}}]}"#,
         )
         .unwrap();
-        assert_eq!(content(&provider.chat(&ask("hi")).await.unwrap()), "one");
-        assert_eq!(content(&provider.chat(&ask("the weather?")).await.unwrap()), "sunny");
-        assert_eq!(content(&provider.chat(&ask("weather again")).await.unwrap()), "sunny");
-        let two = provider.chat(&ask("next")).await.unwrap();
+        assert_eq!(content(&provider.chat(&ask("hi"), None).await.unwrap()), "one");
+        assert_eq!(content(&provider.chat(&ask("the weather?"), None).await.unwrap()), "sunny");
+        assert_eq!(content(&provider.chat(&ask("weather again"), None).await.unwrap()), "sunny");
+        let two = provider.chat(&ask("next"), None).await.unwrap();
         assert_eq!(content(&two), "two");
         assert_eq!(two.response.usage, TokenUsage { input_tokens: 5, output_tokens: 7 });
-        let err = provider.chat(&ask("more please")).await.unwrap_err();
+        let err = provider.chat(&ask("more please"), None).await.unwrap_err();
         assert!(err.to_string().contains("more please"), "{err}");
     }
 
@@ -230,11 +261,11 @@ mod tests {
     async fn restore_continues_the_ordered_cursor() {
         let provider =
             ScriptedProvider::from_text(r#"{"responses":[{"content":"a"},{"content":"b"}]}"#).unwrap();
-        let first = provider.chat(&ask("x")).await.unwrap();
+        let first = provider.chat(&ask("x"), None).await.unwrap();
         let fresh =
             ScriptedProvider::from_text(r#"{"responses":[{"content":"a"},{"content":"b"}]}"#).unwrap();
         fresh.restore(&[first.meta]);
-        assert_eq!(content(&fresh.chat(&ask("x")).await.unwrap()), "b");
+        assert_eq!(content(&fresh.chat(&ask("x"), None).await.unwrap()), "b");
     }
 
     #[test]

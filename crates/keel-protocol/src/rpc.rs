@@ -168,7 +168,7 @@ pub enum ChatRole {
     Tool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct LlmChatParams {
     pub messages: Vec<ChatMessage>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -179,6 +179,22 @@ pub struct LlmChatParams {
     pub max_tokens: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
+    /// OpenAI shape: `"auto"`, `"none"`, `"required"` or
+    /// `{"type":"function","function":{"name":"..."}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<Value>,
+    /// Stop sequences.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// OpenAI shape (`{"type":"json_object"}`, `{"type":"json_schema",...}`); providers
+    /// without an equivalent ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<Value>,
+    /// `false` asks for at most one tool call per response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -201,6 +217,10 @@ pub struct LlmChatResult {
     pub usage: TokenUsage,
     pub cost_usd: f64,
     pub model: String,
+    /// Why the model stopped, in OpenAI's words: `stop`, `length`, `tool_calls`,
+    /// `content_filter`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -297,6 +317,30 @@ mod tests {
             text,
             r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32600,"message":"x","data":{"kind":"too_large"}}}"#
         );
+    }
+
+    #[test]
+    fn optional_llm_fields_stay_off_the_wire_when_unset() {
+        // Journaled params are hashed for replay: a request without the newer optional
+        // fields must serialize exactly as before they existed.
+        let params: LlmChatParams =
+            serde_json::from_str(r#"{"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        assert_eq!(
+            serde_json::to_string(&params).unwrap(),
+            r#"{"messages":[{"role":"user","content":"hi"}]}"#
+        );
+        let params: LlmChatParams = serde_json::from_str(
+            r#"{"messages":[],"tool_choice":"auto","stop":["x"],"top_p":0.5,"response_format":{"type":"json_object"},"parallel_tool_calls":false}"#,
+        )
+        .unwrap();
+        assert_eq!(params.tool_choice, Some(Value::from("auto")));
+        assert_eq!(params.parallel_tool_calls, Some(false));
+        let old: LlmChatResult = serde_json::from_str(
+            r#"{"message":{"role":"assistant","content":"x"},"usage":{"input_tokens":1,"output_tokens":2},"cost_usd":0.0,"model":"m"}"#,
+        )
+        .unwrap();
+        assert_eq!(old.finish_reason, None);
+        assert!(!serde_json::to_string(&old).unwrap().contains("finish_reason"));
     }
 
     #[test]

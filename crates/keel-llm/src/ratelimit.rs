@@ -1,0 +1,579 @@
+//! Rate limits, as pure clock-injected state: token buckets for requests and tokens per
+//! minute for one provider/model, configured up front and then learned from what the
+//! provider says (`x-ratelimit-*` from OpenAI-compatible servers, `anthropic-ratelimit-*`,
+//! `Retry-After`). Every function takes `now` (monotonic) and, where a header holds a wall
+//! clock time, `wall_now`; the async waiting lives in [`RateLimiter`].
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use reqwest::header::HeaderMap;
+
+/// What one response's headers say about the limits. Each field is `None` when absent.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RateLimitInfo {
+    pub requests: WindowInfo,
+    pub tokens: WindowInfo,
+    /// `retry-after-ms` / `Retry-After` (seconds or an HTTP date).
+    pub retry_after: Option<Duration>,
+}
+
+/// One limit: its size, what is left, and when it is whole again (from now).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WindowInfo {
+    pub limit: Option<f64>,
+    pub remaining: Option<f64>,
+    pub reset_in: Option<Duration>,
+}
+
+impl RateLimitInfo {
+    /// Reads the rate-limit headers of either dialect (both may appear; OpenAI's win).
+    pub fn from_headers(headers: &HeaderMap, wall_now: SystemTime) -> RateLimitInfo {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+        let number = |name: &str| {
+            text(name).and_then(|v| v.parse::<f64>().ok()).filter(|n| n.is_finite() && *n >= 0.0)
+        };
+        let go_duration = |name: &str| text(name).and_then(parse_go_duration);
+        let instant = |name: &str| {
+            text(name)
+                .and_then(|v| humantime::parse_rfc3339_weak(v).ok())
+                .map(|at| at.duration_since(wall_now).unwrap_or(Duration::ZERO))
+        };
+        let openai = |kind: &str| WindowInfo {
+            limit: number(&format!("x-ratelimit-limit-{kind}")),
+            remaining: number(&format!("x-ratelimit-remaining-{kind}")),
+            reset_in: go_duration(&format!("x-ratelimit-reset-{kind}")),
+        };
+        // Anthropic's `tokens` headers give the most restrictive token limit in effect;
+        // older answers only carry the input/output ones.
+        let anthropic = |kinds: &[&str]| {
+            kinds
+                .iter()
+                .map(|kind| WindowInfo {
+                    limit: number(&format!("anthropic-ratelimit-{kind}-limit")),
+                    remaining: number(&format!("anthropic-ratelimit-{kind}-remaining")),
+                    reset_in: instant(&format!("anthropic-ratelimit-{kind}-reset")),
+                })
+                .find(|w| w.remaining.is_some() || w.reset_in.is_some())
+                .unwrap_or_default()
+        };
+        let pick =
+            |a: WindowInfo, b: WindowInfo| if a.remaining.is_some() || a.reset_in.is_some() { a } else { b };
+        RateLimitInfo {
+            requests: pick(openai("requests"), anthropic(&["requests"])),
+            tokens: pick(openai("tokens"), anthropic(&["tokens", "input-tokens"])),
+            retry_after: parse_retry_after(headers, wall_now),
+        }
+    }
+}
+
+/// `retry-after-ms` (milliseconds, OpenAI), else `Retry-After`: seconds, or an HTTP date.
+pub fn parse_retry_after(headers: &HeaderMap, wall_now: SystemTime) -> Option<Duration> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    if let Some(ms) =
+        text("retry-after-ms").and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite() && *v >= 0.0)
+    {
+        return Some(Duration::from_secs_f64(ms / 1000.0));
+    }
+    let value = text("retry-after")?;
+    if let Ok(seconds) = value.parse::<f64>() {
+        return (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(wall_now).unwrap_or(Duration::ZERO))
+}
+
+/// Parses a Go `time.Duration` string as OpenAI sends them: `6m0s`, `1s`, `20ms`,
+/// `8.64s`, `1h2m3.5s`, `750us`.
+pub fn parse_go_duration(text: &str) -> Option<Duration> {
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    if rest == "0" {
+        return Some(Duration::ZERO);
+    }
+    let mut total = 0.0f64;
+    while !rest.is_empty() {
+        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        if number_len == 0 {
+            return None;
+        }
+        let value: f64 = rest[..number_len].parse().ok()?;
+        rest = &rest[number_len..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let seconds_per_unit = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" | "μs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += value * seconds_per_unit;
+    }
+    total.is_finite().then(|| Duration::from_secs_f64(total))
+}
+
+/// A token bucket that refills continuously at `capacity` per minute and jumps back to
+/// full at a reset time the provider announced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bucket {
+    /// None: no limit known (yet); everything is allowed.
+    pub capacity: Option<f64>,
+    pub available: f64,
+    pub updated: Instant,
+    /// When the provider said the window is whole again.
+    pub reset_at: Option<Instant>,
+}
+
+impl Bucket {
+    pub fn unlimited(now: Instant) -> Bucket {
+        Bucket { capacity: None, available: 0.0, updated: now, reset_at: None }
+    }
+
+    pub fn per_minute(limit: f64, now: Instant) -> Bucket {
+        Bucket { capacity: Some(limit), available: limit, updated: now, reset_at: None }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let Some(capacity) = self.capacity else { return };
+        if now > self.updated {
+            let refilled = capacity * (now - self.updated).as_secs_f64() / 60.0;
+            self.available = (self.available + refilled).min(capacity);
+            self.updated = now;
+        }
+        if self.reset_at.is_some_and(|at| at <= now) {
+            self.available = capacity;
+            self.reset_at = None;
+        }
+    }
+
+    /// How long until `amount` is available (zero: now). An amount larger than the whole
+    /// bucket waits for a full bucket rather than forever.
+    pub fn wait_for(&mut self, now: Instant, amount: f64) -> Duration {
+        self.refill(now);
+        let Some(capacity) = self.capacity else { return Duration::ZERO };
+        let amount = amount.min(capacity);
+        // The tolerance absorbs float rounding in the refill arithmetic.
+        if self.available >= amount - 1e-9 {
+            return Duration::ZERO;
+        }
+        let by_refill = if capacity > 0.0 {
+            Duration::from_secs_f64((amount - self.available) * 60.0 / capacity)
+        } else {
+            Duration::MAX
+        };
+        let by_reset = self.reset_at.map_or(Duration::MAX, |at| at.saturating_duration_since(now));
+        by_refill.min(by_reset)
+    }
+
+    fn take(&mut self, amount: f64) {
+        if let Some(capacity) = self.capacity {
+            self.available -= amount.min(capacity);
+        }
+    }
+
+    fn give_back(&mut self, amount: f64) {
+        if let Some(capacity) = self.capacity {
+            self.available = (self.available + amount).min(capacity);
+        }
+    }
+
+    /// Takes what the provider reported. The provider is the authority on what is left;
+    /// a configured limit stays an upper bound on the learned one.
+    fn learn(&mut self, now: Instant, window: &WindowInfo, configured: Option<f64>) {
+        self.refill(now);
+        if let Some(limit) = window.limit {
+            let capacity = configured.map_or(limit, |c| c.min(limit));
+            if self.capacity.is_none() {
+                self.available = capacity;
+            }
+            self.capacity = Some(capacity);
+        }
+        if let Some(remaining) = window.remaining {
+            // Without a limit header, what is left now is the best guess at the size.
+            let capacity = *self.capacity.get_or_insert(remaining.max(1.0));
+            self.available = remaining.min(capacity);
+            if let Some(reset_in) = window.reset_in {
+                self.reset_at = Some(now + reset_in);
+            }
+        }
+    }
+}
+
+/// Configured limits for one model (None: learn them from the provider).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Limits {
+    pub requests_per_minute: Option<u32>,
+    pub tokens_per_minute: Option<u64>,
+}
+
+/// The limit state of one provider/model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitState {
+    pub configured: Limits,
+    pub requests: Bucket,
+    pub tokens: Bucket,
+    /// No request before this (a 429's `Retry-After`).
+    pub blocked_until: Option<Instant>,
+}
+
+impl LimitState {
+    pub fn new(configured: Limits, now: Instant) -> LimitState {
+        let bucket =
+            |limit: Option<f64>| limit.map_or_else(|| Bucket::unlimited(now), |l| Bucket::per_minute(l, now));
+        LimitState {
+            configured,
+            requests: bucket(configured.requests_per_minute.map(f64::from)),
+            tokens: bucket(configured.tokens_per_minute.map(|t| t as f64)),
+            blocked_until: None,
+        }
+    }
+
+    /// Takes one request and `tokens` tokens if both are available now; otherwise says
+    /// how long to wait (and takes nothing).
+    pub fn try_acquire(&mut self, now: Instant, tokens: u64) -> Result<(), Duration> {
+        let blocked = self.blocked_until.map_or(Duration::ZERO, |until| until.saturating_duration_since(now));
+        let wait =
+            blocked.max(self.requests.wait_for(now, 1.0)).max(self.tokens.wait_for(now, tokens as f64));
+        if wait > Duration::ZERO {
+            return Err(wait);
+        }
+        self.blocked_until = None;
+        self.requests.take(1.0);
+        self.tokens.take(tokens as f64);
+        Ok(())
+    }
+
+    /// A call that reserved `reserved` tokens used `used`: the difference goes back.
+    pub fn settle(&mut self, reserved: u64, used: u64) {
+        if used < reserved {
+            self.tokens.give_back((reserved - used) as f64);
+        } else {
+            self.tokens.take((used - reserved) as f64);
+        }
+    }
+
+    /// Learns from a response's headers (any status). A `retry_after` (from a 429 or 529)
+    /// blocks every request to this model until it has passed.
+    pub fn observe(&mut self, now: Instant, info: &RateLimitInfo, rate_limited: bool) {
+        self.requests.learn(now, &info.requests, self.configured.requests_per_minute.map(f64::from));
+        self.tokens.learn(now, &info.tokens, self.configured.tokens_per_minute.map(|t| t as f64));
+        let retry_after = info.retry_after.or_else(|| {
+            // A 429 without Retry-After: wait for the window that ran out.
+            rate_limited
+                .then(|| {
+                    let exhausted =
+                        |w: &WindowInfo| w.remaining.is_some_and(|r| r < 1.0).then_some(w.reset_in).flatten();
+                    exhausted(&info.requests).into_iter().chain(exhausted(&info.tokens)).max()
+                })
+                .flatten()
+        });
+        if let Some(wait) = retry_after {
+            let until = now + wait;
+            self.blocked_until = Some(self.blocked_until.map_or(until, |b| b.max(until)));
+        }
+    }
+}
+
+/// The shared limit state of every model of one provider, with the async wait.
+#[derive(Debug, Default)]
+pub struct RateLimiter {
+    configured: HashMap<String, Limits>,
+    states: Mutex<HashMap<String, LimitState>>,
+}
+
+impl RateLimiter {
+    /// `configured` maps a model name to its limits; other models start unlimited and
+    /// learn theirs from the provider.
+    pub fn new(configured: HashMap<String, Limits>) -> RateLimiter {
+        RateLimiter { configured, states: Mutex::default() }
+    }
+
+    fn with_state<T>(&self, model: &str, now: Instant, f: impl FnOnce(&mut LimitState) -> T) -> T {
+        // A poisoned lock means a panic mid-update of plain numbers; they stay usable.
+        let mut states = self.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = states
+            .entry(model.to_owned())
+            .or_insert_with(|| LimitState::new(self.configured.get(model).copied().unwrap_or_default(), now));
+        f(state)
+    }
+
+    /// Waits until one request and `tokens` tokens are available for `model` and takes
+    /// them. Gives up, returning the wait it would need, if that wait would take the total
+    /// past `max_wait`.
+    pub async fn acquire(&self, model: &str, tokens: u64, max_wait: Duration) -> Result<(), Duration> {
+        let mut waited = Duration::ZERO;
+        loop {
+            let wait = match self.with_state(model, Instant::now(), |s| s.try_acquire(Instant::now(), tokens))
+            {
+                Ok(()) => return Ok(()),
+                Err(wait) => wait,
+            };
+            if waited.saturating_add(wait) > max_wait {
+                return Err(wait);
+            }
+            tokio::time::sleep(wait).await;
+            waited += wait;
+        }
+    }
+
+    pub fn settle(&self, model: &str, reserved: u64, used: u64) {
+        self.with_state(model, Instant::now(), |s| s.settle(reserved, used));
+    }
+
+    pub fn observe(&self, model: &str, info: &RateLimitInfo, rate_limited: bool) {
+        self.with_state(model, Instant::now(), |s| s.observe(Instant::now(), info, rate_limited));
+    }
+
+    /// A copy of a model's state, for inspection and tests.
+    pub fn snapshot(&self, model: &str) -> Option<LimitState> {
+        self.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(model).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::{HeaderName, HeaderValue};
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn go_durations() {
+        for (text, expected) in [
+            ("6m0s", Some(secs(360.0))),
+            ("1s", Some(secs(1.0))),
+            ("20ms", Some(secs(0.02))),
+            ("8.64s", Some(secs(8.64))),
+            ("1h2m3.5s", Some(secs(3723.5))),
+            ("750us", Some(secs(0.00075))),
+            ("0", Some(Duration::ZERO)),
+            ("0s", Some(Duration::ZERO)),
+            ("", None),
+            ("5", None),
+            ("s", None),
+            ("5x", None),
+            ("1.2.3s", None),
+            ("-1s", None),
+        ] {
+            assert_eq!(parse_go_duration(text), expected, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn retry_after_in_all_its_forms() {
+        let wall = SystemTime::UNIX_EPOCH + secs(1_445_412_480.0); // 2015-10-21T07:28:00Z
+        assert_eq!(parse_retry_after(&headers(&[("retry-after-ms", "1500")]), wall), Some(secs(1.5)));
+        assert_eq!(
+            parse_retry_after(&headers(&[("retry-after-ms", "20"), ("retry-after", "9")]), wall),
+            Some(secs(0.02)),
+            "the millisecond header is more precise and wins"
+        );
+        assert_eq!(parse_retry_after(&headers(&[("retry-after", "7")]), wall), Some(secs(7.0)));
+        assert_eq!(parse_retry_after(&headers(&[("retry-after", "0.5")]), wall), Some(secs(0.5)));
+        assert_eq!(
+            parse_retry_after(&headers(&[("retry-after", "Wed, 21 Oct 2015 07:28:30 GMT")]), wall),
+            Some(secs(30.0))
+        );
+        assert_eq!(
+            parse_retry_after(&headers(&[("retry-after", "Wed, 21 Oct 2015 07:27:00 GMT")]), wall),
+            Some(Duration::ZERO),
+            "a date in the past means now"
+        );
+        assert_eq!(parse_retry_after(&headers(&[("retry-after", "soon")]), wall), None);
+        assert_eq!(parse_retry_after(&headers(&[("retry-after", "-3")]), wall), None);
+        assert_eq!(parse_retry_after(&HeaderMap::new(), wall), None);
+    }
+
+    #[test]
+    fn openai_headers_are_read() {
+        let info = RateLimitInfo::from_headers(
+            &headers(&[
+                ("x-ratelimit-limit-requests", "500"),
+                ("x-ratelimit-remaining-requests", "499"),
+                ("x-ratelimit-reset-requests", "120ms"),
+                ("x-ratelimit-limit-tokens", "30000"),
+                ("x-ratelimit-remaining-tokens", "29000"),
+                ("x-ratelimit-reset-tokens", "2s"),
+            ]),
+            SystemTime::now(),
+        );
+        assert_eq!(
+            info.requests,
+            WindowInfo { limit: Some(500.0), remaining: Some(499.0), reset_in: Some(secs(0.12)) }
+        );
+        assert_eq!(
+            info.tokens,
+            WindowInfo { limit: Some(30000.0), remaining: Some(29000.0), reset_in: Some(secs(2.0)) }
+        );
+        assert_eq!(info.retry_after, None);
+    }
+
+    #[test]
+    fn anthropic_headers_are_read() {
+        let wall = SystemTime::UNIX_EPOCH + secs(1_735_689_600.0); // 2025-01-01T00:00:00Z
+        let info = RateLimitInfo::from_headers(
+            &headers(&[
+                ("anthropic-ratelimit-requests-limit", "50"),
+                ("anthropic-ratelimit-requests-remaining", "0"),
+                ("anthropic-ratelimit-requests-reset", "2025-01-01T00:00:12Z"),
+                ("anthropic-ratelimit-input-tokens-limit", "40000"),
+                ("anthropic-ratelimit-input-tokens-remaining", "39000"),
+                ("anthropic-ratelimit-input-tokens-reset", "2025-01-01T00:00:01.5Z"),
+                ("retry-after", "12"),
+            ]),
+            wall,
+        );
+        assert_eq!(
+            info.requests,
+            WindowInfo { limit: Some(50.0), remaining: Some(0.0), reset_in: Some(secs(12.0)) }
+        );
+        assert_eq!(
+            info.tokens,
+            WindowInfo { limit: Some(40000.0), remaining: Some(39000.0), reset_in: Some(secs(1.5)) }
+        );
+        assert_eq!(info.retry_after, Some(secs(12.0)));
+    }
+
+    #[test]
+    fn a_configured_bucket_refills_per_minute() {
+        let t0 = Instant::now();
+        let mut state =
+            LimitState::new(Limits { requests_per_minute: Some(60), tokens_per_minute: Some(600) }, t0);
+        for _ in 0..6 {
+            assert_eq!(state.try_acquire(t0, 100), Ok(()));
+        }
+        // Tokens are gone: 100 more take 10 s at 600/min.
+        assert_eq!(state.try_acquire(t0, 100), Err(secs(10.0)));
+        assert_eq!(state.try_acquire(t0 + secs(5.0), 100), Err(secs(5.0)));
+        assert_eq!(state.try_acquire(t0 + secs(10.0), 100), Ok(()));
+        // A request larger than the whole bucket waits for a full bucket, not forever.
+        let mut state =
+            LimitState::new(Limits { requests_per_minute: None, tokens_per_minute: Some(600) }, t0);
+        assert_eq!(state.try_acquire(t0, 5000), Ok(()));
+        assert_eq!(state.try_acquire(t0, 5000), Err(secs(60.0)));
+    }
+
+    #[test]
+    fn requests_per_minute_bound_the_rate() {
+        let t0 = Instant::now();
+        let mut state = LimitState::new(Limits { requests_per_minute: Some(2), tokens_per_minute: None }, t0);
+        assert_eq!(state.try_acquire(t0, 0), Ok(()));
+        assert_eq!(state.try_acquire(t0, 0), Ok(()));
+        assert_eq!(state.try_acquire(t0, 1_000_000), Err(secs(30.0)), "unknown token limits do not block");
+        assert_eq!(state.try_acquire(t0 + secs(30.0), 0), Ok(()));
+    }
+
+    #[test]
+    fn unlimited_until_learned_then_honours_the_reset() {
+        let t0 = Instant::now();
+        let mut state = LimitState::new(Limits::default(), t0);
+        for _ in 0..1000 {
+            assert_eq!(state.try_acquire(t0, 10_000), Ok(()));
+        }
+        let info = RateLimitInfo {
+            requests: WindowInfo { limit: Some(100.0), remaining: Some(0.0), reset_in: Some(secs(0.5)) },
+            tokens: WindowInfo { limit: Some(1000.0), remaining: Some(1000.0), reset_in: None },
+            retry_after: None,
+        };
+        state.observe(t0, &info, false);
+        assert_eq!(state.requests.capacity, Some(100.0));
+        // Refill alone would take 0.6 s for one request; the announced reset comes first.
+        assert_eq!(state.try_acquire(t0, 1), Err(secs(0.5)));
+        assert_eq!(state.try_acquire(t0 + secs(0.5), 1), Ok(()));
+        assert!(state.requests.available > 98.0, "the reset refilled the window");
+    }
+
+    #[test]
+    fn learned_remaining_overrides_the_local_count_and_config_caps_the_limit() {
+        let t0 = Instant::now();
+        let mut state =
+            LimitState::new(Limits { requests_per_minute: Some(10), tokens_per_minute: None }, t0);
+        let info = RateLimitInfo {
+            requests: WindowInfo { limit: Some(500.0), remaining: Some(3.0), reset_in: Some(secs(60.0)) },
+            ..RateLimitInfo::default()
+        };
+        state.observe(t0, &info, false);
+        assert_eq!(state.requests.capacity, Some(10.0), "the configured limit is a ceiling");
+        assert_eq!(state.requests.available, 3.0);
+        for _ in 0..3 {
+            assert_eq!(state.try_acquire(t0, 0), Ok(()));
+        }
+        assert_eq!(state.try_acquire(t0, 0), Err(secs(6.0)));
+    }
+
+    #[test]
+    fn retry_after_blocks_the_model() {
+        let t0 = Instant::now();
+        let mut state = LimitState::new(Limits::default(), t0);
+        state.observe(t0, &RateLimitInfo { retry_after: Some(secs(2.0)), ..RateLimitInfo::default() }, true);
+        assert_eq!(state.try_acquire(t0, 1), Err(secs(2.0)));
+        assert_eq!(state.try_acquire(t0 + secs(1.5), 1), Err(secs(0.5)));
+        // A shorter later Retry-After does not shorten the block.
+        state.observe(
+            t0 + secs(1.5),
+            &RateLimitInfo { retry_after: Some(secs(0.1)), ..RateLimitInfo::default() },
+            true,
+        );
+        assert_eq!(state.try_acquire(t0 + secs(1.6), 1), Err(secs(0.4)));
+        assert_eq!(state.try_acquire(t0 + secs(2.0), 1), Ok(()));
+        assert_eq!(state.blocked_until, None);
+    }
+
+    #[test]
+    fn a_429_without_retry_after_waits_for_the_exhausted_window() {
+        let t0 = Instant::now();
+        let mut state = LimitState::new(Limits::default(), t0);
+        let info = RateLimitInfo {
+            tokens: WindowInfo { limit: Some(1000.0), remaining: Some(0.0), reset_in: Some(secs(3.0)) },
+            requests: WindowInfo { limit: Some(10.0), remaining: Some(5.0), reset_in: Some(secs(9.0)) },
+            retry_after: None,
+        };
+        state.observe(t0, &info, true);
+        assert_eq!(state.blocked_until, Some(t0 + secs(3.0)));
+    }
+
+    #[test]
+    fn settling_returns_unused_tokens() {
+        let t0 = Instant::now();
+        let mut state =
+            LimitState::new(Limits { requests_per_minute: None, tokens_per_minute: Some(1000) }, t0);
+        assert_eq!(state.try_acquire(t0, 800), Ok(()));
+        state.settle(800, 100);
+        assert_eq!(state.tokens.available, 900.0);
+        state.settle(0, 50);
+        assert_eq!(state.tokens.available, 850.0);
+        state.settle(5000, 0);
+        assert_eq!(state.tokens.available, 1000.0, "never above capacity");
+    }
+
+    #[tokio::test]
+    async fn the_limiter_gives_up_past_max_wait() {
+        let limiter = RateLimiter::new(HashMap::from([(
+            "m".to_owned(),
+            Limits { requests_per_minute: Some(1), tokens_per_minute: None },
+        )]));
+        assert_eq!(limiter.acquire("m", 0, Duration::ZERO).await, Ok(()));
+        let wait = limiter.acquire("m", 0, Duration::from_millis(1)).await.unwrap_err();
+        assert!(wait > Duration::from_secs(50), "{wait:?}");
+        assert_eq!(limiter.acquire("other", 0, Duration::ZERO).await, Ok(()), "limits are per model");
+    }
+}
