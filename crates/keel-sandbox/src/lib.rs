@@ -1,15 +1,45 @@
 //! The Sandbox API: how the kernel starts an agent process and controls its whole process
-//! tree. Backends: `none` (a plain child process in its own process group; explicit,
-//! for development). The Linux process sandbox tier plugs in behind the same trait.
+//! tree. Backends:
+//!
+//! - `process` ([`ProcessSandbox`], Linux): user, mount, PID, IPC, UTS and network
+//!   namespaces; `pivot_root` into a minimal root built from a pure mount plan;
+//!   no_new_privs, Landlock, a reviewed seccomp policy, rlimits, cgroup memory and pids
+//!   limits, a wall clock; a pool of pre-built sandboxes. Its jailer is the zygote
+//!   (`keel` re-executed with a hidden argument, see [`zygote::run_if_requested`]).
+//! - `none` ([`NoSandbox`]): a plain child process in its own process group; explicit,
+//!   for development.
+//!
+//! Also here: `tree` (signal a run's processes), `egress` (the allowlisting HTTP(S)
+//! proxy the kernel serves to `allowlist` sandboxes) and `host` (what this host can
+//! enforce, for refusals and `keel doctor`).
 
+pub mod cgroup;
+pub mod egress;
+pub mod host;
+mod init;
 pub mod none;
+mod output;
+pub mod plan;
+mod pool;
+pub mod process;
+pub mod profile;
+pub mod resolve;
+pub mod seccomp;
+mod sys;
 pub mod tree;
+pub mod wire;
+pub mod zygote;
 
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::ExitStatus;
 
 use async_trait::async_trait;
+use tokio::io::AsyncRead;
 
 pub use none::NoSandbox;
+pub use process::{ProcessConfig, ProcessSandbox};
+pub use profile::{Network, Profile, Volume};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -23,36 +53,146 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("could not start {program:?}: {reason}")]
+    NotFound { program: String, reason: String },
     #[error("the working directory {0:?} does not exist or is not a directory")]
     BadWorkingDir(PathBuf),
+    /// The host lacks a control the run needs; the message names it and the way to get
+    /// it, and points at `keel doctor`.
+    #[error("{0}")]
+    Unenforceable(String),
+    /// The tier cannot honor the profile at all (tier `none` enforces no limits).
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("the sandbox cannot be built: {0}")]
+    Plan(#[from] plan::PlanError),
+    /// The sandbox's init failed at the step it names.
+    #[error("the sandbox could not be set up: {0}")]
+    Setup(String),
+    #[error("the sandbox helper (zygote) failed: {0}")]
+    Zygote(#[source] std::io::Error),
+    #[error("could not create the sandbox's cgroup: {0}")]
+    Cgroup(#[source] std::io::Error),
+}
+
+/// Kernel resources an agent reaches. Sandboxed tiers bind them at the fixed paths of
+/// [`plan::inside`]; tier `none` leaves them where they are.
+#[derive(Debug, Clone, Default)]
+pub struct KeelResources {
+    pub syscall_socket: Option<PathBuf>,
+    pub python_sdk: Option<PathBuf>,
+    /// Host paths that must never be visible to the agent (the kernel's data directory);
+    /// masked if a bind would expose them.
+    pub secrets: Vec<PathBuf>,
+}
+
+/// A loopback TCP port inside the sandbox that leads to a Unix socket of the kernel (the
+/// LLM gateway, the egress proxy), so HTTP clients work while the network is absent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bridge {
+    pub port: u16,
+    pub host_socket: PathBuf,
+}
+
+impl Bridge {
+    /// The base URL an agent uses for this bridge.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
 }
 
 /// What to start.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct LaunchSpec {
     /// Program and arguments; the program is looked up on `PATH` like a shell would.
     pub command: Vec<String>,
     pub cwd: PathBuf,
-    /// The complete environment of the agent (backends do not add host variables).
+    /// The complete environment of the agent (backends do not add host variables; a
+    /// sandboxed tier adds `PATH` when it is absent, naming where the program's
+    /// interpreter is inside).
     pub env: Vec<(String, String)>,
     /// A value unique to the run, placed in the agent's environment as `KEEL_RUN_ID`; used
     /// to find every process of the run, even ones that left its process group.
     pub run_marker: String,
+    /// What the run may use; see [`Profile`].
+    pub profile: Profile,
+    pub keel: KeelResources,
+    pub bridges: Vec<Bridge>,
 }
 
-/// A started agent. stdout and stderr are pipes the kernel reads; stdin is closed.
+/// An agent's output stream.
+pub type Output = Pin<Box<dyn AsyncRead + Send>>;
+
+/// A started agent. stdout and stderr are streams the kernel reads; stdin is closed.
+pub struct Child {
+    pub stdout: Option<Output>,
+    pub stderr: Option<Output>,
+    waiter: Waiter,
+    ended_by: Option<String>,
+}
+
+enum Waiter {
+    Plain(tokio::process::Child),
+    Sandboxed(process::SandboxWaiter),
+}
+
+impl Child {
+    /// Waits until the agent has ended and its sandbox is gone; returns the agent's
+    /// exit status (a killed sandbox reports SIGKILL).
+    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        match &mut self.waiter {
+            Waiter::Plain(child) => child.wait().await,
+            Waiter::Sandboxed(waiter) => {
+                let (status, ended_by) = waiter.wait().await;
+                self.ended_by = ended_by;
+                Ok(status)
+            }
+        }
+    }
+
+    /// When a sandbox limit ended the agent (wall clock, memory, CPU time), which one,
+    /// in words. Known after [`Child::wait`].
+    pub fn ended_by(&self) -> Option<&str> {
+        self.ended_by.as_deref()
+    }
+}
+
+/// A started agent and where to find it.
 pub struct Launched {
-    pub child: tokio::process::Child,
-    /// The agent's pid, which is also its process group id.
+    pub child: Child,
+    /// The pid (in the kernel's PID namespace) of the run's top process, which is also
+    /// its process group id: the agent itself for `none`, the sandbox's init for
+    /// `process` (signalling it reaches the agent; killing it ends the sandbox).
     pub pid: u32,
+    /// Whether a ready-built sandbox from the pool was claimed.
+    pub pooled: bool,
 }
 
-/// A way to start agents. `launch` returns once the process exists; the caller owns its
-/// lifetime and must end the whole tree with [`tree::kill_tree`] when the run ends.
+/// A way to start agents. `launch` returns once the agent's process exists with its job:
+/// for a cold start, once its program was exec'd (a failure is `launch`'s error); for a
+/// sandbox claimed from a pool, once the job was handed to its waiting process (an exec
+/// failure then ends the child, and [`Child::wait`] / [`Child::ended_by`] say why). The
+/// caller owns the agent's lifetime and must end the whole tree with [`tree::kill_tree`]
+/// when the run ends, and call [`Sandbox::shutdown`] when the kernel stops.
 #[async_trait]
 pub trait Sandbox: Send + Sync {
     /// The tier name shown to users: `none`, `process`, ...
     fn tier(&self) -> &'static str;
 
+    /// Whether the agent shares the host's view (file system, environment). When false,
+    /// the kernel names its resources by their [`plan::inside`] paths and gives the
+    /// agent a clean environment.
+    fn shares_host(&self) -> bool {
+        false
+    }
+
+    /// Refuses a profile this tier cannot enforce here, with a message naming what is
+    /// missing. The kernel calls it before it creates a run.
+    fn check(&self, profile: &Profile) -> Result<()>;
+
     async fn launch(&self, spec: LaunchSpec) -> Result<Launched>;
+
+    /// The kernel is stopping and has killed every run's tree: release what the backend
+    /// holds on the host (cgroups...). Returns within about a second.
+    async fn shutdown(&self) {}
 }

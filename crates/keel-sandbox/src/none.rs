@@ -6,7 +6,7 @@ use std::process::Stdio;
 
 use async_trait::async_trait;
 
-use crate::{Error, LaunchSpec, Launched, Result, Sandbox};
+use crate::{Child, Error, LaunchSpec, Launched, Profile, Result, Sandbox, Waiter};
 
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NoSandbox;
@@ -15,6 +15,20 @@ pub struct NoSandbox;
 impl Sandbox for NoSandbox {
     fn tier(&self) -> &'static str {
         "none"
+    }
+
+    fn shares_host(&self) -> bool {
+        true
+    }
+
+    fn check(&self, profile: &Profile) -> Result<()> {
+        if profile.is_default() {
+            return Ok(());
+        }
+        Err(Error::Unsupported(format!(
+            "sandbox tier `none` enforces no limits or isolation, so it cannot honor {}; drop those options or use the process sandbox (`--sandbox process`)",
+            profile.requested_limits().join(", ")
+        )))
     }
 
     async fn launch(&self, spec: LaunchSpec) -> Result<Launched> {
@@ -44,11 +58,18 @@ impl Sandbox for NoSandbox {
                     .map_err(std::io::Error::from)
             });
         }
-        let child = command.spawn().map_err(|source| Error::Spawn { program: program.clone(), source })?;
+        let mut child =
+            command.spawn().map_err(|source| Error::Spawn { program: program.clone(), source })?;
         let pid = child.id().ok_or_else(|| Error::Spawn {
             program: program.clone(),
             source: std::io::Error::other("the process exited before its pid could be read"),
         })?;
-        Ok(Launched { child, pid })
+        let stdout = child.stdout.take().map(|out| crate::output::capped(out, crate::output::DEFAULT_LIMIT));
+        let stderr = child.stderr.take().map(|err| crate::output::capped(err, crate::output::DEFAULT_LIMIT));
+        Ok(Launched {
+            child: Child { stdout, stderr, waiter: Waiter::Plain(child), ended_by: None },
+            pid,
+            pooled: false,
+        })
     }
 }

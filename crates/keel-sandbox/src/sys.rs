@@ -1,0 +1,564 @@
+//! The one wrapper around raw Linux system calls that the sandbox needs and `nix` does not
+//! cover (or covers with allocation we cannot afford after `fork`). Every `unsafe` block
+//! of the crate's process tier lives here, each with the reason it is sound; callers get
+//! safe functions returning `io::Result`.
+
+use std::ffi::{CStr, c_char, c_int, c_long, c_uint};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+fn check(ret: c_long) -> io::Result<c_long> {
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+}
+
+fn check_int(ret: c_int) -> io::Result<c_int> {
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+}
+
+/// `struct clone_args` of clone3(2), version 0 (64 bytes): the fields we use.
+#[repr(C, align(8))]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+}
+
+/// What `clone3` returned on one side of the fork.
+pub enum Forked {
+    /// In the parent: the child's pid (in the parent's pid namespace).
+    Parent(i32),
+    /// In the child.
+    Child,
+}
+
+/// clone3(2) with fork semantics (own copy of memory, a new stack is not needed) and the
+/// given namespace flags; the child's exit is reported to the parent with SIGCHLD.
+///
+/// The caller must be single-threaded, or the child must restrict itself to
+/// async-signal-safe work until it execs: only the calling thread is copied.
+pub fn clone3(flags: u64) -> io::Result<Forked> {
+    let args = CloneArgs { flags, exit_signal: libc::SIGCHLD as u64, ..CloneArgs::default() };
+    // SAFETY: `args` is a valid clone_args of the size we pass; without CLONE_VM the
+    // child gets a copy-on-write copy of our memory and continues on its copy of the
+    // current stack, exactly like fork(2), so no Rust invariant is broken on either side.
+    let ret = unsafe {
+        libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>())
+    };
+    match check(ret)? {
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(pid as i32)),
+    }
+}
+
+/// fork(2). Same caveat as [`clone3`].
+pub fn fork() -> io::Result<Forked> {
+    // SAFETY: fork has no memory-safety preconditions; the callers (the sandbox init) are
+    // single-threaded when they fork, so the child may allocate.
+    match check_int(unsafe { libc::fork() })? {
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(pid)),
+    }
+}
+
+/// Ends the process at once, without running destructors or flushing stdio: the only
+/// safe way out of a forked child that shares state with its parent.
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and touches no Rust state.
+    unsafe { libc::_exit(code) }
+}
+
+/// open_tree(2) with OPEN_TREE_CLONE: a detached copy of the mount (and with `recursive`,
+/// its submounts) at `path`, ready to be attached elsewhere with [`move_mount`].
+pub fn open_tree_clone(path: &CStr, recursive: bool) -> io::Result<OwnedFd> {
+    let mut flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as c_uint;
+    }
+    // SAFETY: `path` is a valid NUL-terminated string; the returned fd is new and ours.
+    let fd = check(unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) })?;
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// A detached copy of the detached (or attached) mount tree `fd` (open_tree(2) with
+/// OPEN_TREE_CLONE on the fd itself).
+pub fn clone_detached(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let flags = libc::OPEN_TREE_CLONE
+        | libc::OPEN_TREE_CLOEXEC
+        | libc::AT_RECURSIVE as c_uint
+        | libc::AT_EMPTY_PATH as c_uint;
+    // SAFETY: an empty path with AT_EMPTY_PATH acts on `fd`; the returned fd is new.
+    let new = check(unsafe { libc::syscall(libc::SYS_open_tree, fd.as_raw_fd(), c"".as_ptr(), flags) })?;
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(new as RawFd) })
+}
+
+/// A new tmpfs of at most `size` bytes (mode 0755), not attached anywhere
+/// (fsopen/fsconfig/fsmount), nosuid and nodev.
+pub fn detached_tmpfs(size: u64) -> io::Result<OwnedFd> {
+    const FSOPEN_CLOEXEC: c_uint = 1;
+    const FSCONFIG_SET_STRING: c_uint = 1;
+    const FSCONFIG_CMD_CREATE: c_uint = 6;
+    const FSMOUNT_CLOEXEC: c_uint = 1;
+    // SAFETY: a NUL-terminated file system name; the returned fd is new.
+    let context = check(unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), FSOPEN_CLOEXEC) })?;
+    // SAFETY: as above.
+    let context = unsafe { OwnedFd::from_raw_fd(context as RawFd) };
+    let size = std::ffi::CString::new(size.to_string()).map_err(io::Error::other)?;
+    for (key, value) in [(c"size", size.as_c_str()), (c"mode", c"0755")] {
+        // SAFETY: NUL-terminated key and value strings for FSCONFIG_SET_STRING.
+        check(unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                context.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                key.as_ptr(),
+                value.as_ptr(),
+                0,
+            )
+        })?;
+    }
+    // SAFETY: no pointers for FSCONFIG_CMD_CREATE.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            context.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<u8>(),
+            std::ptr::null::<u8>(),
+            0,
+        )
+    })?;
+    let attributes = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+    // SAFETY: plain integers; the returned fd is new.
+    let mount =
+        check(unsafe { libc::syscall(libc::SYS_fsmount, context.as_raw_fd(), FSMOUNT_CLOEXEC, attributes) })?;
+    // SAFETY: as above.
+    Ok(unsafe { OwnedFd::from_raw_fd(mount as RawFd) })
+}
+
+/// mount_setattr(2) on a mount fd: set and clear `MOUNT_ATTR_*` flags, on the whole tree
+/// with `recursive`.
+pub fn mount_setattr(fd: BorrowedFd<'_>, set: u64, clear: u64, recursive: bool) -> io::Result<()> {
+    let attr = libc::mount_attr { attr_set: set, attr_clr: clear, propagation: 0, userns_fd: 0 };
+    let mut flags = libc::AT_EMPTY_PATH as c_uint;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as c_uint;
+    }
+    // SAFETY: empty path with AT_EMPTY_PATH acts on `fd`; `attr` is valid for its size.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            flags,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    })?;
+    Ok(())
+}
+
+/// move_mount(2): attaches the detached mount `fd` at `target`.
+pub fn move_mount(fd: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
+    // SAFETY: valid fd and NUL-terminated strings.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
+/// mount(2).
+pub fn mount(
+    source: Option<&CStr>,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> io::Result<()> {
+    let ptr = |s: Option<&CStr>| s.map_or(std::ptr::null(), CStr::as_ptr);
+    // SAFETY: every pointer is NULL or a valid NUL-terminated string for the call.
+    check_int(unsafe { libc::mount(ptr(source), target.as_ptr(), ptr(fstype), flags, ptr(data).cast()) })?;
+    Ok(())
+}
+
+/// umount2(2) with MNT_DETACH.
+pub fn umount_detach(target: &CStr) -> io::Result<()> {
+    // SAFETY: valid NUL-terminated string.
+    check_int(unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) })?;
+    Ok(())
+}
+
+/// pivot_root(2).
+pub fn pivot_root(new_root: &CStr, put_old: &CStr) -> io::Result<()> {
+    // SAFETY: valid NUL-terminated strings.
+    check(unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) })?;
+    Ok(())
+}
+
+/// unshare(2).
+pub fn unshare(flags: c_int) -> io::Result<()> {
+    // SAFETY: no pointers involved.
+    check_int(unsafe { libc::unshare(flags) })?;
+    Ok(())
+}
+
+fn prctl(option: c_int, arg2: libc::c_ulong) -> io::Result<c_int> {
+    // SAFETY: the options we use take integer arguments only.
+    check_int(unsafe {
+        libc::prctl(option, arg2, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong)
+    })
+}
+
+/// The signal this process gets when its parent dies.
+pub fn set_parent_death_signal(signal: c_int) -> io::Result<()> {
+    prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong).map(drop)
+}
+
+/// Makes the calling thread the least important on the CPU (nice 19): for housekeeping.
+pub fn lower_thread_priority() {
+    // SAFETY: setpriority with PRIO_PROCESS and a thread id affects only that thread
+    // on Linux; no pointers involved.
+    unsafe {
+        let thread = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, thread, 19);
+    }
+}
+
+/// Names the calling thread (what `ps` shows), e.g. `keel-init`.
+pub fn set_name(name: &CStr) {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes; longer
+    // names are truncated by the kernel.
+    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong, 0, 0, 0) };
+}
+
+/// Non-dumpable processes cannot be ptraced or have their /proc files read by processes
+/// without CAP_SYS_PTRACE.
+pub fn set_dumpable(dumpable: bool) -> io::Result<()> {
+    prctl(libc::PR_SET_DUMPABLE, dumpable as libc::c_ulong).map(drop)
+}
+
+pub fn set_no_new_privs() -> io::Result<()> {
+    prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map(drop)
+}
+
+pub fn setsid() -> io::Result<()> {
+    // SAFETY: no arguments.
+    check_int(unsafe { libc::setsid() })?;
+    Ok(())
+}
+
+/// The highest capability number this kernel knows (read once per process).
+pub fn last_capability() -> libc::c_ulong {
+    static LAST: std::sync::OnceLock<libc::c_ulong> = std::sync::OnceLock::new();
+    *LAST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(63)
+    })
+}
+
+/// Drops every capability for good: the bounding set (so no exec can regain them), the
+/// ambient set, and the effective, permitted and inheritable sets.
+pub fn drop_all_capabilities() -> io::Result<()> {
+    for cap in 0..=last_capability() {
+        match prctl(libc::PR_CAPBSET_DROP, cap) {
+            Ok(_) => {}
+            // Capabilities beyond what this kernel knows.
+            Err(err) if err.raw_os_error() == Some(libc::EINVAL) => break,
+            Err(err) => return Err(err),
+        }
+    }
+    // SAFETY: integer-only prctl.
+    check_int(unsafe {
+        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0)
+    })?;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: c_int,
+    }
+    #[repr(C)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let header = Header { version: VERSION_3, pid: 0 };
+    let data = [
+        Data { effective: 0, permitted: 0, inheritable: 0 },
+        Data { effective: 0, permitted: 0, inheritable: 0 },
+    ];
+    // SAFETY: version 3 takes a header and two data structs, which we pass.
+    check(unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) })?;
+    Ok(())
+}
+
+/// Marks every fd from `first` up close-on-exec (close_range(2) with
+/// CLOSE_RANGE_CLOEXEC), so nothing we hold leaks into the program we exec.
+pub fn cloexec_from(first: RawFd) -> io::Result<()> {
+    // SAFETY: no pointers involved.
+    check(unsafe {
+        libc::syscall(libc::SYS_close_range, first as c_uint, c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC)
+    })?;
+    Ok(())
+}
+
+/// Closes every fd from `first` up except those in `keep` (which must be sorted).
+pub fn close_from_except(first: RawFd, keep: &[RawFd]) {
+    let mut start = first;
+    for &fd in keep.iter().filter(|&&fd| fd >= first) {
+        if fd > start {
+            // SAFETY: closing fds nobody else in this process uses (the caller's
+            // contract: only the kept ones are still referenced).
+            unsafe { libc::syscall(libc::SYS_close_range, start as c_uint, (fd - 1) as c_uint, 0 as c_uint) };
+        }
+        start = fd + 1;
+    }
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_close_range, start as c_uint, c_uint::MAX, 0 as c_uint) };
+}
+
+/// dup2(2), leaving the new fd without close-on-exec.
+pub fn dup2(from: RawFd, to: RawFd) -> io::Result<()> {
+    // SAFETY: plain fd numbers.
+    check_int(unsafe { libc::dup2(from, to) })?;
+    Ok(())
+}
+
+/// Sets both the soft and hard limit of `resource` to `value`, or to the current hard
+/// limit if that is lower.
+pub fn lower_rlimit(resource: c_int, value: u64) -> io::Result<()> {
+    let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `current` is a valid out-pointer. (The resource type differs between libcs.)
+    check_int(unsafe { libc::getrlimit(resource as _, &mut current) })?;
+    let value = value.min(current.rlim_max);
+    let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
+    // SAFETY: `limit` is a valid rlimit.
+    check_int(unsafe { libc::setrlimit(resource as _, &limit) })?;
+    Ok(())
+}
+
+/// Brings the loopback interface of the current network namespace up.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: a plain socket call; the fd is wrapped at once.
+    let fd = check_int(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: the fd was just created and is owned by nobody else.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
+        *slot = *byte as c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS and SIOCSIFFLAGS read and write the ifreq we pass.
+    check_int(unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut request) })?;
+    // SAFETY: the flags member of the union is the one the kernel filled in.
+    unsafe {
+        request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: as above.
+    check_int(unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS as _, &request) })?;
+    Ok(())
+}
+
+/// The Landlock ABI version this kernel offers (0: none).
+pub fn landlock_abi() -> i32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: c_uint = 1;
+    // SAFETY: with the VERSION flag the call takes no attribute and returns an int.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if ret < 0 { 0 } else { ret as i32 }
+}
+
+/// Whether this kernel offers seccomp filters (PR_GET_SECCOMP answers and the filter
+/// mode is listed).
+pub fn seccomp_filters_available() -> bool {
+    prctl(libc::PR_GET_SECCOMP, 0).is_ok()
+        && std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail")
+            .is_ok_and(|actions| actions.contains("errno"))
+}
+
+/// execve(2) with ready-made NULL-terminated argument and environment arrays. Returns
+/// only on failure.
+pub fn execve(program: &CStr, argv: &[*const c_char], envp: &[*const c_char]) -> io::Error {
+    debug_assert!(argv.last().is_some_and(|p| p.is_null()) && envp.last().is_some_and(|p| p.is_null()));
+    // SAFETY: the arrays are NULL-terminated (checked by the callers, which build them
+    // from CStrings that outlive this call).
+    unsafe { libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    io::Error::last_os_error()
+}
+
+/// Blocks `signals` for the calling thread (and what it forks), returning the old mask.
+pub fn block_signals(signals: &[c_int]) -> io::Result<libc::sigset_t> {
+    // SAFETY: sigset_t is plain data initialised by sigemptyset before use.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &signal in signals {
+            libc::sigaddset(&mut set, signal);
+        }
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        let ret = libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        if ret != 0 {
+            return Err(io::Error::from_raw_os_error(ret));
+        }
+        Ok(old)
+    }
+}
+
+/// Unblocks every signal and restores default dispositions (what a freshly exec'd
+/// program expects, and what init needs after being forked from the zygote).
+pub fn reset_signals() {
+    // SAFETY: sigset_t initialised by sigemptyset; SIG_DFL is always a valid handler for
+    // the catchable signals (SIGKILL and SIGSTOP fail harmlessly).
+    unsafe {
+        for signal in 1..libc::SIGRTMIN() {
+            libc::signal(signal, libc::SIG_DFL);
+        }
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Unblocks every signal of the calling thread.
+pub fn unblock_signals() {
+    // SAFETY: sigset_t initialised by sigemptyset before use.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Ignores `signal` (SIG_IGN).
+pub fn ignore_signal(signal: c_int) {
+    // SAFETY: SIG_IGN is a valid disposition for catchable signals.
+    unsafe { libc::signal(signal, libc::SIG_IGN) };
+}
+
+/// Waits for one of `signals` (which must be blocked) and returns its number.
+pub fn wait_signal(signals: &[c_int]) -> io::Result<c_int> {
+    // SAFETY: sigset_t initialised before use; siginfo is written by the kernel.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &signal in signals {
+            libc::sigaddset(&mut set, signal);
+        }
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        loop {
+            match check_int(libc::sigwaitinfo(&set, &mut info)) {
+                // A stop and continue (keel pause / resume) interrupts the wait.
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                other => return other,
+            }
+        }
+    }
+}
+
+/// waitpid(-1, WNOHANG): one exited child and its raw wait status, if any.
+pub fn reap_one() -> Option<(i32, i32)> {
+    let mut status: c_int = 0;
+    // SAFETY: `status` is a valid out-pointer.
+    let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+    (pid > 0).then_some((pid, status))
+}
+
+/// kill(2); errors (no such process) are ignored by design: the callers signal
+/// processes that may have exited already.
+pub fn kill(pid: i32, signal: c_int) {
+    // SAFETY: no pointers involved.
+    unsafe { libc::kill(pid, signal) };
+}
+
+/// Writes all of `bytes` to `fd`, retrying on EINTR.
+pub fn write_all(fd: BorrowedFd<'_>, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: the pointer and length describe `bytes`.
+        let n = unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        bytes = &bytes[n as usize..];
+    }
+    Ok(())
+}
+
+/// read(2) into `buf`, retrying on EINTR; 0 means end of file.
+pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: the pointer and length describe `buf`.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// A pipe with both ends close-on-exec: (read, write).
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as c_int; 2];
+    // SAFETY: `fds` has room for the two fds pipe2 writes.
+    check_int(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: both fds were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Clears close-on-exec on `fd`, so a program we exec inherits it.
+pub fn clear_cloexec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain fd flag manipulation.
+    check_int(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) })?;
+    Ok(())
+}
+
+/// The effective uid and gid of this process.
+pub fn effective_ids() -> (u32, u32) {
+    // SAFETY: geteuid and getegid cannot fail.
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+/// sethostname(2) (in the sandbox's own UTS namespace).
+pub fn set_hostname(name: &str) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `name`.
+    check_int(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })?;
+    Ok(())
+}
+
+/// Takes ownership of an fd number handed to us by our parent (the zygote's socket).
+///
+/// # Safety
+/// `fd` must be open and owned by nobody else in this process.
+pub unsafe fn owned_fd(fd: RawFd) -> OwnedFd {
+    // SAFETY: the caller guarantees ownership.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
