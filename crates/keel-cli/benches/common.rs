@@ -9,11 +9,18 @@ use std::time::{Duration, Instant};
 pub struct Daemon {
     pub data: tempfile::TempDir,
     child: Option<Child>,
+    env: Vec<(String, String)>,
 }
 
 impl Daemon {
     pub fn start(data: tempfile::TempDir) -> Daemon {
-        let mut daemon = Daemon { data, child: None };
+        Daemon::start_with_env(data, &[])
+    }
+
+    /// Starts the daemon with extra environment (e.g. the provider keys the kernel holds).
+    pub fn start_with_env(data: tempfile::TempDir, env: &[(&str, String)]) -> Daemon {
+        let mut daemon =
+            Daemon { data, child: None, env: env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect() };
         daemon.spawn();
         daemon
     }
@@ -33,6 +40,7 @@ impl Daemon {
         let child = self
             .keel()
             .args(["serve", "--listen", "127.0.0.1:0"])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

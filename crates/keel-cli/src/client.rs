@@ -109,14 +109,16 @@ impl Client {
     /// Starts a kernel inside this process (no recovery of other runs: it ends with us).
     pub async fn embed(dir: DataDir) -> Result<Client> {
         let token = api_token(&dir)?;
-        let kernel = start_kernel(dir.clone(), false, None).await?;
+        // The process sandbox, without a pool: this kernel serves one run.
+        let kernel =
+            start_kernel(dir.clone(), false, None, crate::doctor::sandbox_backend("process", 0)).await?;
         let listener =
             tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding a loopback port")?;
         let addr = listener.local_addr()?;
         write_info(&dir, &addr.to_string(), "embedded")?;
         let router = keel_server::router(kernel.clone(), token.clone());
         let server = tokio::spawn(async move {
-            if let Err(err) = axum::serve(listener, router).await {
+            if let Err(err) = axum::serve(no_delay(listener), router).await {
                 tracing::error!("embedded API server failed: {err}");
             }
         });
@@ -162,6 +164,10 @@ impl Client {
         format!("{}{path}", self.base)
     }
 
+    pub async fn health(&self) -> Result<HealthView> {
+        self.send(self.http.get(self.url("/v1/health"))).await
+    }
+
     pub async fn create_run(&self, params: &CreateRunParams) -> Result<RunView> {
         self.send(self.http.post(self.url("/v1/runs")).json(params)).await
     }
@@ -192,6 +198,10 @@ impl Client {
     pub async fn stop(&self, run: &str, grace_secs: Option<u64>) -> Result<RunView> {
         self.send(self.http.post(self.url(&format!("/v1/runs/{run}/stop"))).json(&StopParams { grace_secs }))
             .await
+    }
+
+    pub async fn top_up(&self, run: &str, body: &keel_protocol::api::TopUpParams) -> Result<RunView> {
+        self.send(self.http.post(self.url(&format!("/v1/runs/{run}/budget"))).json(body)).await
     }
 
     pub async fn answer(&self, run: &str, text: &str) -> Result<RunView> {
@@ -277,19 +287,80 @@ fn normalize(addr: &str) -> String {
     }
 }
 
+/// Sets TCP_NODELAY on every accepted connection. Without it a streamed response's small
+/// first event waits for the client's delayed ACK (about 40 ms) before it is sent.
+pub fn no_delay(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+    use axum::serve::ListenerExt;
+    listener.tap_io(|tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!("could not set TCP_NODELAY: {err}");
+        }
+    })
+}
+
+/// The model providers: `$KEEL_CONFIG` or `<data dir>/keel.toml` if there is one, else
+/// what the kernel's environment offers (OPENAI_API_KEY, ANTHROPIC_API_KEY, ...).
+fn load_llm_router(dir: &DataDir) -> Result<keel_llm::Router> {
+    let path =
+        std::env::var_os("KEEL_CONFIG").map(PathBuf::from).unwrap_or_else(|| dir.root().join("keel.toml"));
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(text),
+        Err(err)
+            if err.kind() == std::io::ErrorKind::NotFound && std::env::var_os("KEEL_CONFIG").is_none() =>
+        {
+            None
+        }
+        Err(err) => return Err(anyhow!("cannot read the kernel config {}: {err}", path.display())),
+    };
+    let config = keel_llm::LlmConfig::load(text.as_deref())
+        .with_context(|| format!("kernel config {}", path.display()))?;
+    keel_llm::Router::from_config(&config).with_context(|| format!("kernel config {}", path.display()))
+}
+
 pub async fn start_kernel(
     dir: DataDir,
     recover: bool,
     default_llm_script: Option<serde_json::Value>,
+    sandbox: Arc<dyn keel_sandbox::Sandbox>,
 ) -> Result<Kernel> {
+    // The provider-compatible gateway: loopback TCP for agents outside a sandbox, and a
+    // Unix socket in the data directory that sandboxes bridge to.
+    let gateway_tcp =
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the gateway port")?;
+    let llm = load_llm_router(&dir)?;
     let options = KernelOptions {
-        data_dir: dir,
-        recover,
-        sandbox: Arc::new(keel_sandbox::NoSandbox),
+        data_dir: dir.clone(),
+        sandbox,
         default_stop_grace: Duration::from_secs(5),
         default_llm_script,
+        gateway_addr: Some(gateway_tcp.local_addr()?),
+        llm,
     };
-    Ok(Kernel::start(options).await?)
+    let kernel = Kernel::start(options).await?;
+    // Safe to replace: we hold the data directory's lock, so a socket here is stale.
+    let socket_path = dir.gateway_socket();
+    let _ = std::fs::remove_file(&socket_path);
+    let gateway_unix = tokio::net::UnixListener::bind(&socket_path)
+        .with_context(|| format!("binding the gateway socket {}", socket_path.display()))?;
+    let router = keel_server::gateway_router(kernel.clone());
+    let unix_router = router.clone();
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(no_delay(gateway_tcp), router).await {
+            tracing::error!("the LLM gateway (tcp) stopped: {err}");
+        }
+    });
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(gateway_unix, unix_router).await {
+            tracing::error!("the LLM gateway (unix socket) stopped: {err}");
+        }
+    });
+    // Only now: relaunched agents reach the gateway at once.
+    if recover {
+        kernel.spawn_recovery();
+    }
+    Ok(kernel)
 }
 
 pub fn write_info(dir: &DataDir, addr: &str, mode: &str) -> Result<()> {

@@ -36,6 +36,14 @@ pub struct ServeArgs {
     /// The scripted LLM provider's script for runs that bring none.
     #[arg(long, env = "KEEL_LLM_SCRIPT", value_name = "FILE")]
     llm_script: Option<PathBuf>,
+    /// Default isolation of runs: `process` (Linux namespaces, Landlock, seccomp, limits)
+    /// or `none` (plain child processes; only for trusted code).
+    #[arg(long, default_value = "process", value_name = "TIER", value_parser = ["process", "none"])]
+    sandbox: String,
+    /// Ready-built sandboxes kept per recently used configuration, so starting a run
+    /// only hands over the job (0: build each sandbox when its run starts).
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    sandbox_pool: usize,
 }
 
 pub async fn serve(ctx: Context, args: ServeArgs) -> Result<ExitCode> {
@@ -44,7 +52,8 @@ pub async fn serve(ctx: Context, args: ServeArgs) -> Result<ExitCode> {
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}; pick another with --listen HOST:PORT", args.listen))?;
-    let kernel = client::start_kernel(ctx.data_dir.clone(), true, default_script).await?;
+    let sandbox = crate::doctor::sandbox_backend(&args.sandbox, args.sandbox_pool);
+    let kernel = client::start_kernel(ctx.data_dir.clone(), true, default_script, sandbox).await?;
     let addr = listener.local_addr()?;
     client::write_info(&ctx.data_dir, &addr.to_string(), "daemon")?;
     eprintln!(
@@ -63,7 +72,10 @@ pub async fn serve(ctx: Context, args: ServeArgs) -> Result<ExitCode> {
         };
         tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
     };
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await.context("serving the HTTP API")?;
+    axum::serve(client::no_delay(listener), router)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("serving the HTTP API")?;
     eprintln!("keel: shutting down; live runs will be recovered by the next `keel serve`");
     kernel.shutdown().await;
     let _ = std::fs::remove_file(ctx.data_dir.kernel_info());
@@ -90,6 +102,19 @@ pub struct RunArgs {
     /// Seconds between SIGTERM and SIGKILL when the run is stopped.
     #[arg(long, value_name = "SECS")]
     grace: Option<u64>,
+    /// The model for LLM calls that name none, e.g. openai/gpt-4o-mini.
+    #[arg(long, value_name = "MODEL")]
+    model: Option<String>,
+    /// A model to fall back to when a call's model fails for good (repeatable, in order).
+    #[arg(long = "fallback-model", value_name = "MODEL")]
+    fallback_models: Vec<String>,
+    #[command(flatten)]
+    budget: BudgetArgs,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+    /// Park the run when it sends the same LLM request this many times in a row (0: off).
+    #[arg(long, value_name = "N")]
+    loop_threshold: Option<u32>,
     /// The agent's command, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -133,6 +158,11 @@ pub async fn run(ctx: Context, args: RunArgs) -> Result<ExitCode> {
         llm_script,
         tenant: None,
         stop_grace_secs: args.grace,
+        model: args.model.clone(),
+        fallback_models: args.fallback_models.clone(),
+        budget: args.budget.to_params()?,
+        loop_threshold: args.loop_threshold,
+        sandbox: args.sandbox.to_params(&cwd)?,
     };
     let client = if args.detach {
         match Client::find(&ctx.data_dir, ctx.addr.as_deref()).await? {
@@ -145,6 +175,9 @@ pub async fn run(ctx: Context, args: RunArgs) -> Result<ExitCode> {
     } else {
         ctx.client().await?
     };
+    if params.llm_script.is_none() && !args.quiet && client.health().await?.llm_providers.is_empty() {
+        render::kernel_line(&format!("note: {}", keel_llm::router::NO_PROVIDER_HELP));
+    }
     let started = Instant::now();
     let view = client.create_run(&params).await?;
     let run_id = view.run_id.clone();
@@ -377,4 +410,190 @@ pub async fn answer(ctx: Context, args: AnswerArgs) -> Result<ExitCode> {
     print_run(&view, args.json)?;
     client.close().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Budget limits for a new run. Spend never exceeds them: each call reserves its worst
+/// case first, and a call that does not fit parks the run until `keel budget` adds more.
+#[derive(Debug, Args)]
+pub struct BudgetArgs {
+    /// Most USD the run may spend on LLM calls, e.g. 0.50.
+    #[arg(long, value_name = "USD")]
+    budget_usd: Option<f64>,
+    /// Most input+output tokens.
+    #[arg(long, value_name = "N")]
+    budget_tokens: Option<u64>,
+    /// Most LLM calls.
+    #[arg(long, value_name = "N")]
+    budget_llm_calls: Option<u64>,
+    /// Most tool calls.
+    #[arg(long, value_name = "N")]
+    budget_tool_calls: Option<u64>,
+    /// Most wall-clock time, e.g. 90s, 10m, 2h.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_secs)]
+    budget_wall: Option<u64>,
+}
+
+impl BudgetArgs {
+    fn to_params(&self) -> Result<Option<keel_protocol::api::BudgetParams>> {
+        let params = keel_protocol::api::BudgetParams {
+            usd: self.budget_usd,
+            tokens: self.budget_tokens,
+            llm_calls: self.budget_llm_calls,
+            tool_calls: self.budget_tool_calls,
+            wall_secs: self.budget_wall,
+        };
+        Ok((params != keel_protocol::api::BudgetParams::default()).then_some(params))
+    }
+}
+
+/// Parses `90`, `90s`, `10m`, `2h` into seconds.
+pub fn parse_duration_secs(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let value: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 90s, 10m or 2h"))?;
+    let factor = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return Err(format!("{text:?}: the unit must be s, m or h")),
+    };
+    value.checked_mul(factor).ok_or_else(|| format!("{text:?} is too long"))
+}
+
+#[derive(Debug, Args)]
+pub struct BudgetCmdArgs {
+    /// The run id (see `keel ps`).
+    run: String,
+    /// USD to add.
+    #[arg(long, value_name = "USD")]
+    add_usd: Option<f64>,
+    /// Tokens to add.
+    #[arg(long, value_name = "N")]
+    add_tokens: Option<u64>,
+    /// LLM calls to add.
+    #[arg(long, value_name = "N")]
+    add_llm_calls: Option<u64>,
+    /// Tool calls to add.
+    #[arg(long, value_name = "N")]
+    add_tool_calls: Option<u64>,
+    /// Wall-clock time to add, e.g. 10m.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_secs)]
+    add_wall: Option<u64>,
+    /// Let a run parked by the loop detector go on.
+    #[arg(long = "continue")]
+    continue_loop: bool,
+    /// Print the run as JSON afterwards.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `keel budget RUN`: shows the budget, or tops it up.
+pub async fn budget(ctx: Context, args: BudgetCmdArgs) -> Result<ExitCode> {
+    let add = keel_protocol::api::BudgetParams {
+        usd: args.add_usd,
+        tokens: args.add_tokens,
+        llm_calls: args.add_llm_calls,
+        tool_calls: args.add_tool_calls,
+        wall_secs: args.add_wall,
+    };
+    let client = ctx.client().await?;
+    let view = if add == keel_protocol::api::BudgetParams::default() && !args.continue_loop {
+        client.inspect(&args.run).await?.run
+    } else {
+        let body = keel_protocol::api::TopUpParams { add, continue_loop: args.continue_loop };
+        client.top_up(&args.run, &body).await?
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&view)?);
+    } else {
+        print!("{}", render::budget(&view));
+    }
+    client.close().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The run's sandbox: tier and profile. Every limit is optional: an absent one takes the
+/// kernel's default where the host can enforce one; an explicit one the host cannot
+/// enforce makes the kernel refuse the run (see `keel doctor`).
+#[derive(Debug, Args)]
+pub struct SandboxArgs {
+    /// Isolation: `process` (the default) or `none` (no isolation; only for trusted code).
+    #[arg(long, value_name = "TIER", value_parser = ["process", "none"])]
+    sandbox: Option<String>,
+    /// Memory of the whole sandbox, e.g. 512M, 2G.
+    #[arg(long, value_name = "SIZE", value_parser = keel_sandbox::profile::parse_size)]
+    memory: Option<u64>,
+    /// CPU time per process, e.g. 60s, 5m.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_secs)]
+    cpu_time: Option<u64>,
+    /// Wall-clock time before the sandbox is killed, e.g. 10m.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_secs)]
+    wall: Option<u64>,
+    /// Processes and threads in the sandbox.
+    #[arg(long, value_name = "N")]
+    pids: Option<u64>,
+    /// Open files per process.
+    #[arg(long, value_name = "N")]
+    open_files: Option<u64>,
+    /// Largest file the agent may write, e.g. 100M.
+    #[arg(long, value_name = "SIZE", value_parser = keel_sandbox::profile::parse_size)]
+    file_size: Option<u64>,
+    /// Size of the scratch space (/tmp, and /workspace without a volume), e.g. 256M.
+    #[arg(long, value_name = "SIZE", value_parser = keel_sandbox::profile::parse_size)]
+    scratch: Option<u64>,
+    /// `none` (loopback only; the default) or `allowlist` (HTTP(S) to --allow-host hosts
+    /// through the kernel's egress proxy, every connection audited).
+    #[arg(long, value_name = "POLICY", value_parser = ["none", "allowlist"])]
+    network: Option<String>,
+    /// A host the agent may reach (implies --network allowlist): api.example.com,
+    /// *.example.com, optionally :PORT. Repeatable.
+    #[arg(long = "allow-host", value_name = "HOST")]
+    allow_hosts: Vec<String>,
+    /// A named volume kept across runs, mounted read-write: NAME:/PATH. Repeatable.
+    #[arg(long = "volume", value_name = "NAME:/PATH")]
+    volumes: Vec<String>,
+    /// An extra host path visible read-only at the same path. Repeatable.
+    #[arg(long = "ro-bind", value_name = "PATH")]
+    ro_binds: Vec<PathBuf>,
+    /// Make the working directory writable (it is read-only by default).
+    #[arg(long)]
+    writable_cwd: bool,
+}
+
+impl SandboxArgs {
+    fn to_params(&self, cwd: &std::path::Path) -> Result<Option<keel_protocol::api::SandboxParams>> {
+        let volumes = self
+            .volumes
+            .iter()
+            .map(|spec| {
+                let Some((name, path)) = spec.split_once(':') else {
+                    bail!("--volume {spec:?}: use NAME:/PATH, e.g. --volume work:/workspace");
+                };
+                Ok(keel_protocol::api::VolumeParams { name: name.to_owned(), path: path.to_owned() })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let network = match (&self.network, self.allow_hosts.is_empty()) {
+            (None, false) => Some("allowlist".to_owned()),
+            (network, _) => network.clone(),
+        };
+        let params = keel_protocol::api::SandboxParams {
+            tier: self.sandbox.clone(),
+            memory_bytes: self.memory,
+            cpu_time_secs: self.cpu_time,
+            wall_time_secs: self.wall,
+            pids: self.pids,
+            open_files: self.open_files,
+            file_size_bytes: self.file_size,
+            scratch_bytes: self.scratch,
+            network,
+            allow_hosts: self.allow_hosts.clone(),
+            volumes,
+            ro_binds: self.ro_binds.iter().map(|p| cwd.join(p).display().to_string()).collect(),
+            writable_cwd: self.writable_cwd,
+        };
+        Ok((params != keel_protocol::api::SandboxParams::default()).then_some(params))
+    }
 }

@@ -3,6 +3,7 @@
 
 mod client;
 mod commands;
+mod doctor;
 mod render;
 
 use std::path::PathBuf;
@@ -39,7 +40,7 @@ enum Command {
     #[command(
         after_help = "Examples:\n  keel run --llm-script examples/quickstart/script.json -- python3 examples/quickstart/agent.py\n  keel run --detach --json -- python3 agent.py"
     )]
-    Run(commands::RunArgs),
+    Run(Box<commands::RunArgs>),
     /// List runs with their state, age, LLM calls, tokens and cost.
     #[command(after_help = "Examples:\n  keel ps\n  keel ps --state running,waiting --json")]
     Ps(commands::PsArgs),
@@ -58,12 +59,23 @@ enum Command {
     /// Stop a run: SIGTERM to its whole process tree, SIGKILL after the grace period.
     #[command(after_help = "Example:\n  keel stop run_01jd... --grace 2")]
     Stop(commands::StopArgs),
+    /// Show a run's budget, or add to it (a parked run continues at once).
+    #[command(
+        after_help = "Examples:\n  keel budget run_01jd...\n  keel budget run_01jd... --add-usd 1.00\n  keel budget run_01jd... --continue"
+    )]
+    Budget(commands::BudgetCmdArgs),
+    /// Check what this host can enforce: sandbox controls, and each profile's limits.
+    #[command(after_help = "Examples:\n  keel doctor\n  keel doctor --json")]
+    Doctor(doctor::DoctorArgs),
     /// Answer a run's open question (human.ask).
     #[command(after_help = "Example:\n  keel answer run_01jd... --text \"yes, go ahead\"")]
     Answer(commands::AnswerArgs),
 }
 
 fn main() -> ExitCode {
+    // A sandbox zygote is this binary started with a hidden argument; it must take over
+    // before any thread or runtime exists.
+    keel_sandbox::zygote::run_if_requested();
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
@@ -81,7 +93,7 @@ fn main() -> ExitCode {
         let ctx = commands::Context { data_dir, addr };
         match cli.command {
             Command::Serve(args) => commands::serve(ctx, args).await,
-            Command::Run(args) => commands::run(ctx, args).await,
+            Command::Run(args) => commands::run(ctx, *args).await,
             Command::Ps(args) => commands::ps(ctx, args).await,
             Command::Logs(args) => commands::logs(ctx, args).await,
             Command::Inspect(args) => commands::inspect(ctx, args).await,
@@ -89,6 +101,8 @@ fn main() -> ExitCode {
             Command::Resume(args) => commands::control(ctx, args, "resume").await,
             Command::Stop(args) => commands::stop(ctx, args).await,
             Command::Answer(args) => commands::answer(ctx, args).await,
+            Command::Budget(args) => commands::budget(ctx, args).await,
+            Command::Doctor(args) => doctor::doctor(args).await,
         }
     });
     // Agents and their pipes may hold blocking threads; do not wait for them.

@@ -131,6 +131,41 @@ pub fn describe_event(event: &EventView, run_id: &str) -> Option<String> {
     })
 }
 
+fn budget_part(value: Option<f64>, unit: &str) -> Option<String> {
+    value.map(|v| if unit == "$" { format!("${v:.4}") } else { format!("{v} {unit}") })
+}
+
+/// The budget lines of a run: limits, what is left, and why it is parked.
+pub fn budget(view: &RunView) -> String {
+    let mut out = String::new();
+    match &view.budget {
+        None => {
+            let _ = writeln!(out, "run {} has no budget (unlimited)", view.run_id);
+        }
+        Some(budget) => {
+            let line = |p: &keel_protocol::api::BudgetParams| {
+                [
+                    budget_part(p.usd, "$"),
+                    budget_part(p.tokens.map(|t| t as f64), "tokens"),
+                    budget_part(p.llm_calls.map(|t| t as f64), "LLM calls"),
+                    budget_part(p.tool_calls.map(|t| t as f64), "tool calls"),
+                    budget_part(p.wall_secs.map(|t| t as f64), "s wall"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(" · ")
+            };
+            let _ = writeln!(out, "budget    {}", line(&budget.limits));
+            let _ = writeln!(out, "remaining {}", line(&budget.remaining));
+        }
+    }
+    if let Some(reason) = &view.reason {
+        let _ = writeln!(out, "parked    {reason}");
+    }
+    out
+}
+
 pub fn runs_table(runs: &[RunView], now: u64) -> String {
     if runs.is_empty() {
         return "no runs yet; start one with `keel run -- COMMAND`\n".into();
@@ -152,7 +187,10 @@ pub fn runs_table(runs: &[RunView], now: u64) -> String {
             age(now.saturating_sub(run.created_at)),
             run.usage.llm_calls,
             tokens(run),
-            format!("${:.4}", run.usage.cost_usd),
+            match run.budget.as_ref().and_then(|b| b.limits.usd) {
+                Some(limit) => format!("${:.2}/{limit:.2}", run.usage.cost_usd),
+                None => format!("${:.4}", run.usage.cost_usd),
+            },
             short(&Value::String(run.command.join(" ")), 60)
         );
     }
@@ -181,6 +219,9 @@ pub fn inspect(view: &InspectView, now: u64) -> String {
         run.usage.tool_calls,
         run.usage.cost_usd
     );
+    if run.budget.is_some() || run.reason.is_some() {
+        out.push_str(&budget(run));
+    }
     if let Some(question) = &run.question {
         let _ = writeln!(out, "question  {question}  → keel answer {} --text \"...\"", run.run_id);
     }
@@ -251,6 +292,8 @@ mod tests {
             },
             provider_calls: 5,
             question: None,
+            budget: None,
+            reason: None,
         }
     }
 

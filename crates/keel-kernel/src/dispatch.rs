@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use keel_core::lifecycle::Command as Lifecycle;
 use keel_core::replay::{Decision, params_hash};
-use keel_llm::Provider;
+use keel_llm::{DeltaSink, Provider};
 use keel_protocol::rpc::{
     ErrorKind, HumanAskParams, LlmChatParams, RpcError, RunEmitParams, RunExitParams, StateCheckpointParams,
     ToolCallParams,
@@ -101,6 +101,22 @@ fn check(method: &str, params: &Value) -> Result<Call, RpcError> {
     })
 }
 
+/// A provider failure as the agent sees it; `data` carries the class, the upstream status
+/// and any retry-after, so the compatibility endpoints can answer with the right status.
+fn provider_error(err: &keel_llm::Error) -> RpcError {
+    let mut error = ErrorKind::ProviderError.error(err.to_string());
+    if let Some(data) = error.data.as_mut() {
+        if let Some(class) = err.class() {
+            data["class"] = json!(class.as_str());
+            data["status"] = json!(class.http_status());
+        }
+        if let Some(after) = err.retry_after() {
+            data["retry_after_ms"] = json!(after.as_millis() as u64);
+        }
+    }
+    error
+}
+
 /// The reply a journal entry stands for (the same bytes, live or replayed).
 fn reply_of(entry: &JournalEntry) -> Reply {
     match entry.status {
@@ -121,6 +137,18 @@ fn reply_of(entry: &JournalEntry) -> Reply {
 
 impl Kernel {
     pub(crate) async fn syscall(&self, live: &Arc<LiveRun>, method: &str, params: Value) -> Reply {
+        self.syscall_streaming(live, method, params, None).await
+    }
+
+    /// A syscall whose LLM deltas, if it makes a live streamed call, go to `stream`. A
+    /// replayed call sends no deltas: the caller renders the journaled result instead.
+    pub(crate) async fn syscall_streaming(
+        &self,
+        live: &Arc<LiveRun>,
+        method: &str,
+        params: Value,
+        stream: Option<DeltaSink>,
+    ) -> Reply {
         if live.exited.load(Ordering::SeqCst) {
             return Err(ErrorKind::RunExited.error(format!(
                 "{method}: this run already called run.exit; the agent should end its process now"
@@ -164,13 +192,13 @@ impl Kernel {
                 {
                     return reply_of(&entry);
                 }
-                self.perform(live, method, call, params, Some(seq)).await
+                self.perform(live, method, call, params, Some(seq), stream).await
             }
             Decision::Live { first } => {
                 if first {
                     self.go_live(live).await;
                 }
-                self.perform(live, method, call, params, None).await
+                self.perform(live, method, call, params, None, stream).await
             }
         }
     }
@@ -266,6 +294,7 @@ impl Kernel {
         call: Call,
         params: Value,
         reuse: Option<Seq>,
+        stream: Option<DeltaSink>,
     ) -> Reply {
         let hash = params_hash(method, &params);
         match call {
@@ -301,17 +330,38 @@ impl Kernel {
                 Ok(json!({ "seq": seq }))
             }
             Call::LlmChat(request) => {
-                let provider: Arc<dyn Provider> = live.provider.clone().ok_or_else(|| {
-                    ErrorKind::NoProvider.error(
-                        "no LLM provider is configured for this run: start it with `keel run --llm-script FILE` (or set KEEL_LLM_SCRIPT)",
-                    )
-                })?;
+                let provider: Arc<dyn Provider> = live
+                    .provider
+                    .clone()
+                    .ok_or_else(|| ErrorKind::NoProvider.error(keel_llm::router::NO_PROVIDER_HELP))?;
+                if reuse.is_none() {
+                    self.check_loop(live, &hash).await?;
+                }
+                // Reserve the worst case before the call is journaled or sent, so spend
+                // never exceeds the budget however many calls are in flight.
+                let input = keel_llm::estimate_input_tokens(&request);
+                let max_output = request.max_tokens.map_or(keel_llm::DEFAULT_MAX_OUTPUT_TOKENS, u64::from);
+                let worst = Usage {
+                    input_tokens: input,
+                    output_tokens: max_output,
+                    llm_calls: 1,
+                    tool_calls: 0,
+                    cost_micro_usd: (provider.worst_case_cost_usd(&request, input, max_output) * 1_000_000.0)
+                        .ceil() as u64,
+                };
+                let reservation = self.reserve(live, worst).await?;
                 let seq = match reuse {
                     Some(seq) => seq,
-                    None => self.intend(live, method, params, hash).await?,
+                    None => match self.intend(live, method, params, hash).await {
+                        Ok(seq) => seq,
+                        Err(err) => {
+                            self.release_budget(live, reservation);
+                            return Err(err);
+                        }
+                    },
                 };
                 let started = std::time::Instant::now();
-                let (outcome, record, usage, served) = match provider.chat(&request).await {
+                let (outcome, record, usage, served) = match provider.chat(&request, stream.as_ref()).await {
                     Ok(served) => {
                         let response = serde_json::to_value(&served.response).map_err(internal)?;
                         let usage = Usage {
@@ -325,12 +375,13 @@ impl Kernel {
                         (Ok(response), record, usage, true)
                     }
                     Err(err) => (
-                        Err(ErrorKind::ProviderError.error(format!("{} provider: {err}", provider.name()))),
+                        Err(provider_error(&err)),
                         Value::Null,
                         Usage { llm_calls: 1, ..Usage::default() },
                         false,
                     ),
                 };
+                self.settle_budget(live, reservation, usage);
                 self.complete(live, seq, &outcome, record, usage, served).await?;
                 self.emit(
                     &live.id,
@@ -345,9 +396,16 @@ impl Kernel {
             }
             Call::Tool(builtin) => {
                 let name = params.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+                let reservation = self.reserve(live, Usage { tool_calls: 1, ..Usage::default() }).await?;
                 let seq = match reuse {
                     Some(seq) => seq,
-                    None => self.intend(live, method, params, hash).await?,
+                    None => match self.intend(live, method, params, hash).await {
+                        Ok(seq) => seq,
+                        Err(err) => {
+                            self.release_budget(live, reservation);
+                            return Err(err);
+                        }
+                    },
                 };
                 let scope = format!("run:{}", live.id);
                 let outcome = match tools::run(builtin, &scope, self.store().as_ref()).await {
@@ -356,6 +414,7 @@ impl Kernel {
                 };
                 let record = outcome.clone().unwrap_or(Value::Null);
                 let usage = Usage { tool_calls: 1, ..Usage::default() };
+                self.settle_budget(live, reservation, usage);
                 self.complete(live, seq, &outcome, record, usage, false).await?;
                 self.emit(&live.id, "syscall", json!({ "seq": seq, "method": method, "tool": name, "status": if outcome.is_ok() { "ok" } else { "error" } }));
                 outcome

@@ -6,11 +6,14 @@
 //! Everything that acts on a run enters through [`Kernel::execute`] as a [`Command`]
 //! (HTTP and CLI parse into it) or through the syscall socket; queries are plain methods.
 
+mod budget;
 mod dispatch;
 mod error;
 mod events;
+mod gateway;
 mod paths;
 mod runtime;
+mod sandboxing;
 mod sdk;
 mod syscall;
 mod tools;
@@ -18,5 +21,6 @@ pub mod views;
 
 pub use error::{Error, Result};
 pub use events::EventStream;
+pub use gateway::RunHandle;
 pub use paths::DataDir;
 pub use runtime::{Command, CreateRun, Kernel, KernelOptions};

@@ -52,6 +52,22 @@ impl DataDir {
         self.root.join("kernel.json")
     }
 
+    /// The provider-compatible gateway (`/v1/chat/completions`, `/v1/messages`) on a Unix
+    /// socket, for sandboxed agents (bridged to a loopback port inside the sandbox).
+    pub fn gateway_socket(&self) -> PathBuf {
+        self.root.join("gateway.sock")
+    }
+
+    /// A named volume's directory (kept across runs; sandboxes mount it read-write).
+    pub fn volume(&self, name: &str) -> PathBuf {
+        self.root.join("volumes").join(name)
+    }
+
+    /// The egress proxy socket of an `allowlist` run (bridged into its sandbox).
+    pub fn egress_socket(&self, run: &str) -> PathBuf {
+        self.root.join("egress").join(format!("{run}.sock"))
+    }
+
     /// The Python SDK, unpacked from the binary so agents can import it.
     pub fn python_sdk(&self) -> PathBuf {
         self.root.join("sdk/python")

@@ -13,7 +13,7 @@ use keel_core::lifecycle::{self, Command as Lifecycle};
 use keel_core::replay::{RecordedCall, ReplayMatcher};
 use keel_llm::{Provider, ScriptedProvider};
 use keel_protocol::api::CreateRunParams;
-use keel_sandbox::{LaunchSpec, Sandbox, tree};
+use keel_sandbox::{KeelResources, LaunchSpec, Sandbox, tree};
 use keel_store::{
     Completion, EventRecord, JournalEntry, NewRun, RunFilter, RunPatch, RunRecord, Seq, SqliteStore, Store,
 };
@@ -33,9 +33,6 @@ pub(crate) fn now_ms() -> u64 {
 /// How a kernel is set up.
 pub struct KernelOptions {
     pub data_dir: DataDir,
-    /// Bring back runs that were live when the previous kernel stopped. The daemon does;
-    /// the kernel embedded in a foreground `keel run` does not (it would end with its run).
-    pub recover: bool,
     pub sandbox: Arc<dyn Sandbox>,
     /// Seconds between SIGTERM and SIGKILL on stop, unless the run sets its own.
     pub default_stop_grace: Duration,
@@ -43,6 +40,12 @@ pub struct KernelOptions {
     /// --llm-script`). Copied into each run's spec when it is created, so a later change
     /// of the kernel's configuration never changes what a recovering run replays against.
     pub default_llm_script: Option<Value>,
+    /// Where the provider-compatible gateway listens on loopback (for agents outside a
+    /// sandbox); sandboxed agents reach it through `DataDir::gateway_socket`.
+    pub gateway_addr: Option<std::net::SocketAddr>,
+    /// The model providers (from keel.toml or the kernel's environment); each run gets
+    /// `for_run` of it, with its own script, model and fallbacks.
+    pub llm: keel_llm::Router,
 }
 
 /// A request to start a run, validated (see [`CreateRun::validate`]).
@@ -54,6 +57,12 @@ pub struct CreateRun {
     pub llm_script: Option<Value>,
     pub tenant: String,
     pub stop_grace_secs: Option<u64>,
+    pub model: Option<String>,
+    pub fallback_models: Vec<String>,
+    pub budget: Option<keel_protocol::api::BudgetParams>,
+    pub loop_threshold: Option<u32>,
+    /// The run's sandbox tier and profile; `None`: the kernel's default tier.
+    pub sandbox: Option<Box<keel_protocol::api::SandboxParams>>,
 }
 
 impl CreateRun {
@@ -102,8 +111,19 @@ impl CreateRun {
         {
             return bad(format!("tenant {tenant:?} is not valid: use 1-64 letters, digits, '-' or '_'"));
         }
+        if let Some(budget) = &params.budget {
+            crate::budget::validate(budget, "budget")?;
+        }
+        for model in params.model.iter().chain(&params.fallback_models) {
+            if model.is_empty() || model.len() > 200 || model.chars().any(char::is_whitespace) {
+                return bad(format!("model {model:?} is not a model name (e.g. openai/gpt-4o-mini)"));
+            }
+        }
         if params.stop_grace_secs.is_some_and(|s| s > 3600) {
             return bad("`stop_grace_secs` is at most 3600".into());
+        }
+        if let Some(sandbox) = &params.sandbox {
+            crate::sandboxing::validate(sandbox)?;
         }
         Ok(CreateRun {
             command: params.command,
@@ -112,6 +132,11 @@ impl CreateRun {
             llm_script: params.llm_script,
             tenant,
             stop_grace_secs: params.stop_grace_secs,
+            model: params.model,
+            fallback_models: params.fallback_models,
+            budget: params.budget,
+            loop_threshold: params.loop_threshold,
+            sandbox: params.sandbox.map(Box::new),
         })
     }
 
@@ -122,6 +147,11 @@ impl CreateRun {
             "env": self.env,
             "llm_script": self.llm_script,
             "stop_grace_secs": self.stop_grace_secs,
+            "model": self.model,
+            "fallback_models": self.fallback_models,
+            "budget": self.budget,
+            "loop_threshold": self.loop_threshold,
+            "sandbox": self.sandbox,
         })
     }
 }
@@ -139,6 +169,9 @@ pub enum Command {
     Stop { run: RunId, grace: Option<Duration> },
     /// Answer the run's open `human.ask`.
     Answer { run: RunId, text: String },
+    /// Add to a run that has not ended's budget; with `continue_loop`, let a run parked
+    /// by the loop detector go on.
+    TopUp { run: RunId, add: keel_protocol::api::BudgetParams, continue_loop: bool },
 }
 
 /// The kernel. Cheap to clone; every clone is the same kernel.
@@ -153,6 +186,8 @@ pub(crate) struct Inner {
     pub(crate) data_dir: DataDir,
     default_stop_grace: Duration,
     default_llm_script: Option<Value>,
+    gateway_addr: Option<std::net::SocketAddr>,
+    llm: keel_llm::Router,
     live: Mutex<HashMap<RunId, Arc<LiveRun>>>,
     tokens: Mutex<HashMap<String, Arc<LiveRun>>>,
     /// One lock per run, serialising its lifecycle changes so that read-decide-write
@@ -175,6 +210,9 @@ pub(crate) struct LiveRun {
     pub(crate) exited: AtomicBool,
     stopping: AtomicBool,
     pub(crate) ask: Mutex<Option<PendingAsk>>,
+    pub(crate) budget: crate::budget::RunBudget,
+    /// The run's egress proxy (`allowlist` runs); it stops when the run is dropped.
+    _egress: Option<keel_sandbox::egress::EgressProxy>,
 }
 
 pub(crate) struct Replay {
@@ -196,8 +234,23 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Kernel {
+    /// Brings back, in the background, the runs that were live when the previous kernel
+    /// stopped. Call it once the sockets agents use (the gateway's) are listening, since
+    /// relaunched agents connect at once. The daemon does; the kernel embedded in a
+    /// foreground `keel run` does not (the runs would end with it).
+    pub fn spawn_recovery(&self) {
+        // In the background, so the API answers (and shows `recovering` runs) while a large
+        // backlog is brought back.
+        let kernel = self.clone();
+        tokio::spawn(async move {
+            if let Err(err) = kernel.recover_all().await {
+                tracing::error!("recovery of interrupted runs stopped: {err}");
+            }
+        });
+    }
+
     /// Opens the data directory (taking its exclusive lock), the store and the syscall
-    /// socket; recovers interrupted runs if asked to.
+    /// socket. Recovery of interrupted runs is separate: [`Kernel::spawn_recovery`].
     pub async fn start(options: KernelOptions) -> Result<Kernel> {
         let dir = options.data_dir.clone();
         let dir_error = |source| Error::DataDir { dir: dir.root().display().to_string(), source };
@@ -218,6 +271,8 @@ impl Kernel {
                 data_dir: options.data_dir,
                 default_stop_grace: options.default_stop_grace,
                 default_llm_script: options.default_llm_script,
+                gateway_addr: options.gateway_addr,
+                llm: options.llm,
                 live: Mutex::default(),
                 tokens: Mutex::default(),
                 transitions: Mutex::default(),
@@ -227,16 +282,6 @@ impl Kernel {
             }),
         };
         crate::syscall::listen(kernel.clone())?;
-        if options.recover {
-            // In the background, so the API answers (and shows `recovering` runs) while
-            // a large backlog is brought back.
-            let recovering = kernel.clone();
-            tokio::spawn(async move {
-                if let Err(err) = recovering.recover_all().await {
-                    tracing::error!("recovery of interrupted runs stopped: {err}");
-                }
-            });
-        }
         Ok(kernel)
     }
 
@@ -246,6 +291,11 @@ impl Kernel {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
+    }
+
+    /// Names of the configured model providers (`openai`, `anthropic`, ...).
+    pub fn llm_provider_names(&self) -> Vec<String> {
+        self.inner.llm.provider_names()
     }
 
     pub fn sandbox_tier(&self) -> &'static str {
@@ -260,6 +310,7 @@ impl Kernel {
         for run in live {
             tree::kill_tree(Some(run.pid), run.id.as_str());
         }
+        self.inner.sandbox.shutdown().await;
         self.inner.events.flush().await;
         let _ = std::fs::remove_file(self.inner.data_dir.syscall_socket());
     }
@@ -272,6 +323,7 @@ impl Kernel {
             Command::Resume(run) => self.resume(&run).await,
             Command::Stop { run, grace } => self.stop(&run, grace).await,
             Command::Answer { run, text } => self.answer(&run, text).await,
+            Command::TopUp { run, add, continue_loop } => self.top_up(&run, add, continue_loop).await,
         }
     }
 
@@ -374,6 +426,12 @@ impl Kernel {
         if request.llm_script.is_none() {
             request.llm_script = self.inner.default_llm_script.clone();
         }
+        // What the run's sandbox cannot enforce on this host is refused before the run
+        // exists, with the missing control named (never run with weaker isolation).
+        let sandbox = crate::sandboxing::backend(&self.inner.sandbox, request.sandbox.as_deref())?;
+        sandbox
+            .check(&crate::sandboxing::profile(request.sandbox.as_deref(), &self.inner.data_dir))
+            .map_err(|e| Error::InvalidRequest(e.to_string()))?;
         let now = now_ms();
         let id = RunId::generate(now);
         let record = self
@@ -409,29 +467,44 @@ impl Kernel {
 
     async fn try_launch(&self, record: &RunRecord, recovering: bool) -> Result<RunRecord> {
         let spec = RunSpec::from_value(&record.spec)?;
-        let provider: Option<Arc<dyn Provider>> = match &spec.llm_script {
-            Some(script) => Some(Arc::new(
-                ScriptedProvider::from_value(script).map_err(|e| Error::InvalidRequest(e.to_string()))?,
-            )),
+        let script = match &spec.llm_script {
+            Some(script) => {
+                Some(ScriptedProvider::from_value(script).map_err(|e| Error::InvalidRequest(e.to_string()))?)
+            }
             None => None,
         };
+        let router = self.inner.llm.for_run(script, spec.model.clone(), spec.fallback_models.clone());
+        let provider: Option<Arc<dyn Provider>> =
+            router.is_configured().then(|| Arc::new(router) as Arc<dyn Provider>);
         let replay = if recovering {
             self.load_replay(&record.id, provider.as_deref()).await?
         } else {
             Replay { matcher: ReplayMatcher::live(), recorded: HashMap::new() }
         };
+        let budget = self.load_budget(record).await?;
         let token = keel_types::random_token();
         // A new run is created as attempt 1; each relaunch by replay is one more.
         let attempt = if recovering { record.attempt + 1 } else { record.attempt.max(1) };
-        let env = self.agent_env(&record.id, &token, &spec);
-        let launched = self
-            .inner
-            .sandbox
+        let sandbox = crate::sandboxing::backend(&self.inner.sandbox, spec.sandbox.as_ref())?;
+        let profile = crate::sandboxing::profile(spec.sandbox.as_ref(), &self.inner.data_dir);
+        crate::sandboxing::prepare_volumes(&profile)?;
+        let (bridges, egress) =
+            self.bridges(&record.id, sandbox.as_ref(), &profile, self.inner.gateway_addr.is_some())?;
+        let env = self.agent_env(&record.id, &token, &spec, sandbox.shares_host(), &bridges);
+        let data_dir = &self.inner.data_dir;
+        let launched = sandbox
             .launch(LaunchSpec {
                 command: spec.command.clone(),
                 cwd: spec.cwd.clone(),
                 env,
                 run_marker: record.id.to_string(),
+                profile,
+                keel: KeelResources {
+                    syscall_socket: Some(data_dir.syscall_socket()),
+                    python_sdk: Some(data_dir.python_sdk()),
+                    secrets: vec![data_dir.root().to_path_buf()],
+                },
+                bridges,
             })
             .await
             .map_err(|e| Error::InvalidRequest(e.to_string()))?;
@@ -444,10 +517,12 @@ impl Kernel {
             exited: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             ask: Mutex::new(None),
+            budget,
+            _egress: egress,
         });
         lock(&self.inner.live).insert(record.id.clone(), live.clone());
         lock(&self.inner.tokens).insert(token, live.clone());
-        self.emit(&record.id, "launch", json!({ "attempt": attempt, "pid": launched.pid, "sandbox": self.inner.sandbox.tier(), "replaying": recovering }));
+        self.emit(&record.id, "launch", json!({ "attempt": attempt, "pid": launched.pid, "sandbox": sandbox.tier(), "pooled": launched.pooled, "replaying": recovering }));
         let patch = RunPatch { attempt: Some(attempt), pid: Some(Some(launched.pid)), ..RunPatch::default() };
         let updated = if recovering {
             self.inner
@@ -457,6 +532,7 @@ impl Kernel {
         } else {
             self.transition(&record.id, Lifecycle::Start, patch).await?
         };
+        self.watch_wall_clock(live.clone());
         self.watch(live, launched.child);
         Ok(updated)
     }
@@ -489,27 +565,67 @@ impl Kernel {
         Ok(Replay { matcher: ReplayMatcher::new(calls), recorded })
     }
 
-    fn agent_env(&self, run: &RunId, token: &str, spec: &RunSpec) -> Vec<(String, String)> {
+    fn agent_env(
+        &self,
+        run: &RunId,
+        token: &str,
+        spec: &RunSpec,
+        shares_host: bool,
+        bridges: &[keel_sandbox::Bridge],
+    ) -> Vec<(String, String)> {
+        use keel_sandbox::plan::inside;
         // Tier `none` is for development: the agent sees the kernel's environment, like
-        // any child process. Sandboxed tiers start from an empty one.
-        let mut env: BTreeMap<String, String> =
-            std::env::vars().filter(|(k, _)| !k.starts_with("KEEL_")).collect();
+        // any child process. Sandboxed tiers start from an empty one: only what Keel sets
+        // and what the run passes with `--env`.
+        // Provider credentials stay in the kernel: never inherited, even by tier `none`.
+        let mut env: BTreeMap<String, String> = if shares_host {
+            std::env::vars().filter(|(k, _)| !k.starts_with("KEEL_") && !is_provider_secret(k)).collect()
+        } else {
+            [("HOME", inside::WORKSPACE), ("TMPDIR", inside::TMP), ("LANG", "C.UTF-8")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        };
         env.extend(spec.env.clone());
-        let sdk = self.inner.data_dir.python_sdk().display().to_string();
+        let sdk = if shares_host {
+            self.inner.data_dir.python_sdk().display().to_string()
+        } else {
+            inside::PYTHON_SDK.to_owned()
+        };
         let python_path = match env.get("PYTHONPATH") {
             Some(existing) if !existing.is_empty() => format!("{sdk}:{existing}"),
             _ => sdk,
         };
         env.insert("PYTHONPATH".into(), python_path);
         env.insert("PYTHONUNBUFFERED".into(), "1".into());
-        env.insert("KEEL_SOCKET".into(), self.inner.data_dir.syscall_socket().display().to_string());
+        let socket = if shares_host {
+            self.inner.data_dir.syscall_socket().display().to_string()
+        } else {
+            inside::SYSCALL_SOCKET.to_owned()
+        };
+        env.insert("KEEL_SOCKET".into(), socket);
         env.insert("KEEL_RUN_TOKEN".into(), token.to_owned());
         env.insert("KEEL_RUN_ID".into(), run.to_string());
+        // In a sandbox the gateway is a bridge to its Unix socket on a loopback port.
+        let gateway = if shares_host {
+            self.inner.gateway_addr.map(|addr| format!("http://{addr}"))
+        } else {
+            bridges.iter().find(|b| b.port == crate::sandboxing::GATEWAY_PORT).map(keel_sandbox::Bridge::url)
+        };
+        if let Some(base) = gateway {
+            // Unmodified OpenAI / Anthropic SDK programs talk to the kernel, which holds
+            // the real keys; the run token is their "API key".
+            env.insert("OPENAI_BASE_URL".into(), format!("{base}/v1"));
+            env.insert("OPENAI_API_KEY".into(), token.to_owned());
+            env.insert("ANTHROPIC_BASE_URL".into(), base);
+            env.insert("ANTHROPIC_API_KEY".into(), token.to_owned());
+        }
+        crate::sandboxing::bridge_env(bridges, &mut env);
         env.into_iter().collect()
     }
 
     /// Reads the agent's output into the event log and settles the run when it exits.
-    fn watch(&self, live: Arc<LiveRun>, mut child: tokio::process::Child) {
+    fn watch(&self, live: Arc<LiveRun>, mut child: keel_sandbox::Child) {
         let stdout = child.stdout.take().map(|out| self.pump(&live.id, "stdout", out));
         let stderr = child.stderr.take().map(|err| self.pump(&live.id, "stderr", err));
         let kernel = self.clone();
@@ -520,7 +636,8 @@ impl Kernel {
             for pump in [stdout, stderr].into_iter().flatten() {
                 let _ = pump.await;
             }
-            kernel.settle(&live, status).await;
+            let ended_by = child.ended_by().map(str::to_owned);
+            kernel.settle(&live, status, ended_by).await;
         });
     }
 
@@ -553,7 +670,13 @@ impl Kernel {
     }
 
     /// Records how the agent process ended.
-    async fn settle(&self, live: &Arc<LiveRun>, status: std::io::Result<std::process::ExitStatus>) {
+    /// `ended_by` names the sandbox limit that ended the agent, if one did.
+    async fn settle(
+        &self,
+        live: &Arc<LiveRun>,
+        status: std::io::Result<std::process::ExitStatus>,
+        ended_by: Option<String>,
+    ) {
         lock(&self.inner.live).remove(&live.id);
         lock(&self.inner.tokens).retain(|_, run| !Arc::ptr_eq(run, live));
         if self.inner.shutting_down.load(Ordering::SeqCst) {
@@ -579,6 +702,10 @@ impl Kernel {
                 ),
                 (_, _, Err(err)) => format!("the agent's exit status could not be read: {err}"),
                 _ => "the agent ended without an exit status".to_owned(),
+            };
+            let why = match ended_by {
+                Some(limit) => format!("{limit}; {why}"),
+                None => why,
             };
             (Lifecycle::Exit { success: false }, Some(why))
         };
@@ -800,11 +927,14 @@ impl Kernel {
 
 /// The parts of a stored run spec the runtime uses.
 struct RunSpec {
+    model: Option<String>,
+    fallback_models: Vec<String>,
     command: Vec<String>,
     cwd: PathBuf,
     env: BTreeMap<String, String>,
     llm_script: Option<Value>,
     stop_grace_secs: Option<u64>,
+    sandbox: Option<keel_protocol::api::SandboxParams>,
 }
 
 impl RunSpec {
@@ -825,8 +955,27 @@ impl RunSpec {
             .unwrap_or_default();
         let llm_script = spec.get("llm_script").filter(|v| !v.is_null()).cloned();
         let stop_grace_secs = spec.get("stop_grace_secs").and_then(Value::as_u64);
-        Ok(RunSpec { command, cwd, env, llm_script, stop_grace_secs })
+        let model = spec.get("model").and_then(Value::as_str).map(str::to_owned);
+        let fallback_models = spec
+            .get("fallback_models")
+            .and_then(Value::as_array)
+            .map(|models| models.iter().filter_map(|m| m.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default();
+        let sandbox = match spec.get("sandbox").filter(|v| !v.is_null()) {
+            Some(value) => {
+                Some(serde_json::from_value(value.clone()).map_err(|e| corrupt(&format!("sandbox: {e}")))?)
+            }
+            None => None,
+        };
+        Ok(RunSpec { model, fallback_models, command, cwd, env, llm_script, stop_grace_secs, sandbox })
     }
+}
+
+/// Environment variables that carry provider credentials in the kernel's environment.
+fn is_provider_secret(name: &str) -> bool {
+    const PREFIXES: &[&str] =
+        &["OPENAI_", "ANTHROPIC_", "AZURE_OPENAI_", "GROQ_", "TOGETHER_", "OPENROUTER_"];
+    PREFIXES.iter().any(|p| name.starts_with(p)) || name.ends_with("_API_KEY")
 }
 
 pub(crate) fn command_of(spec: &Value) -> Vec<String> {

@@ -32,6 +32,9 @@ pub fn run(record: &RunRecord, question: Option<String>) -> RunView {
         usage: usage(&record.usage),
         provider_calls: record.provider_calls,
         question,
+        // Filled in by callers that can afford the lookups (see `Kernel::budget_view`).
+        budget: None,
+        reason: None,
     }
 }
 

@@ -29,6 +29,119 @@ pub struct CreateRunParams {
     /// Seconds between SIGTERM and SIGKILL when the run is stopped. Default 5.
     #[serde(default)]
     pub stop_grace_secs: Option<u64>,
+    /// The model for LLM calls that name none, e.g. `openai/gpt-4o-mini`.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Models to try, in order, when the model of a call fails for good.
+    #[serde(default)]
+    pub fallback_models: Vec<String>,
+    /// Spending limits; spend never exceeds them (calls are reserved at their worst case).
+    #[serde(default)]
+    pub budget: Option<BudgetParams>,
+    /// Park the run when it sends the same LLM request this many times in a row (0: off;
+    /// default 5).
+    #[serde(default)]
+    pub loop_threshold: Option<u32>,
+    /// The run's sandbox: tier and profile. Absent: the kernel's default tier (the
+    /// process sandbox on Linux) with its default limits.
+    #[serde(default)]
+    pub sandbox: Option<SandboxParams>,
+}
+
+/// A run's sandbox. Every field is optional; an absent limit takes the kernel's default
+/// where the host can enforce one. A limit the host cannot enforce is refused, never
+/// silently dropped (`keel doctor` shows what this host enforces).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxParams {
+    /// `process` (the default on Linux) or `none` (no isolation; development only).
+    #[serde(default)]
+    pub tier: Option<String>,
+    /// Memory of the whole sandbox, bytes (cgroup).
+    #[serde(default)]
+    pub memory_bytes: Option<u64>,
+    /// CPU seconds per process.
+    #[serde(default)]
+    pub cpu_time_secs: Option<u64>,
+    /// Wall-clock seconds before the sandbox is killed.
+    #[serde(default)]
+    pub wall_time_secs: Option<u64>,
+    /// Processes and threads (cgroup).
+    #[serde(default)]
+    pub pids: Option<u64>,
+    /// Open files per process.
+    #[serde(default)]
+    pub open_files: Option<u64>,
+    /// Largest file a process may write, bytes.
+    #[serde(default)]
+    pub file_size_bytes: Option<u64>,
+    /// Size of each scratch file system (`/tmp`, and `/workspace` without a volume), bytes.
+    #[serde(default)]
+    pub scratch_bytes: Option<u64>,
+    /// `none` (default: loopback only) or `allowlist` (HTTP(S) through the kernel's
+    /// egress proxy to `allow_hosts`).
+    #[serde(default)]
+    pub network: Option<String>,
+    /// Host patterns for `allowlist`: `api.example.com`, `*.example.com`, optionally with
+    /// `:port`.
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+    /// Named volumes: directories the kernel keeps across runs, mounted read-write.
+    #[serde(default)]
+    pub volumes: Vec<VolumeParams>,
+    /// Extra host paths bound read-only at the same path (absolute).
+    #[serde(default)]
+    pub ro_binds: Vec<String>,
+    /// Bind the working directory read-write (default read-only).
+    #[serde(default)]
+    pub writable_cwd: bool,
+}
+
+/// A named volume and where it appears inside the sandbox.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeParams {
+    pub name: String,
+    /// Absolute path inside the sandbox, e.g. `/workspace`.
+    pub path: String,
+}
+
+/// Budget limits (or, in `POST /v1/runs/{id}/budget`, amounts to add). Absent = unlimited
+/// (or nothing added).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetParams {
+    #[serde(default)]
+    pub usd: Option<f64>,
+    /// Input plus output tokens.
+    #[serde(default)]
+    pub tokens: Option<u64>,
+    #[serde(default)]
+    pub llm_calls: Option<u64>,
+    #[serde(default)]
+    pub tool_calls: Option<u64>,
+    /// Wall-clock seconds from the run's start.
+    #[serde(default)]
+    pub wall_secs: Option<u64>,
+}
+
+/// `POST /v1/runs/{id}/budget`: add to a run's budget, and/or let a run parked by the
+/// loop detector go on.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TopUpParams {
+    #[serde(default)]
+    pub add: BudgetParams,
+    /// Clear the loop detector and let parked calls try again.
+    #[serde(default, rename = "continue")]
+    pub continue_loop: bool,
+}
+
+/// A run's budget: its limits and what is left of each (absent = unlimited).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct BudgetView {
+    pub limits: BudgetParams,
+    pub remaining: BudgetParams,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
@@ -74,6 +187,13 @@ pub struct RunView {
     /// The open `human.ask` question, while the run waits for an answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub question: Option<String>,
+    /// The run's budget, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetView>,
+    /// Why the run waits or stopped, in words (e.g. which budget ran out, the repeated
+    /// request of a loop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// One journal entry, as `keel inspect` shows it.
@@ -164,4 +284,8 @@ pub struct HealthView {
     pub status: String,
     pub version: String,
     pub pid: u32,
+    /// The model providers this kernel can call (empty: only runs with a script can use
+    /// LLMs).
+    #[serde(default)]
+    pub llm_providers: Vec<String>,
 }

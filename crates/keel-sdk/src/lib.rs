@@ -125,13 +125,7 @@ impl Client {
     }
 
     pub fn llm_chat(&mut self, messages: &[ChatMessage]) -> Result<LlmChatResult> {
-        let params = LlmChatParams {
-            messages: messages.to_vec(),
-            model: None,
-            tools: None,
-            max_tokens: None,
-            temperature: None,
-        };
+        let params = LlmChatParams { messages: messages.to_vec(), ..LlmChatParams::default() };
         self.llm_chat_with(&params)
     }
 

@@ -2,6 +2,10 @@
 //! records as `keel_protocol::api` views; every decision is the kernel's. All `/v1/runs`
 //! routes need `Authorization: Bearer <token>` (the token in the data directory).
 
+mod gateway;
+
+pub use gateway::router as gateway_router;
+
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -15,8 +19,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use keel_kernel::{Command, CreateRun, Error as KernelError, Kernel, views};
 use keel_protocol::api::{
-    AnswerParams, CreateRunParams, ErrorBody, ErrorDetail, EventView, EventsPage, HealthView, InspectView,
-    JournalEntryView, RunView, StopParams, UsageView,
+    AnswerParams, BudgetParams, BudgetView, CreateRunParams, ErrorBody, ErrorDetail, EventView, EventsPage,
+    HealthView, InspectView, JournalEntryView, RunView, StopParams, TopUpParams, UsageView,
 };
 use keel_store::RunFilter;
 use keel_types::{RunId, RunState};
@@ -26,10 +30,10 @@ use utoipa::OpenApi;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Keel kernel API", description = "Start, inspect and control agent runs."),
-    paths(health, create_run, list_runs, inspect_run, run_events, pause_run, resume_run, stop_run, answer_run),
+    paths(health, create_run, list_runs, inspect_run, run_events, pause_run, resume_run, stop_run, answer_run, top_up_run),
     components(schemas(
         CreateRunParams, RunView, InspectView, JournalEntryView, UsageView, EventView, EventsPage,
-        AnswerParams, StopParams, ErrorBody, ErrorDetail, HealthView
+        AnswerParams, StopParams, ErrorBody, ErrorDetail, HealthView, BudgetParams, BudgetView, TopUpParams
     )),
     modifiers(&BearerAuth)
 )]
@@ -65,6 +69,7 @@ pub fn router(kernel: Kernel, token: String) -> Router {
         .route("/v1/runs/{id}/resume", post(resume_run))
         .route("/v1/runs/{id}/stop", post(stop_run))
         .route("/v1/runs/{id}/answer", post(answer_run))
+        .route("/v1/runs/{id}/budget", post(top_up_run))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/v1/health", get(health))
@@ -167,11 +172,12 @@ async fn openapi() -> Json<utoipa::openapi::OpenApi> {
 
 /// Liveness, and which kernel answers.
 #[utoipa::path(get, path = "/v1/health", responses((status = 200, body = HealthView)))]
-async fn health() -> Json<HealthView> {
+async fn health(State(state): State<AppState>) -> Json<HealthView> {
     Json(HealthView {
         status: "ok".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         pid: std::process::id(),
+        llm_providers: state.kernel.llm_provider_names(),
     })
 }
 
@@ -181,7 +187,10 @@ async fn view(kernel: &Kernel, record: &keel_store::RunRecord) -> Result<RunView
     } else {
         None
     };
-    Ok(views::run(record, question))
+    let mut view = views::run(record, question);
+    view.budget = kernel.budget_view(record).await?;
+    view.reason = kernel.budget_reason(&record.id);
+    Ok(view)
 }
 
 /// Start a run.
@@ -341,4 +350,17 @@ async fn answer_run(
     Body(params): Body<AnswerParams>,
 ) -> Result<Json<RunView>, ApiError> {
     act(&state, Command::Answer { run: run_id(&id)?, text: params.text }).await
+}
+
+/// Add to a run's budget (durably); parked calls try again at once. With `continue`, a run
+/// parked by the loop detector goes on.
+#[utoipa::path(post, path = "/v1/runs/{id}/budget", params(("id" = String, Path)), request_body = TopUpParams,
+    responses((status = 200, body = RunView), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
+async fn top_up_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Body(params): Body<TopUpParams>,
+) -> Result<Json<RunView>, ApiError> {
+    act(&state, Command::TopUp { run: run_id(&id)?, add: params.add, continue_loop: params.continue_loop })
+        .await
 }

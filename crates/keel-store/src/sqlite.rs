@@ -50,6 +50,9 @@ struct Inner {
     /// `None` only while `Drop` runs: dropping the sender is what tells the writer to stop.
     commands: Option<mpsc::Sender<WriteCommand>>,
     writer_thread: Option<JoinHandle<()>>,
+    /// Dropping it stops the checkpointer.
+    checkpoint_stop: Option<std::sync::mpsc::Sender<()>>,
+    checkpoint_thread: Option<JoinHandle<()>>,
     readers: Arc<ReadPool>,
 }
 
@@ -58,6 +61,12 @@ impl Drop for Inner {
         // Idle readers close first, so that the writer's connection is the last one open:
         // SQLite checkpoints the WAL into the database file when its last connection closes.
         self.readers.idle.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        self.checkpoint_stop = None;
+        if let Some(thread) = self.checkpoint_thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the keel-store checkpoint thread panicked");
+        }
         // Closing the channel lets the writer drain the queue and return; joining it means
         // the database file is closed once the store is gone, so the same process can
         // reopen it at once.
@@ -68,6 +77,35 @@ impl Drop for Inner {
             tracing::error!("the keel-store writer thread panicked");
         }
     }
+}
+
+/// Copies the WAL back into the database file once a second from a connection of its own,
+/// so that no commit pays for a checkpoint (the writer's automatic checkpoints are off).
+/// PASSIVE checkpoints never block the writer or readers; they copy what they can.
+fn start_checkpointer(path: &Path) -> Result<(std::sync::mpsc::Sender<()>, JoinHandle<()>)> {
+    let connection = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(writer::sql_error("opening the checkpoint connection"))?;
+    schema::configure_reader(&connection)?;
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("keel-store-checkpoint".to_owned())
+        .spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(std::time::Duration::from_secs(1))
+            {
+                if let Err(err) = connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                    tracing::warn!("keel-store could not checkpoint the WAL: {err}");
+                }
+            }
+        })
+        .map_err(|source| Error::Backend {
+            step: "starting the checkpoint thread",
+            source: Box::new(source),
+        })?;
+    Ok((stop, thread))
 }
 
 impl SqliteStore {
@@ -93,10 +131,13 @@ impl SqliteStore {
                 step: "starting the writer thread",
                 source: Box::new(source),
             })?;
+        let (checkpoint_stop, checkpoint_thread) = start_checkpointer(path)?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 commands: Some(commands),
                 writer_thread: Some(writer_thread),
+                checkpoint_stop: Some(checkpoint_stop),
+                checkpoint_thread: Some(checkpoint_thread),
                 readers: Arc::new(ReadPool { path: path.to_owned(), idle: Mutex::new(Vec::new()) }),
             }),
         })

@@ -9,7 +9,10 @@ fn stop_kills_the_whole_tree_even_when_it_ignores_sigterm() {
     keel.start_daemon();
     let pid_file = keel.data.path().join("stubborn.pids");
     let env = format!("STUBBORN_PID_FILE={}", pid_file.display());
-    let run = keel.detach(&["--env", &env, "--", "python3", &agent("stubborn.py")]);
+    // Tier `none`: the agent reports host pids in a file under the data directory, which a
+    // sandboxed agent can neither see nor write. `sandbox::stop_kills_every_process_of_a_sandbox`
+    // is this test for the process sandbox.
+    let run = keel.detach(&["--sandbox", "none", "--env", &env, "--", "python3", &agent("stubborn.py")]);
     let pids: Vec<u32> = wait_for("the agent's pids", || {
         let text = std::fs::read_to_string(&pid_file).ok()?;
         let pids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();

@@ -34,11 +34,13 @@ pub fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
 pub struct Keel {
     pub data: tempfile::TempDir,
     daemon: Option<Child>,
+    /// Extra environment for the daemon (e.g. provider keys the kernel holds).
+    pub daemon_env: Vec<(String, String)>,
 }
 
 impl Keel {
     pub fn new() -> Keel {
-        Keel { data: tempfile::tempdir().expect("tempdir"), daemon: None }
+        Keel { data: tempfile::tempdir().expect("tempdir"), daemon: None, daemon_env: Vec::new() }
     }
 
     pub fn cmd(&self) -> Command {
@@ -91,6 +93,7 @@ impl Keel {
             .cmd()
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(extra)
+            .envs(self.daemon_env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

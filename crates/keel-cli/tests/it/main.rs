@@ -4,7 +4,11 @@
 
 mod api;
 mod bad_input;
+mod budgets;
 mod control;
 mod crash;
+mod gateway;
 mod harness;
 mod runs;
+mod sandbox;
+mod sandbox_escape;

@@ -50,10 +50,11 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
         let data = tempfile::tempdir().unwrap();
         let kernel = Kernel::start(KernelOptions {
             data_dir: DataDir::new(data.path()),
-            recover: false,
             sandbox: Arc::new(keel_sandbox::NoSandbox),
             default_stop_grace: Duration::from_secs(1),
             default_llm_script: None,
+            gateway_addr: None,
+            llm: keel_llm::Router::empty(),
         })
         .await
         .unwrap();
@@ -70,6 +71,11 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
             llm_script: Some(json!({"responses": [{"content": "hi from the script"}]})),
             tenant: None,
             stop_grace_secs: None,
+            model: None,
+            fallback_models: Vec::new(),
+            budget: None,
+            loop_threshold: None,
+            sandbox: None,
         };
         let run = kernel.execute(Command::Create(CreateRun::validate(params).unwrap())).await.unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(60);

@@ -98,7 +98,8 @@ CREATE TABLE kv (
 
 /// Settings of the one read-write connection. WAL lets readers run beside the writer;
 /// `synchronous=FULL` makes every commit fsync the WAL, which is what "durable on return"
-/// needs (NORMAL would survive a process kill but not a power cut).
+/// needs (NORMAL would survive a process kill but not a power cut). Automatic checkpoints
+/// are off here: a separate thread checkpoints, so that no commit waits for one.
 pub(super) fn configure_writer(connection: &Connection) -> Result<()> {
     connection.busy_timeout(BUSY_TIMEOUT).map_err(sql_error("setting the busy timeout"))?;
     let mode: String = connection
@@ -111,7 +112,7 @@ pub(super) fn configure_writer(connection: &Connection) -> Result<()> {
         });
     }
     connection
-        .execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
+        .execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA wal_autocheckpoint = 0;")
         .map_err(sql_error("setting synchronous=FULL and foreign_keys=ON"))?;
     connection.set_prepared_statement_cache_capacity(64);
     Ok(())

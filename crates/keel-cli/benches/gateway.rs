@@ -1,0 +1,207 @@
+//! Gateway overhead: the same OpenAI-shaped requests sent by one client straight to a mock
+//! upstream and through the kernel's `/v1/chat/completions` (journaled, metered, budgeted),
+//! in the same run. Added p50/p99 latency (non-streaming), requests/s with 64 requests in
+//! flight, and time to first token (streaming).
+//!
+//! cargo bench -p keel-cli --bench gateway
+//!
+//! The benchmark binary re-executes itself as the agent (`--sandbox none`, so it can also
+//! reach the mock directly), which gives the load generator a real run token.
+
+#[path = "common.rs"]
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::routing::post;
+use serde_json::{Value, json};
+
+const SEQUENTIAL: usize = 2000;
+const STREAMED: usize = 500;
+const IN_FLIGHT: usize = 64;
+const LOAD_SECS: u64 = 3;
+
+/// The mock upstream: a fixed completion, or a 5-chunk stream whose first chunk is sent
+/// at once.
+async fn mock(axum::Json(body): axum::Json<Value>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let usage = json!({"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17});
+    if body.get("stream").and_then(Value::as_bool) != Some(true) {
+        return axum::Json(json!({
+            "id": "chatcmpl-mock", "object": "chat.completion", "created": 1, "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "usage": usage,
+        }))
+        .into_response();
+    }
+    let mut events = String::new();
+    for word in ["one ", "two ", "three ", "four ", "five"] {
+        let chunk = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": body["model"],
+            "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": null}]});
+        events.push_str(&format!("data: {chunk}\n\n"));
+    }
+    let last = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": body["model"],
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+    let usage_chunk = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": body["model"], "choices": [], "usage": usage});
+    events.push_str(&format!("data: {last}\n\ndata: {usage_chunk}\n\ndata: [DONE]\n\n"));
+    ([("content-type", "text/event-stream")], events).into_response()
+}
+
+fn stats(mut samples: Vec<f64>) -> Value {
+    samples.sort_by(f64::total_cmp);
+    let n = samples.len();
+    json!({"n": n, "p50_us": samples[n / 2].round(), "p99_us": samples[(n * 99 / 100).min(n - 1)].round()})
+}
+
+fn request(i: usize, stream: bool) -> Value {
+    let mut body = json!({"model": "gpt-4o-mini", "max_tokens": 16,
+        "messages": [{"role": "user", "content": format!("benchmark request {i}")}]});
+    if stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
+}
+
+/// Agent mode: measures against `base` (direct or through the kernel) with `key`.
+async fn measure(http: &reqwest::Client, base: &str, key: &str, offset: usize) -> Value {
+    let url = format!("{base}/chat/completions");
+    let mut latencies = Vec::with_capacity(SEQUENTIAL);
+    for i in 0..SEQUENTIAL {
+        let started = Instant::now();
+        let response =
+            http.post(&url).bearer_auth(key).json(&request(offset + i, false)).send().await.expect("send");
+        assert!(response.status().is_success(), "{}", response.text().await.unwrap_or_default());
+        response.bytes().await.expect("body");
+        latencies.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    let mut first_tokens = Vec::with_capacity(STREAMED);
+    for i in 0..STREAMED {
+        let started = Instant::now();
+        let mut response = http
+            .post(&url)
+            .bearer_auth(key)
+            .json(&request(offset + SEQUENTIAL + i, true))
+            .send()
+            .await
+            .expect("send");
+        let mut first = None;
+        while let Some(chunk) = response.chunk().await.expect("chunk") {
+            if first.is_none() && String::from_utf8_lossy(&chunk).contains("\"content\"") {
+                first = Some(started.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        first_tokens.push(first.expect("a content chunk"));
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(LOAD_SECS);
+    let workers: Vec<_> = (0..IN_FLIGHT)
+        .map(|w| {
+            let (http, url, key, done) = (http.clone(), url.clone(), key.to_owned(), done.clone());
+            tokio::spawn(async move {
+                let mut i = 0;
+                while Instant::now() < deadline {
+                    let body = request(offset + 1_000_000 + w * 100_000 + i, false);
+                    let response = http.post(&url).bearer_auth(&key).json(&body).send().await.expect("send");
+                    assert!(response.status().is_success());
+                    response.bytes().await.expect("body");
+                    done.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.expect("worker");
+    }
+    json!({
+        "latency": stats(latencies),
+        "ttft": stats(first_tokens),
+        "rps": (done.load(Ordering::Relaxed) as f64 / LOAD_SECS as f64).round(),
+    })
+}
+
+async fn agent() {
+    let http =
+        reqwest::Client::builder().no_proxy().pool_max_idle_per_host(IN_FLIGHT).build().expect("client");
+    let direct = measure(&http, &std::env::var("MOCK_URL").expect("MOCK_URL"), "direct", 0).await;
+    let kernel_base = std::env::var("OPENAI_BASE_URL").expect("OPENAI_BASE_URL");
+    let token = std::env::var("OPENAI_API_KEY").expect("OPENAI_API_KEY");
+    let kernel = measure(&http, &kernel_base, &token, 10_000_000).await;
+    println!("{}", json!({"direct": direct, "kernel": kernel}));
+}
+
+fn row(name: &str, direct: &Value, kernel: &Value) -> String {
+    let d = |k: &str| direct[k].as_f64().unwrap_or(0.0);
+    let k = |key: &str| kernel[key].as_f64().unwrap_or(0.0);
+    format!(
+        "| {name} | {} / {} | {} / {} | +{} / +{} |",
+        d("p50_us"),
+        d("p99_us"),
+        k("p50_us"),
+        k("p99_us"),
+        k("p50_us") - d("p50_us"),
+        k("p99_us") - d("p99_us")
+    )
+}
+
+#[tokio::main]
+async fn main() {
+    if std::env::var_os("GATEWAY_BENCH_AGENT").is_some() {
+        agent().await;
+        return;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind mock");
+    let mock_addr = listener.local_addr().expect("mock addr");
+    tokio::spawn(async move {
+        axum::serve(listener, axum::Router::new().route("/v1/chat/completions", post(mock)))
+            .await
+            .expect("mock");
+    });
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut daemon = common::Daemon::start_with_env(
+        data,
+        &[("OPENAI_BASE_URL", format!("http://{mock_addr}/v1")), ("OPENAI_API_KEY", "sk-bench".to_owned())],
+    );
+    let exe = std::env::current_exe().expect("own path").display().to_string();
+    let out = daemon
+        .keel()
+        .args(["run", "--quiet", "--sandbox", "none", "--loop-threshold", "0"])
+        .args([
+            "--env",
+            "GATEWAY_BENCH_AGENT=1",
+            "--env",
+            &format!("MOCK_URL=http://{mock_addr}/v1"),
+            "--",
+            &exe,
+        ])
+        .output()
+        .expect("keel run");
+    daemon.kill();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "agent failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let result: Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("agent result");
+    let (direct, kernel) = (&result["direct"], &result["kernel"]);
+    println!("cargo bench -p keel-cli --bench gateway\n");
+    println!("| measure (µs) | direct p50 / p99 | through Keel p50 / p99 | added p50 / p99 |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "{}",
+        row(
+            &format!("non-streaming request ({SEQUENTIAL} sequential)"),
+            &direct["latency"],
+            &kernel["latency"]
+        )
+    );
+    println!(
+        "{}",
+        row(&format!("time to first token, streaming ({STREAMED})"), &direct["ttft"], &kernel["ttft"])
+    );
+    println!(
+        "\n| throughput, {IN_FLIGHT} in flight for {LOAD_SECS} s | direct | through Keel |\n|---|---:|---:|\n| requests/s | {} | {} |",
+        direct["rps"], kernel["rps"]
+    );
+}

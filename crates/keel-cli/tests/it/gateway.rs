@@ -1,0 +1,184 @@
+//! The provider-compatible gateway with the official `openai` and `anthropic` Python
+//! packages and an unmodified LangGraph agent, and the guarantee that provider keys never
+//! reach an agent.
+
+use serde_json::Value;
+
+use crate::harness::{Keel, agent, wait_for};
+
+fn stdout_json(out: &std::process::Output) -> Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "agent failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let line =
+        stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON in {stdout}"));
+    serde_json::from_str(line).expect("agent JSON")
+}
+
+#[test]
+fn the_openai_sdk_runs_unmodified_and_every_call_is_journaled() {
+    let keel = Keel::new();
+    let script = agent("openai_script.json");
+    let out =
+        keel.run(&["run", "--quiet", "--llm-script", &script, "--", "python3", &agent("openai_agent.py")]);
+    let seen = stdout_json(&out);
+    assert_eq!(seen["plain"], "hello from the kernel");
+    assert_eq!(seen["plain_usage"], serde_json::json!([9, 4]));
+    assert_eq!(seen["streamed"], "roses are journaled, violets replayed");
+    assert_eq!(seen["stream_usage"], serde_json::json!([10, 7]));
+    assert_eq!(seen["tool_call"], serde_json::json!(["add", {"a": 2, "b": 3}]));
+    assert_eq!(seen["finish_reasons"], serde_json::json!(["tool_calls", "stop"]));
+    assert_eq!(seen["final"], "2 plus 3 is 5.");
+    assert_eq!(seen["bad_key"], "AuthenticationError", "a key that is not a run token is refused with 401");
+    let run = keel.json(&["ps", "--json"])[0].clone();
+    assert_eq!(run["provider_calls"], 4);
+    assert_eq!(run["usage"]["input_tokens"], 9 + 10 + 30 + 45);
+}
+
+#[test]
+fn the_anthropic_sdk_runs_unmodified() {
+    let keel = Keel::new();
+    let script = agent("openai_script.json");
+    let out =
+        keel.run(&["run", "--quiet", "--llm-script", &script, "--", "python3", &agent("anthropic_agent.py")]);
+    let seen = stdout_json(&out);
+    assert_eq!(seen["plain"], "hello from the kernel");
+    assert_eq!(seen["stop_reason"], "end_turn");
+    assert_eq!(seen["usage"], serde_json::json!([9, 4]));
+    assert_eq!(seen["streamed"], "roses are journaled, violets replayed");
+    assert_eq!(seen["stream_stop_reason"], "end_turn");
+    assert_eq!(keel.json(&["ps", "--json"])[0]["provider_calls"], 2);
+}
+
+#[test]
+fn provider_keys_never_reach_the_agent() {
+    let secrets = [
+        ("OPENAI_API_KEY", "sk-real-openai-7d1f"),
+        ("ANTHROPIC_API_KEY", "sk-ant-real-93ac"),
+        ("GROQ_API_KEY", "gsk-real-51"),
+    ];
+    // Embedded kernel: the keys are in the environment of `keel run` itself.
+    let keel = Keel::new();
+    let out = keel
+        .cmd()
+        .args(["run", "--quiet", "--", "python3", &agent("env_agent.py")])
+        .envs(secrets)
+        .output()
+        .unwrap();
+    check_no_secrets(&stdout_json(&out), &secrets);
+    // Daemon: the keys are in the kernel's environment.
+    let mut keel = Keel::new();
+    keel.daemon_env = secrets.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    keel.start_daemon();
+    let run = keel.detach(&["--", "python3", &agent("env_agent.py")]);
+    keel.wait_state(&run, &["succeeded"]);
+    let logs = keel.ok(&["logs", &run]);
+    let line = logs.lines().find(|l| l.starts_with('{')).expect("agent output");
+    check_no_secrets(&serde_json::from_str(line).unwrap(), &secrets);
+}
+
+fn check_no_secrets(seen: &Value, secrets: &[(&str, &str)]) {
+    let text = seen.to_string();
+    for (_, secret) in secrets {
+        assert!(!text.contains(secret), "a provider key reached the agent: {secret}");
+    }
+    let env = &seen["env"];
+    assert_eq!(env["OPENAI_API_KEY"], env["KEEL_RUN_TOKEN"], "the agent's API key is its run token");
+    assert_eq!(env["ANTHROPIC_API_KEY"], env["KEEL_RUN_TOKEN"]);
+    assert!(env["OPENAI_BASE_URL"].as_str().unwrap().starts_with("http://127.0.0.1:"));
+    assert!(env.get("GROQ_API_KEY").is_none());
+}
+
+/// Starts the mock OpenAI upstream; returns (process, port, counts file).
+fn mock_upstream(keel: &Keel, script: &str) -> (std::process::Child, u16, std::path::PathBuf) {
+    let port_file = keel.data.path().join("mock.port");
+    let counts = keel.data.path().join("mock.counts");
+    let child = std::process::Command::new("python3")
+        .args([&agent("mock_openai.py"), script, port_file.to_str().unwrap()])
+        .env("MOCK_COUNTS", &counts)
+        .spawn()
+        .expect("start the mock upstream");
+    let port =
+        wait_for("the mock upstream", || std::fs::read_to_string(&port_file).ok()?.trim().parse().ok());
+    (child, port, counts)
+}
+
+fn read_counts(path: &std::path::Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|_| "{}".into())).unwrap_or_default()
+}
+
+#[test]
+fn langgraph_survives_a_daemon_kill_and_the_upstream_serves_each_call_once() {
+    let mut keel = Keel::new();
+    let (mut upstream, port, counts) = mock_upstream(&keel, &agent("langgraph_script.json"));
+    keel.daemon_env = vec![
+        ("OPENAI_API_KEY".into(), "sk-upstream-test".into()),
+        ("OPENAI_BASE_URL".into(), format!("http://127.0.0.1:{port}/v1")),
+    ];
+    keel.start_daemon();
+    let run = keel.detach(&[
+        "--env",
+        "LANGGRAPH_TOOL_DELAY_MS=1500",
+        "--",
+        "python3",
+        &agent("langgraph_agent.py"),
+    ]);
+    // Kill the daemon while the agent runs its first tool (after one LLM call).
+    wait_for("the first LLM call to be journaled", || {
+        let view = keel.inspect(&run);
+        let llm = view["journal"]
+            .as_array()?
+            .iter()
+            .filter(|e| e["method"] == "llm.chat" && e["status"] == "ok")
+            .count();
+        (llm >= 1).then_some(())
+    });
+    keel.kill_daemon();
+    keel.start_daemon();
+    let done = keel.wait_state(&run, &["succeeded", "failed"]);
+    let logs = keel.ok(&["logs", &run]);
+    assert_eq!(done["state"], "succeeded", "{logs}");
+    assert!(logs.contains("(2 + 3) + 4 = 9"), "{logs}");
+    assert!(done["attempt"].as_u64().unwrap() >= 2);
+    let counts = read_counts(&counts);
+    let _ = upstream.kill();
+    assert_eq!(counts["errors"], serde_json::json!([]), "request invariants: {counts}");
+    assert_eq!(counts["total"], 3, "three distinct calls, each served once: {counts}");
+    assert!(counts["counts"].as_object().unwrap().values().all(|n| n == 1), "{counts}");
+    assert_eq!(done["provider_calls"], 3);
+}
+
+#[test]
+fn streamed_calls_replay_as_streams_after_a_daemon_kill() {
+    let mut keel = Keel::new();
+    keel.start_daemon();
+    let script = agent("openai_script.json");
+    let run = keel.detach(&[
+        "--llm-script",
+        &script,
+        "--env",
+        "STREAM_AGENT_DELAY_MS=1500",
+        "--",
+        "python3",
+        &agent("stream_crash_agent.py"),
+    ]);
+    wait_for("both streamed calls to be journaled", || {
+        let view = keel.inspect(&run);
+        let done = view["journal"]
+            .as_array()?
+            .iter()
+            .filter(|e| e["method"] == "llm.chat" && e["status"] == "ok")
+            .count();
+        (done >= 2).then_some(())
+    });
+    keel.kill_daemon();
+    keel.start_daemon();
+    let done = keel.wait_state(&run, &["succeeded", "failed"]);
+    let logs = keel.ok(&["logs", &run]);
+    assert_eq!(done["state"], "succeeded", "{logs}");
+    let line = logs.lines().find(|l| l.starts_with('{')).expect("agent output");
+    let seen: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(seen["first"], "hello from the kernel");
+    assert_eq!(seen["second"], "roses are journaled, violets replayed");
+    assert_eq!(seen["third"], "and one more after the crash");
+    assert_eq!(done["provider_calls"], 3, "the two replayed streams were not served again");
+}

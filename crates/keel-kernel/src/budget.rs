@@ -1,0 +1,339 @@
+//! Budgets at run time. The arithmetic is `keel_core::budget` (pure); this module keeps a
+//! run's account, parks the run as `waiting(budget)` when a call does not fit and wakes it
+//! on a top-up, runs the loop detector and the wall-clock limit, and persists top-ups.
+//!
+//! A call reserves its worst case before it is journaled or sent and settles the actual
+//! after, so spend never exceeds a limit however many calls are in flight.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_core::budget::{Account, Exhausted, Limits, LoopDetector, ReservationId};
+use keel_core::lifecycle::Command as Lifecycle;
+use keel_protocol::api::{BudgetParams, BudgetView};
+use keel_protocol::rpc::RpcError;
+use keel_store::{RunPatch, RunRecord};
+use keel_types::{RunId, RunState, Usage, WaitReason};
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+use crate::runtime::{LiveRun, now_ms};
+use crate::{Error, Kernel, Result};
+
+/// How many identical LLM requests in a row park a run, unless the run says otherwise.
+pub const DEFAULT_LOOP_THRESHOLD: u32 = 5;
+
+/// A live run's budget state.
+pub(crate) struct RunBudget {
+    account: Mutex<Account>,
+    loops: Mutex<LoopDetector>,
+    loop_threshold: u32,
+    /// Signalled on every top-up, so parked calls try again.
+    changed: Notify,
+    /// Unix ms after which the run is frozen, if it has a wall-time limit.
+    wall_deadline: Mutex<Option<u64>>,
+    /// Why the run is parked, while it is.
+    pub(crate) reason: Mutex<Option<String>>,
+    /// Serialises parking and waking, which many calls in flight may attempt at once.
+    parking: tokio::sync::Mutex<()>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Plain data behind these locks; a panic elsewhere leaves it consistent.
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Converts wire budget params to limits (USD to exact micro-dollars) and wall seconds.
+pub(crate) fn limits_of(params: &BudgetParams) -> (Limits, Option<u64>) {
+    let limits = Limits {
+        cost_micro_usd: params.usd.map(|usd| (usd * 1_000_000.0).round() as u64),
+        tokens: params.tokens,
+        llm_calls: params.llm_calls,
+        tool_calls: params.tool_calls,
+    };
+    (limits, params.wall_secs)
+}
+
+fn params_of(limits: &Limits, wall_secs: Option<u64>) -> BudgetParams {
+    BudgetParams {
+        usd: limits.cost_micro_usd.map(|m| m as f64 / 1_000_000.0),
+        tokens: limits.tokens,
+        llm_calls: limits.llm_calls,
+        tool_calls: limits.tool_calls,
+        wall_secs,
+    }
+}
+
+/// Checks budget numbers from a request.
+pub(crate) fn validate(params: &BudgetParams, what: &str) -> Result<()> {
+    if let Some(usd) = params.usd
+        && !(usd.is_finite() && (0.0..1e9).contains(&usd))
+    {
+        return Err(Error::InvalidRequest(format!("{what}: usd must be a non-negative amount, got {usd}")));
+    }
+    Ok(())
+}
+
+fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.saturating_add(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Sums two sets of budget params (initial limits plus top-ups).
+fn sum(a: &BudgetParams, b: &BudgetParams) -> BudgetParams {
+    BudgetParams {
+        usd: match (a.usd, b.usd) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        },
+        tokens: add(a.tokens, b.tokens),
+        llm_calls: add(a.llm_calls, b.llm_calls),
+        tool_calls: add(a.tool_calls, b.tool_calls),
+        wall_secs: add(a.wall_secs, b.wall_secs),
+    }
+}
+
+const TOPUP_SCOPE: &str = "kernel:budget-topups";
+
+impl Kernel {
+    /// The run's effective limits: those it was created with plus every top-up (kept
+    /// durably in the kv space, so they survive restarts). `None` if it has no budget.
+    pub(crate) async fn budget_params(&self, record: &RunRecord) -> Result<Option<BudgetParams>> {
+        let initial: Option<BudgetParams> = record
+            .spec
+            .get("budget")
+            .filter(|v| !v.is_null())
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        let topups: Option<BudgetParams> = self
+            .store()
+            .kv_get(TOPUP_SCOPE, record.id.as_str())
+            .await?
+            .and_then(|v| serde_json::from_value(v).ok());
+        Ok(match (initial, topups) {
+            (Some(a), Some(b)) => Some(sum(&a, &b)),
+            (a, b) => a.or(b),
+        })
+    }
+
+    /// The budget state of a freshly launched attempt: what was spent before (including
+    /// every call a replay will answer from the journal) is already spent.
+    pub(crate) async fn load_budget(&self, record: &RunRecord) -> Result<RunBudget> {
+        let params = self.budget_params(record).await?.unwrap_or_default();
+        let (limits, wall_secs) = limits_of(&params);
+        let mut account = Account::new(limits);
+        account.record(record.usage);
+        let threshold = record
+            .spec
+            .get("loop_threshold")
+            .and_then(Value::as_u64)
+            .map_or(DEFAULT_LOOP_THRESHOLD, |t| t as u32);
+        Ok(RunBudget {
+            account: Mutex::new(account),
+            loops: Mutex::new(LoopDetector::new(threshold)),
+            loop_threshold: threshold,
+            changed: Notify::new(),
+            wall_deadline: Mutex::new(
+                wall_secs.map(|s| record.created_at_ms.saturating_add(s.saturating_mul(1000))),
+            ),
+            reason: Mutex::new(None),
+            parking: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// What `keel ps` / `inspect` show: limits and what is left, from durable state.
+    pub async fn budget_view(&self, record: &RunRecord) -> Result<Option<BudgetView>> {
+        let Some(params) = self.budget_params(record).await? else { return Ok(None) };
+        let (limits, wall_secs) = limits_of(&params);
+        let mut account = Account::new(limits);
+        account.record(record.usage);
+        let remaining = account.remaining();
+        let elapsed_secs =
+            record.ended_at_ms.unwrap_or_else(now_ms).saturating_sub(record.created_at_ms) / 1000;
+        let wall_left = wall_secs.map(|w| w.saturating_sub(elapsed_secs));
+        Ok(Some(BudgetView {
+            limits: params_of(&limits, wall_secs),
+            remaining: params_of(&remaining, wall_left),
+        }))
+    }
+
+    /// Why a live run is parked by its budget, if it is.
+    pub fn budget_reason(&self, run: &RunId) -> Option<String> {
+        self.live(run).and_then(|live| lock(&live.budget.reason).clone())
+    }
+
+    /// Notes an LLM request for the loop detector; parks the run while it repeats.
+    pub(crate) async fn check_loop(&self, live: &Arc<LiveRun>, key: &str) -> Result<(), RpcError> {
+        loop {
+            let looping = lock(&live.budget.loops).observe(key);
+            if !looping {
+                return Ok(());
+            }
+            let reason = format!(
+                "loop detected: the same LLM request was sent {} times in a row; \
+                 `keel budget {} --continue` lets it go on",
+                live.budget.loop_threshold, live.id
+            );
+            let notified = live.budget.changed.notified();
+            self.park_for_budget(live, reason).await?;
+            notified.await;
+            // An operator continued the run: the detector was reset; count this call anew.
+        }
+    }
+
+    /// Reserves `amount` (a call's worst case). If it does not fit while other calls are
+    /// in flight, it waits for them to settle (they usually use less than they reserved);
+    /// if it does not fit with nothing in flight, only a top-up can help, so the run parks
+    /// as `waiting(budget)` until one comes.
+    pub(crate) async fn reserve(
+        &self,
+        live: &Arc<LiveRun>,
+        amount: Usage,
+    ) -> Result<ReservationId, RpcError> {
+        loop {
+            let notified = live.budget.changed.notified();
+            let attempt: Result<ReservationId, (Exhausted, usize)> = {
+                let mut account = lock(&live.budget.account);
+                account.reserve(amount).map_err(|e| (e, account.outstanding()))
+            };
+            match attempt {
+                Ok(id) => {
+                    self.unpark_after_budget(live).await;
+                    return Ok(id);
+                }
+                Err((_, in_flight)) if in_flight > 0 => notified.await,
+                Err((exhausted, _)) => {
+                    let reason = exhausted.to_string().replace("RUN", live.id.as_str());
+                    self.park_for_budget(live, reason).await?;
+                    notified.await;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn settle_budget(&self, live: &Arc<LiveRun>, id: ReservationId, actual: Usage) {
+        lock(&live.budget.account).settle(id, actual);
+        live.budget.changed.notify_waiters();
+    }
+
+    pub(crate) fn release_budget(&self, live: &Arc<LiveRun>, id: ReservationId) {
+        lock(&live.budget.account).release(id);
+        live.budget.changed.notify_waiters();
+    }
+
+    /// Records why the run is parked and moves it to `waiting(budget)`. Never fails the
+    /// call that asked: at worst the state lags (and is logged), the wait itself holds.
+    async fn park_for_budget(&self, live: &Arc<LiveRun>, reason: String) -> Result<(), RpcError> {
+        let _serial = live.budget.parking.lock().await;
+        let first = lock(&live.budget.reason).replace(reason.clone()).is_none();
+        if first {
+            self.emit(&live.id, "budget", json!({ "parked": true, "reason": reason }));
+        }
+        let state = match self.get(&live.id).await {
+            Ok(record) => record.state,
+            Err(err) => {
+                tracing::warn!(run = %live.id, "could not read the run to park it: {err}");
+                return Ok(());
+            }
+        };
+        if state == RunState::Recovering {
+            let _ = self.transition(&live.id, Lifecycle::Recovered, RunPatch::default()).await;
+        }
+        if matches!(state, RunState::Running | RunState::Recovering)
+            && let Err(err) =
+                self.transition(&live.id, Lifecycle::Park(WaitReason::Budget), RunPatch::default()).await
+        {
+            tracing::warn!(run = %live.id, "could not park the run: {err}");
+        }
+        Ok(())
+    }
+
+    async fn unpark_after_budget(&self, live: &Arc<LiveRun>) {
+        let _serial = live.budget.parking.lock().await;
+        if lock(&live.budget.reason).take().is_none() {
+            return;
+        }
+        self.emit(&live.id, "budget", json!({ "parked": false }));
+        if let Ok(record) = self.get(&live.id).await
+            && record.state == RunState::Waiting
+            && record.wait_reason == Some(WaitReason::Budget)
+            && let Err(err) = self.transition(&live.id, Lifecycle::Wake, RunPatch::default()).await
+        {
+            tracing::warn!(run = %live.id, "could not wake the run after a top-up: {err}");
+        }
+    }
+
+    /// Adds to a run's budget (durably), lets parked calls try again, and with
+    /// `continue_loop` also lets a run parked by the loop detector go on.
+    pub(crate) async fn top_up(
+        &self,
+        run: &RunId,
+        add: BudgetParams,
+        continue_loop: bool,
+    ) -> Result<RunRecord> {
+        validate(&add, "top-up")?;
+        let record = self.get(run).await?;
+        if record.state.is_terminal() {
+            return Err(Error::Conflict(format!(
+                "run {run} has ended ({}); its budget can no longer change",
+                record.state
+            )));
+        }
+        let previous: BudgetParams = self
+            .store()
+            .kv_get(TOPUP_SCOPE, run.as_str())
+            .await?
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
+        let total = sum(&previous, &add);
+        let value = serde_json::to_value(&total).map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        self.store().kv_put(TOPUP_SCOPE, run.as_str(), value).await?;
+        self.emit(run, "budget", json!({ "top_up": add, "continue": continue_loop }));
+        if let Some(live) = self.live(run) {
+            let (limits, wall) = limits_of(&add);
+            lock(&live.budget.account).top_up(limits);
+            if let Some(wall) = wall {
+                let mut deadline = lock(&live.budget.wall_deadline);
+                *deadline = deadline.map(|d| d.saturating_add(wall * 1000));
+            }
+            if continue_loop {
+                lock(&live.budget.loops).reset();
+            }
+            live.budget.changed.notify_waiters();
+        }
+        self.get(run).await
+    }
+
+    /// Freezes the run when its wall-time budget is used up and thaws it after a top-up.
+    pub(crate) fn watch_wall_clock(&self, live: Arc<LiveRun>) {
+        let Some(_) = *lock(&live.budget.wall_deadline) else { return };
+        let kernel = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let Some(deadline) = *lock(&live.budget.wall_deadline) else { return };
+                let now = now_ms();
+                if now < deadline {
+                    tokio::time::sleep(Duration::from_millis(deadline - now)).await;
+                    continue;
+                }
+                if kernel.live(&live.id).is_none_or(|current| !Arc::ptr_eq(&current, &live)) {
+                    return; // The attempt ended.
+                }
+                let notified = live.budget.changed.notified();
+                keel_sandbox::tree::signal_tree(Some(live.pid), live.id.as_str(), Signal::SIGSTOP);
+                let reason = format!(
+                    "wall-time budget used up; `keel budget {} --add-wall SECS` lets it go on",
+                    live.id
+                );
+                let _ = kernel.park_for_budget(&live, reason).await;
+                notified.await;
+                if lock(&live.budget.wall_deadline).is_some_and(|d| d > now_ms()) {
+                    keel_sandbox::tree::signal_tree(Some(live.pid), live.id.as_str(), Signal::SIGCONT);
+                    kernel.unpark_after_budget(&live).await;
+                }
+            }
+        });
+    }
+}
