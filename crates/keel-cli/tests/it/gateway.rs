@@ -93,7 +93,7 @@ fn mock_upstream(keel: &Keel, script: &str) -> (std::process::Child, u16, std::p
     let port_file = keel.data.path().join("mock.port");
     let counts = keel.data.path().join("mock.counts");
     let child = std::process::Command::new("python3")
-        .args([&agent("mock_openai.py"), script, port_file.to_str().unwrap()])
+        .args([&agent("mock_upstream.py"), script, port_file.to_str().unwrap()])
         .env("MOCK_COUNTS", &counts)
         .spawn()
         .expect("start the mock upstream");
@@ -181,4 +181,39 @@ fn streamed_calls_replay_as_streams_after_a_daemon_kill() {
     assert_eq!(seen["second"], "roses are journaled, violets replayed");
     assert_eq!(seen["third"], "and one more after the crash");
     assert_eq!(done["provider_calls"], 3, "the two replayed streams were not served again");
+}
+
+#[test]
+fn the_sdks_reach_real_providers_backed_by_a_mock_upstream() {
+    let mut keel = Keel::new();
+    let (mut upstream, port, counts) = mock_upstream(&keel, &agent("openai_script.json"));
+    keel.daemon_env = vec![
+        ("OPENAI_API_KEY".into(), "sk-upstream-test".into()),
+        ("OPENAI_BASE_URL".into(), format!("http://127.0.0.1:{port}/v1")),
+        ("ANTHROPIC_API_KEY".into(), "sk-ant-upstream-test".into()),
+        ("ANTHROPIC_BASE_URL".into(), format!("http://127.0.0.1:{port}")),
+    ];
+    keel.start_daemon();
+    let mut outputs = Vec::new();
+    for agent_file in ["openai_agent.py", "anthropic_agent.py"] {
+        let run = keel.detach(&["--", "python3", &agent(agent_file)]);
+        let done = keel.wait_state(&run, &["succeeded", "failed"]);
+        let logs = keel.ok(&["logs", &run]);
+        assert_eq!(done["state"], "succeeded", "{agent_file}: {logs}");
+        let line = logs.lines().find(|l| l.starts_with('{')).expect("agent output").to_owned();
+        outputs.push(serde_json::from_str::<Value>(&line).unwrap());
+    }
+    let _ = upstream.kill();
+    let (openai, anthropic) = (&outputs[0], &outputs[1]);
+    assert_eq!(openai["plain"], "hello from the kernel");
+    assert_eq!(openai["streamed"].as_str().unwrap().trim(), "roses are journaled, violets replayed");
+    assert_eq!(openai["stream_usage"], serde_json::json!([10, 7]));
+    assert_eq!(openai["tool_call"], serde_json::json!(["add", {"a": 2, "b": 3}]));
+    assert_eq!(openai["final"], "2 plus 3 is 5.");
+    assert_eq!(anthropic["plain"], "hello from the kernel");
+    assert_eq!(anthropic["streamed"].as_str().unwrap().trim(), "roses are journaled, violets replayed");
+    assert_eq!(anthropic["stop_reason"], "end_turn");
+    let counts = read_counts(&counts);
+    assert_eq!(counts["errors"], serde_json::json!([]), "request invariants at the upstream: {counts}");
+    assert_eq!(counts["total"], 6, "4 OpenAI + 2 Anthropic calls, each served once: {counts}");
 }
