@@ -11,6 +11,7 @@
 pub mod anthropic;
 pub mod config;
 pub mod error;
+mod fields;
 mod http;
 pub mod openai;
 pub mod pricing;

@@ -14,16 +14,14 @@ use keel_protocol::rpc::{AssistantMessage, ChatMessage, ChatRole, LlmChatParams,
 use serde_json::{Map, Value, json};
 
 use crate::Delta;
-use crate::error::{Error, ErrorBody, Result};
+use crate::error::{ErrorBody, Result};
 use crate::openai::wire::Parsed;
 use crate::pricing::DEFAULT_MAX_OUTPUT_TOKENS;
 
 /// The API version every request declares.
 pub const API_VERSION: &str = "2023-06-01";
 
-fn invalid(message: impl Into<String>) -> Error {
-    Error::InvalidRequest(message.into())
-}
+use crate::fields::{self, invalid};
 
 /// Anthropic's `stop_reason` in OpenAI's words.
 pub fn finish_reason_from_stop_reason(stop_reason: &str) -> String {
@@ -604,43 +602,17 @@ pub fn messages_request_to_canonical(body: &Value) -> Result<(LlmChatParams, boo
         .and_then(Value::as_bool)
         .filter(|disable| *disable)
         .map(|_| false);
-    let max_tokens = match object.get("max_tokens") {
-        None | Some(Value::Null) => None,
-        Some(value) => Some(
-            value
-                .as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| invalid("`max_tokens` must be a positive integer"))?,
-        ),
-    };
-    let number = |key: &str| -> Result<Option<f64>> {
-        match object.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(value) => {
-                value.as_f64().map(Some).ok_or_else(|| invalid(format!("`{key}` must be a number")))
-            }
-        }
-    };
-    let stop = match object.get("stop_sequences") {
-        None | Some(Value::Null) => None,
-        Some(Value::Array(many)) => Some(
-            many.iter()
-                .map(|s| s.as_str().map(str::to_owned))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| invalid("`stop_sequences` must be an array of strings"))?,
-        )
-        .filter(|s| !s.is_empty()),
-        Some(_) => return Err(invalid("`stop_sequences` must be an array of strings")),
-    };
+    let max_tokens = fields::max_tokens(object, &["max_tokens"])?;
+    let stop = fields::stop_sequences(object, "stop_sequences", false)?.filter(|s| !s.is_empty());
     let params = LlmChatParams {
         messages,
-        model: object.get("model").and_then(Value::as_str).filter(|m| !m.is_empty()).map(str::to_owned),
+        model: fields::model(object),
         tools,
         max_tokens,
-        temperature: number("temperature")?,
+        temperature: fields::number(object, "temperature")?,
         tool_choice,
         stop,
-        top_p: number("top_p")?,
+        top_p: fields::number(object, "top_p")?,
         response_format: None,
         parallel_tool_calls,
     };

@@ -9,7 +9,7 @@ use keel_protocol::rpc::{AssistantMessage, ChatMessage, ChatRole, LlmChatParams,
 use serde_json::{Map, Value, json};
 
 use crate::Delta;
-use crate::error::{Error, ErrorBody, Result};
+use crate::error::{ErrorBody, Result};
 use crate::pricing::DEFAULT_MAX_OUTPUT_TOKENS;
 
 // ---------------------------------------------------------------------------------------
@@ -254,9 +254,7 @@ impl ChunkAssembler {
 // The kernel's OpenAI-compatible endpoint: what an agent's SDK sends and gets back.
 // ---------------------------------------------------------------------------------------
 
-fn invalid(message: impl Into<String>) -> Error {
-    Error::InvalidRequest(message.into())
-}
+use crate::fields::{self, invalid};
 
 /// Text of an OpenAI `content`: a string, null, or an array of parts (text parts are
 /// joined; other kinds are refused, since the canonical message holds text only).
@@ -343,43 +341,17 @@ pub fn chat_request_to_canonical(body: &Value) -> Result<(LlmChatParams, bool)> 
     if object.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
         return Err(invalid("`n` greater than 1 is not supported; make several calls"));
     }
-    let max_tokens = match object.get("max_completion_tokens").or_else(|| object.get("max_tokens")) {
-        None | Some(Value::Null) => None,
-        Some(value) => Some(
-            value
-                .as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| invalid("`max_tokens` must be a positive integer"))?,
-        ),
-    };
-    let number = |key: &str| -> Result<Option<f64>> {
-        match object.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(value) => {
-                value.as_f64().map(Some).ok_or_else(|| invalid(format!("`{key}` must be a number")))
-            }
-        }
-    };
-    let stop = match object.get("stop") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(one)) => Some(vec![one.clone()]),
-        Some(Value::Array(many)) => Some(
-            many.iter()
-                .map(|s| s.as_str().map(str::to_owned))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| invalid("`stop` must be a string or an array of strings"))?,
-        ),
-        Some(_) => return Err(invalid("`stop` must be a string or an array of strings")),
-    };
+    let max_tokens = fields::max_tokens(object, &["max_completion_tokens", "max_tokens"])?;
+    let stop = fields::stop_sequences(object, "stop", true)?;
     let params = LlmChatParams {
         messages,
-        model: object.get("model").and_then(Value::as_str).filter(|m| !m.is_empty()).map(str::to_owned),
+        model: fields::model(object),
         tools,
         max_tokens,
-        temperature: number("temperature")?,
+        temperature: fields::number(object, "temperature")?,
         tool_choice: object.get("tool_choice").filter(|v| !v.is_null()).cloned(),
         stop,
-        top_p: number("top_p")?,
+        top_p: fields::number(object, "top_p")?,
         response_format: object.get("response_format").filter(|v| !v.is_null()).cloned(),
         parallel_tool_calls: object.get("parallel_tool_calls").and_then(Value::as_bool),
     };
