@@ -68,6 +68,12 @@ impl DataDir {
         self.root.join("egress").join(format!("{run}.sock"))
     }
 
+    /// The Keel CA of the egress proxy and the CA bundle sandboxes trust (made when
+    /// keel.toml configures credentials to inject).
+    pub fn egress_ca(&self) -> PathBuf {
+        self.root.join("egress-ca")
+    }
+
     /// The Python SDK, unpacked from the binary so agents can import it.
     pub fn python_sdk(&self) -> PathBuf {
         self.root.join("sdk/python")

@@ -46,6 +46,9 @@ pub struct KernelOptions {
     /// The model providers (from keel.toml or the kernel's environment); each run gets
     /// `for_run` of it, with its own script, model and fallbacks.
     pub llm: keel_llm::Router,
+    /// What the egress proxies of `allowlist` runs share: credentials they inject,
+    /// `egress.resolve` overrides, the Keel CA (from the `[egress]` table of keel.toml).
+    pub egress: Arc<keel_sandbox::egress::EgressSettings>,
 }
 
 /// A request to start a run, validated (see [`CreateRun::validate`]).
@@ -188,6 +191,7 @@ pub(crate) struct Inner {
     default_llm_script: Option<Value>,
     gateway_addr: Option<std::net::SocketAddr>,
     llm: keel_llm::Router,
+    pub(crate) egress: Arc<keel_sandbox::egress::EgressSettings>,
     live: Mutex<HashMap<RunId, Arc<LiveRun>>>,
     tokens: Mutex<HashMap<String, Arc<LiveRun>>>,
     /// One lock per run, serialising its lifecycle changes so that read-decide-write
@@ -273,6 +277,7 @@ impl Kernel {
                 default_llm_script: options.default_llm_script,
                 gateway_addr: options.gateway_addr,
                 llm: options.llm,
+                egress: options.egress,
                 live: Mutex::default(),
                 tokens: Mutex::default(),
                 transitions: Mutex::default(),
@@ -490,7 +495,10 @@ impl Kernel {
         crate::sandboxing::prepare_volumes(&profile)?;
         let (bridges, egress) =
             self.bridges(&record.id, sandbox.as_ref(), &profile, self.inner.gateway_addr.is_some())?;
-        let env = self.agent_env(&record.id, &token, &spec, sandbox.shares_host(), &bridges);
+        // Runs whose proxy may intercept TLS (to inject credentials) trust the Keel CA.
+        let ca_bundle = egress.as_ref().and(self.inner.egress.ca_bundle()).map(std::path::Path::to_path_buf);
+        let env =
+            self.agent_env(&record.id, &token, &spec, sandbox.shares_host(), &bridges, ca_bundle.is_some());
         let data_dir = &self.inner.data_dir;
         let launched = sandbox
             .launch(LaunchSpec {
@@ -502,6 +510,7 @@ impl Kernel {
                 keel: KeelResources {
                     syscall_socket: Some(data_dir.syscall_socket()),
                     python_sdk: Some(data_dir.python_sdk()),
+                    ca_bundle,
                     secrets: vec![data_dir.root().to_path_buf()],
                 },
                 bridges,
@@ -572,6 +581,7 @@ impl Kernel {
         spec: &RunSpec,
         shares_host: bool,
         bridges: &[keel_sandbox::Bridge],
+        ca_bundle: bool,
     ) -> Vec<(String, String)> {
         use keel_sandbox::plan::inside;
         // Tier `none` is for development: the agent sees the kernel's environment, like
@@ -620,7 +630,7 @@ impl Kernel {
             env.insert("ANTHROPIC_BASE_URL".into(), base);
             env.insert("ANTHROPIC_API_KEY".into(), token.to_owned());
         }
-        crate::sandboxing::bridge_env(bridges, &mut env);
+        crate::sandboxing::bridge_env(bridges, ca_bundle, &mut env);
         env.into_iter().collect()
     }
 

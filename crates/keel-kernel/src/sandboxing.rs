@@ -129,7 +129,11 @@ pub(crate) fn prepare_volumes(profile: &Profile) -> Result<()> {
 }
 
 /// What the agent's environment says about the sandbox's bridges.
-pub(crate) fn bridge_env(bridges: &[Bridge], env: &mut std::collections::BTreeMap<String, String>) {
+pub(crate) fn bridge_env(
+    bridges: &[Bridge],
+    ca_bundle: bool,
+    env: &mut std::collections::BTreeMap<String, String>,
+) {
     if let Some(egress) = bridges.iter().find(|b| b.port == EGRESS_PORT) {
         let proxy = egress.url();
         for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
@@ -138,6 +142,14 @@ pub(crate) fn bridge_env(bridges: &[Bridge], env: &mut std::collections::BTreeMa
         // The kernel's own bridges are reached directly.
         for name in ["NO_PROXY", "no_proxy"] {
             env.insert(name.into(), "127.0.0.1,localhost".into());
+        }
+        // The proxy terminates TLS for hosts with an injected credential; the bundle is
+        // the host's roots plus the Keel CA, so every other host verifies as before.
+        if ca_bundle {
+            let bundle = keel_sandbox::plan::inside::CA_BUNDLE;
+            for name in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"] {
+                env.insert(name.into(), bundle.into());
+            }
         }
     }
 }
@@ -175,10 +187,14 @@ impl crate::Kernel {
             if let Some(reason) = event.reason {
                 data["reason"] = json!(reason);
             }
+            // The header's name only: the value never leaves the proxy.
+            if let Some(header) = event.credential {
+                data["credential"] = json!(header);
+            }
             kernel.emit(&id, "egress", data);
         });
         let path = self.inner.data_dir.egress_socket(run.as_str());
-        let proxy = EgressProxy::start(&path, allowlist, audit)
+        let proxy = EgressProxy::start(&path, allowlist, self.inner.egress.clone(), audit)
             .map_err(|source| Error::DataDir { dir: path.display().to_string(), source })?;
         bridges.push(Bridge { port: EGRESS_PORT, host_socket: path });
         Ok((bridges, Some(proxy)))

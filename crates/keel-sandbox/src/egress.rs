@@ -4,13 +4,20 @@
 //! host:port` tunnels (HTTPS) and absolute-form plain HTTP requests. Every connection
 //! attempt, allowed or denied, is reported to the kernel's audit callback.
 //!
+//! For hosts with a credential in the kernel's config (`egress_auth`), the proxy sets the
+//! credential's header on what it forwards: on plain HTTP requests directly, and inside
+//! CONNECT by terminating TLS with a Keel-signed certificate and re-originating verified
+//! TLS upstream. Other CONNECTs stay blind tunnels.
+//!
 //! Decisions are pure (`HostPattern`, `Allowlist::decide`); the serving loop is the edge.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+pub use crate::egress_auth::{EgressConfig, EgressSettings};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 
 /// A host pattern: `api.example.com`, `*.example.com` (any subdomain, not the apex), or
@@ -64,7 +71,7 @@ impl HostPattern {
     }
 
     /// Whether the pattern names an address directly (then it may be any address).
-    fn is_literal_ip(&self) -> bool {
+    pub(crate) fn is_literal_ip(&self) -> bool {
         !self.wildcard && self.host.parse::<IpAddr>().is_ok()
     }
 }
@@ -129,6 +136,8 @@ pub struct EgressEvent {
     pub method: String,
     /// Why it was denied or failed.
     pub reason: Option<String>,
+    /// The header the proxy injected from the kernel's config (its name, never the value).
+    pub credential: Option<String>,
 }
 
 pub type Audit = Arc<dyn Fn(EgressEvent) + Send + Sync>;
@@ -148,7 +157,12 @@ impl Drop for EgressProxy {
 
 impl EgressProxy {
     /// Listens on `path` (replacing a stale socket) and serves until dropped.
-    pub fn start(path: &std::path::Path, allowlist: Allowlist, audit: Audit) -> std::io::Result<EgressProxy> {
+    pub fn start(
+        path: &std::path::Path,
+        allowlist: Allowlist,
+        settings: Arc<EgressSettings>,
+        audit: Audit,
+    ) -> std::io::Result<EgressProxy> {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
         }
@@ -162,8 +176,9 @@ impl EgressProxy {
                     continue;
                 };
                 let allowlist = allowlist.clone();
+                let settings = settings.clone();
                 let audit = audit.clone();
-                tokio::spawn(async move { serve(stream, &allowlist, &audit).await });
+                tokio::spawn(async move { serve(stream, &allowlist, &settings, &audit).await });
             }
         });
         Ok(EgressProxy { task, path: path.to_path_buf() })
@@ -173,7 +188,7 @@ impl EgressProxy {
 const MAX_HEAD: usize = 64 * 1024;
 
 /// Reads the request head (through the blank line). Returns it and any bytes after it.
-async fn read_head(stream: &mut UnixStream) -> std::io::Result<Option<(Vec<u8>, Vec<u8>)>> {
+async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<Option<(Vec<u8>, Vec<u8>)>> {
     let mut buffer = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
     loop {
@@ -273,7 +288,21 @@ async fn respond(stream: &mut UnixStream, status: &str, message: &str) {
     let _ = stream.write_all(body.as_bytes()).await;
 }
 
-async fn connect(host: &str, port: u16, literal_ip: bool) -> Result<TcpStream, String> {
+async fn connect(
+    host: &str,
+    port: u16,
+    literal_ip: bool,
+    settings: &EgressSettings,
+) -> Result<TcpStream, String> {
+    // Names the kernel's config resolves itself (`egress.resolve`) may be any address.
+    if let Some(ip) = settings.resolve(host) {
+        let address = SocketAddr::new(ip, port);
+        return match tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(address)).await {
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(e)) => Err(format!("connecting to {address} ({host} in egress.resolve): {e}")),
+            Err(_) => Err(format!("connecting to {address} ({host} in egress.resolve) timed out")),
+        };
+    }
     let addresses: Vec<SocketAddr> =
         tokio::time::timeout(Duration::from_secs(10), tokio::net::lookup_host((host, port)))
             .await
@@ -302,7 +331,7 @@ async fn connect(host: &str, port: u16, literal_ip: bool) -> Result<TcpStream, S
     Err(last)
 }
 
-async fn serve(mut stream: UnixStream, allowlist: &Allowlist, audit: &Audit) {
+async fn serve(mut stream: UnixStream, allowlist: &Allowlist, settings: &EgressSettings, audit: &Audit) {
     let Ok(Some((head, rest))) = read_head(&mut stream).await else { return };
     let request = match parse_request(&head) {
         Ok(request) => request,
@@ -311,12 +340,14 @@ async fn serve(mut stream: UnixStream, allowlist: &Allowlist, audit: &Audit) {
             return;
         }
     };
+    let credential = settings.credential_for(&request.host, request.port);
     let event = |allowed: bool, reason: Option<String>| EgressEvent {
         allowed,
         host: request.host.clone(),
         port: request.port,
         method: request.method.clone(),
         reason,
+        credential: if allowed { credential.map(|c| c.header.clone()) } else { None },
     };
     let literal_ip = match allowlist.decide(&request.host, request.port) {
         Decision::Allow { literal_ip } => literal_ip,
@@ -326,7 +357,7 @@ async fn serve(mut stream: UnixStream, allowlist: &Allowlist, audit: &Audit) {
             return;
         }
     };
-    let mut upstream = match connect(&request.host, request.port, literal_ip).await {
+    let mut upstream = match connect(&request.host, request.port, literal_ip, settings).await {
         Ok(upstream) => upstream,
         Err(reason) => {
             audit(event(false, Some(reason.clone())));
@@ -334,15 +365,96 @@ async fn serve(mut stream: UnixStream, allowlist: &Allowlist, audit: &Audit) {
             return;
         }
     };
+    // CONNECT to a host with a credential: intercept, so the header can be set.
+    if let (None, Some(credential), Some(tls)) = (&request.upstream_head, credential, settings.interception())
+    {
+        if stream.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n").await.is_err() {
+            return;
+        }
+        match intercept(stream, rest, upstream, &request.host, credential, tls).await {
+            Ok(Some(forward)) => {
+                audit(event(true, None));
+                forward.await;
+            }
+            Ok(None) => {
+                audit(event(false, Some("the client closed the tunnel before sending a request".into())))
+            }
+            Err(reason) => audit(event(false, Some(reason))),
+        }
+        return;
+    }
     audit(event(true, None));
-    let sent = match &request.upstream_head {
-        None => stream.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n").await,
-        Some(head) => upstream.write_all(head).await,
+    let sent = match (&request.upstream_head, credential) {
+        (None, _) => stream.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n").await,
+        (Some(head), Some(credential)) => {
+            upstream
+                .write_all(&crate::egress_auth::set_header(head, &credential.header, credential.value()))
+                .await
+        }
+        (Some(head), None) => upstream.write_all(head).await,
     };
     if sent.is_err() || (!rest.is_empty() && upstream.write_all(&rest).await.is_err()) {
         return;
     }
     let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
+}
+
+/// Terminates the agent's TLS with a Keel-signed certificate for `host`, opens verified
+/// TLS to the real host, reads the agent's first request and forwards it with the
+/// credential set. Returns the forwarding to run once audited, `None` when the agent went
+/// away before sending a request, or why interception failed.
+async fn intercept(
+    agent: UnixStream,
+    early: Vec<u8>,
+    upstream: TcpStream,
+    host: &str,
+    credential: &crate::egress_auth::Credential,
+    tls: &crate::egress_auth::Interception,
+) -> Result<Option<impl std::future::Future<Output = ()> + use<>>, String> {
+    if !early.is_empty() {
+        return Err("the client sent data before the tunnel was established".into());
+    }
+    let server = tls.server_config(host)?;
+    let mut agent =
+        tokio::time::timeout(Duration::from_secs(30), tokio_rustls::TlsAcceptor::from(server).accept(agent))
+            .await
+            .map_err(|_| "TLS handshake with the agent timed out".to_owned())?
+            .map_err(|e| format!("TLS handshake with the agent failed (does it trust the Keel CA?): {e}"))?;
+    let name = crate::egress_auth::Interception::server_name(host)?;
+    let mut upstream = tokio::time::timeout(Duration::from_secs(30), tls.connector().connect(name, upstream))
+        .await
+        .map_err(|_| format!("TLS handshake with {host} timed out"))?
+        .map_err(|e| format!("TLS to {host} failed verification or handshake: {e}"))?;
+    let Ok(Some((head, rest))) = read_head(&mut agent).await else { return Ok(None) };
+    let head = crate::egress_auth::tunnel_request_head(&head)?;
+    let head = crate::egress_auth::set_header(&head, &credential.header, credential.value());
+    upstream.write_all(&head).await.map_err(|e| format!("writing to {host}: {e}"))?;
+    if !rest.is_empty() {
+        upstream.write_all(&rest).await.map_err(|e| format!("writing to {host}: {e}"))?;
+    }
+    Ok(Some(async move { forward_one(agent, upstream).await }))
+}
+
+/// Copies the rest of one request up and its response down; done when the response ends.
+async fn forward_one<A, U>(agent: A, upstream: U)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut agent_read, mut agent_write) = tokio::io::split(agent);
+    let (mut upstream_read, mut upstream_write) = tokio::io::split(upstream);
+    let up = async {
+        let _ = tokio::io::copy(&mut agent_read, &mut upstream_write).await;
+        std::future::pending::<()>().await;
+    };
+    let down = async {
+        let _ = tokio::io::copy(&mut upstream_read, &mut agent_write).await;
+        let _ = agent_write.shutdown().await;
+    };
+    tokio::select! {
+        () = up => {}
+        () = down => {}
+    }
 }
 
 #[cfg(test)]
@@ -429,8 +541,13 @@ mod tests {
         let events = Arc::new(std::sync::Mutex::new(Vec::new()));
         let seen = events.clone();
         let audit: Audit = Arc::new(move |event| seen.lock().unwrap().push(event));
-        let _proxy =
-            EgressProxy::start(&path, Allowlist::parse(&["127.0.0.1".into()]).unwrap(), audit).unwrap();
+        let _proxy = EgressProxy::start(
+            &path,
+            Allowlist::parse(&["127.0.0.1".into()]).unwrap(),
+            Arc::default(),
+            audit,
+        )
+        .unwrap();
 
         let mut client = UnixStream::connect(&path).await.unwrap();
         client.write_all(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
@@ -452,5 +569,137 @@ mod tests {
         assert_eq!(events.len(), 2);
         assert!(events[0].allowed && events[0].port == port);
         assert!(!events[1].allowed && events[1].host == "evil.example");
+    }
+}
+
+#[cfg(test)]
+mod interception_tests {
+    use super::*;
+    use crate::egress_auth::{CredentialConfig, EgressConfig, EgressSettings};
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+
+    fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+        Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    }
+
+    /// A TLS server for `name` with a certificate from a fresh CA; answers each request
+    /// with the request head it received. Returns its port and the CA's PEM.
+    async fn upstream(name: &str) -> (u16, String) {
+        let mut ca = rcgen::CertificateParams::default();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(rcgen::DnType::CommonName, "test upstream CA");
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let leaf_key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(vec![name.to_owned()])
+            .unwrap()
+            .signed_by(&leaf_key, &rcgen::Issuer::from_params(&ca, &ca_key))
+            .unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![leaf.der().clone()],
+                rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).unwrap(),
+            )
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(socket).await else { return };
+                    let Ok(Some((head, _))) = read_head(&mut tls).await else { return };
+                    let reply = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", head.len());
+                    let _ = tls.write_all(reply.as_bytes()).await;
+                    let _ = tls.write_all(&head).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        (port, ca_pem)
+    }
+
+    /// Through the proxy at `path`: CONNECT, TLS trusting only the Keel CA, one request.
+    async fn fetch(path: &std::path::Path, ca_dir: &std::path::Path, host: &str, port: u16) -> String {
+        let mut stream = UnixStream::connect(path).await.unwrap();
+        stream.write_all(format!("CONNECT {host}:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+        let (reply, _) = read_head(&mut stream).await.unwrap().unwrap();
+        assert!(reply.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&reply));
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(ca_dir.join("ca-cert.pem")).unwrap() {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from(host.to_owned()).unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, stream).await.unwrap();
+        tls.write_all(format!("GET /x HTTP/1.1\r\nHost: {host}\r\nAuthorization: mine\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut text = Vec::new();
+        let _ = tls.read_to_end(&mut text).await;
+        String::from_utf8_lossy(&text).into_owned()
+    }
+
+    async fn proxy(
+        dir: &std::path::Path,
+        extra_roots: Vec<std::path::PathBuf>,
+    ) -> (EgressProxy, Arc<std::sync::Mutex<Vec<EgressEvent>>>) {
+        let config = EgressConfig {
+            credentials: vec![CredentialConfig {
+                host: "api.test.internal".into(),
+                header: "Authorization".into(),
+                value: Some("k3y".into()),
+                prefix: Some("Bearer ".into()),
+                ..CredentialConfig::default()
+            }],
+            extra_roots,
+            resolve: [("api.test.internal".to_owned(), "127.0.0.1".to_owned())].into(),
+        };
+        let settings = EgressSettings::build(&config, &|_| None, &dir.join("ca")).unwrap();
+        let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = events.clone();
+        let audit: Audit = Arc::new(move |event| seen.lock().unwrap().push(event));
+        let allow = Allowlist::parse(&["api.test.internal".into()]).unwrap();
+        (EgressProxy::start(&dir.join("egress.sock"), allow, Arc::new(settings), audit).unwrap(), events)
+    }
+
+    #[tokio::test]
+    async fn intercepted_https_gets_the_credential_and_a_verified_upstream() {
+        let (port, ca_pem) = upstream("api.test.internal").await;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("upstream-ca.pem"), ca_pem).unwrap();
+        let (_proxy, events) = proxy(dir.path(), vec![dir.path().join("upstream-ca.pem")]).await;
+        let response =
+            fetch(&dir.path().join("egress.sock"), &dir.path().join("ca"), "api.test.internal", port).await;
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(response.contains("\r\nAuthorization: Bearer k3y\r\n"), "{response}");
+        assert!(!response.contains("mine") && response.contains("Connection: close"), "{response}");
+        let events = events.lock().unwrap().clone();
+        assert_eq!(events.len(), 1);
+        assert!(events[0].allowed && events[0].credential.as_deref() == Some("Authorization"));
+    }
+
+    #[tokio::test]
+    async fn an_upstream_that_fails_verification_gets_nothing() {
+        let (port, _) = upstream("api.test.internal").await;
+        let dir = tempfile::tempdir().unwrap();
+        // The upstream's CA is not trusted: the proxy must not send it the credential.
+        let (_proxy, events) = proxy(dir.path(), Vec::new()).await;
+        let response =
+            fetch(&dir.path().join("egress.sock"), &dir.path().join("ca"), "api.test.internal", port).await;
+        assert!(response.is_empty(), "{response}");
+        let events = events.lock().unwrap().clone();
+        assert_eq!(events.len(), 1);
+        assert!(!events[0].allowed && events[0].credential.is_none(), "{events:?}");
+        assert!(events[0].reason.as_deref().unwrap().contains("verification"), "{events:?}");
     }
 }

@@ -15,6 +15,7 @@
 
 pub mod cgroup;
 pub mod egress;
+pub mod egress_auth;
 pub mod host;
 mod init;
 pub mod none;
@@ -81,6 +82,9 @@ pub enum Error {
 pub struct KeelResources {
     pub syscall_socket: Option<PathBuf>,
     pub python_sdk: Option<PathBuf>,
+    /// The CA bundle that trusts the egress proxy's CA (`allowlist` runs with injected
+    /// credentials); bound read-only at `plan::inside::CA_BUNDLE`.
+    pub ca_bundle: Option<PathBuf>,
     /// Host paths that must never be visible to the agent (the kernel's data directory);
     /// masked if a bind would expose them.
     pub secrets: Vec<PathBuf>,

@@ -20,6 +20,8 @@ pub mod inside {
     pub const SYSCALL_SOCKET: &str = "/run/keel/syscall.sock";
     /// The Python SDK (on `PYTHONPATH`).
     pub const PYTHON_SDK: &str = "/run/keel/sdk";
+    /// The CA bundle of `allowlist` runs whose proxy injects credentials (`SSL_CERT_FILE`).
+    pub const CA_BUNDLE: &str = "/run/keel/ca-bundle.pem";
     /// Scratch space that is the agent's home; a volume can take its place.
     pub const WORKSPACE: &str = "/workspace";
     pub const TMP: &str = "/tmp";
@@ -154,6 +156,7 @@ pub struct PlanInputs<'a> {
     /// The kernel's syscall socket and Python SDK on the host, if the agent gets them.
     pub syscall_socket: Option<&'a Path>,
     pub python_sdk: Option<&'a Path>,
+    pub ca_bundle: Option<&'a Path>,
     /// (port, host socket) of each bridge.
     pub bridges: &'a [(u16, PathBuf)],
     /// Host paths that must never be visible (the kernel's data directory, `~/.ssh`...);
@@ -327,6 +330,13 @@ pub fn build(inputs: &PlanInputs<'_>) -> Result<MountPlan, PlanError> {
             writable: false,
         });
     }
+    if let Some(bundle) = inputs.ca_bundle {
+        ops.push(MountOp::Bind {
+            source: bundle.to_path_buf(),
+            target: inside::CA_BUNDLE.into(),
+            writable: false,
+        });
+    }
     if let Some(socket) = inputs.syscall_socket {
         ops.push(MountOp::Bind {
             source: socket.to_path_buf(),
@@ -429,6 +439,7 @@ mod tests {
             volumes: &[],
             syscall_socket: None,
             python_sdk: None,
+            ca_bundle: None,
             bridges: &[],
             secrets: &[],
             scratch_bytes: 1 << 20,

@@ -252,3 +252,236 @@ fn a_program_that_cannot_exec_fails_its_run_also_from_the_pool() {
     assert_eq!(done["state"], "failed");
     assert!(done["error"].as_str().unwrap().contains("could not start"), "{done}");
 }
+
+/// A test CA (made here with rcgen) that signs the local "internet" servers' certificates.
+struct TestCa {
+    params: rcgen::CertificateParams,
+    key: rcgen::KeyPair,
+    pem: String,
+}
+
+impl TestCa {
+    fn new() -> TestCa {
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name.push(rcgen::DnType::CommonName, "Keel test upstream CA");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages =
+            vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::DigitalSignature];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let pem = params.self_signed(&key).unwrap().pem();
+        TestCa { params, key, pem }
+    }
+
+    /// A server certificate for `name` (DER) and its private key.
+    fn leaf(&self, name: &str) -> (Vec<u8>, Vec<u8>) {
+        let mut params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
+        params.use_authority_key_identifier_extension = true;
+        let key = rcgen::KeyPair::generate().unwrap();
+        let issuer = rcgen::Issuer::from_params(&self.params, &self.key);
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        (cert.der().to_vec(), key.serialize_der())
+    }
+}
+
+/// The request heads a test server received, one per connection.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// Serves one HTTP/1.1 request per connection on a loopback port (TLS with `tls`),
+/// recording each request head and answering `200 ok`.
+fn recording_server(tls: Option<(Vec<u8>, Vec<u8>)>) -> (u16, Seen) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Seen::default();
+    let config = tls.map(|(cert, key)| {
+        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        std::sync::Arc::new(
+            rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![cert.into()], rustls::pki_types::PrivateKeyDer::try_from(key).unwrap())
+                .unwrap(),
+        )
+    });
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let (config, record) = (config.clone(), record.clone());
+            std::thread::spawn(move || {
+                let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(30)));
+                let mut stream: Box<dyn ReadWrite> = match config {
+                    Some(config) => Box::new(rustls::StreamOwned::new(
+                        rustls::ServerConnection::new(config).unwrap(),
+                        stream,
+                    )),
+                    None => Box::new(stream),
+                };
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match stream.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                record.lock().unwrap().push(String::from_utf8_lossy(&head).into_owned());
+                let _ =
+                    stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+                let _ = stream.flush();
+            });
+        }
+    });
+    (port, seen)
+}
+
+trait ReadWrite: std::io::Read + std::io::Write + Send {}
+impl<T: std::io::Read + std::io::Write + Send> ReadWrite for T {}
+
+/// The values of header `name` in a recorded request head.
+fn header_values(head: &str, name: &str) -> Vec<String> {
+    head.split("\r\n")
+        .skip(1)
+        .filter_map(|line| line.split_once(':'))
+        .filter(|(n, _)| n.trim().eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.trim().to_owned())
+        .collect()
+}
+
+/// `[egress]` credentials in keel.toml: the proxy sets the header for a credentialed host
+/// over plain HTTP and over HTTPS (terminating TLS with a Keel-signed certificate the
+/// sandbox trusts, re-originating TLS verified against `extra_roots`), a host without a
+/// credential is still a blind tunnel, and the secret is nowhere inside the sandbox or
+/// the run's events.
+#[test]
+fn the_egress_proxy_injects_credentials_the_agent_never_holds() {
+    let keel = Keel::new();
+    let secret = unique("s3cret-token");
+    let ca = TestCa::new();
+    let (api_tls, api_seen) = recording_server(Some(ca.leaf("api.keel-test.internal")));
+    let (api_plain, plain_seen) = recording_server(None);
+    let blind_leaf = ca.leaf("blind.keel-test.internal");
+    let blind_cert: String = blind_leaf.0.iter().map(|b| format!("{b:02x}")).collect();
+    let (blind_port, blind_seen) = recording_server(Some(blind_leaf));
+    let ca_file = keel.data.path().join("test-upstream-ca.pem");
+    std::fs::write(&ca_file, &ca.pem).unwrap();
+    std::fs::write(
+        keel.data.path().join("keel.toml"),
+        format!(
+            r#"[egress]
+extra_roots = ["{}"]
+
+[egress.resolve]
+"api.keel-test.internal" = "127.0.0.1"
+"blind.keel-test.internal" = "127.0.0.1"
+
+[[egress.credentials]]
+host = "api.keel-test.internal"
+header = "Authorization"
+value_env = "KEEL_TEST_EGRESS_TOKEN"
+prefix = "Bearer "
+"#,
+            ca_file.display()
+        ),
+    )
+    .unwrap();
+    let reversed: String = secret.chars().rev().collect();
+    let out = keel
+        .cmd()
+        .env("KEEL_TEST_EGRESS_TOKEN", &secret)
+        .args(["run", "--quiet", "--allow-host", "api.keel-test.internal"])
+        .args(["--allow-host", "blind.keel-test.internal", "--", "python3", &agent("egress_credentials.py")])
+        .args([
+            &format!("https://api.keel-test.internal:{api_tls}/secure"),
+            &format!("http://api.keel-test.internal:{api_plain}/plain"),
+            "blind.keel-test.internal",
+            &blind_port.to_string(),
+            &reversed,
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!stdout.contains(&secret), "{stdout}");
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+
+    // HTTPS: the agent trusted the proxy's certificate, the server got the real header.
+    assert_eq!(report["https"], serde_json::json!({"status": 200, "body": "ok"}), "{report}");
+    let heads = api_seen.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert_eq!(
+        header_values(&heads[0], "authorization"),
+        [format!("Bearer {secret}")],
+        "replaced, not added"
+    );
+    assert!(heads[0].starts_with("GET /secure HTTP/1.1\r\n"), "{heads:?}");
+    // Plain HTTP: the same.
+    assert_eq!(report["http"], serde_json::json!({"status": 200, "body": "ok"}), "{report}");
+    let heads = plain_seen.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert_eq!(header_values(&heads[0], "authorization"), [format!("Bearer {secret}")]);
+    // No credential: a blind tunnel, the agent sees the real server's certificate and its
+    // own header arrives untouched.
+    assert_eq!(report["blind"]["cert"], blind_cert, "{report}");
+    assert!(report["blind"]["response"].as_str().unwrap().ends_with("ok"), "{report}");
+    let heads = blind_seen.lock().unwrap().clone();
+    assert_eq!(header_values(&heads[0], "authorization"), ["agent-own"]);
+    // The secret is not in the sandbox; the CA bundle is.
+    assert_eq!(report["secret_seen_in"], serde_json::json!([]), "{report}");
+    for name in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"] {
+        assert_eq!(report["env"][name], "/run/keel/ca-bundle.pem", "{report}");
+    }
+    assert_eq!(report["bundle_has_keel_ca"], true);
+
+    // The audit: each connection, with the injected header's name and never its value.
+    // (Every kernel validates its config at startup, an embedded one for `keel ps` too.)
+    let keel_with_secret = |args: &[&str]| {
+        let out = keel.cmd().env("KEEL_TEST_EGRESS_TOKEN", &secret).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let runs: Value = serde_json::from_str(&keel_with_secret(&["ps", "--json"])).unwrap();
+    let run = runs[0]["run_id"].as_str().unwrap().to_owned();
+    let logs = keel_with_secret(&["logs", &run, "--json"]);
+    assert!(!logs.contains(&secret), "the secret never reaches the event log");
+    let egress: Vec<Value> = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["kind"] == "egress")
+        .map(|e| e["data"].clone())
+        .collect();
+    let by_port =
+        |port: u16| egress.iter().find(|e| e["port"] == port).unwrap_or_else(|| panic!("{egress:?}"));
+    assert_eq!(egress.len(), 3, "{egress:?}");
+    assert_eq!(by_port(api_tls)["credential"], "Authorization");
+    assert_eq!(by_port(api_tls)["method"], "CONNECT");
+    assert_eq!(by_port(api_plain)["credential"], "Authorization");
+    assert_eq!(by_port(api_plain)["method"], "GET");
+    assert!(by_port(blind_port).get("credential").is_none(), "{egress:?}");
+    assert!(egress.iter().all(|e| e["allowed"] == true), "{egress:?}");
+}
+
+/// A credential whose environment variable the kernel lacks is a startup error that
+/// names the variable; a credential for a reserved header is refused.
+#[test]
+fn egress_credentials_are_validated_at_startup() {
+    let keel = Keel::new();
+    let config = keel.data.path().join("keel.toml");
+    std::fs::write(
+        &config,
+        "[[egress.credentials]]\nhost = \"api.example.com\"\nheader = \"Authorization\"\nvalue_env = \"KEEL_TEST_MISSING_TOKEN\"\n",
+    )
+    .unwrap();
+    let out = keel.cmd().env_remove("KEEL_TEST_MISSING_TOKEN").args(["run", "--", "true"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("KEEL_TEST_MISSING_TOKEN") && stderr.contains("keel.toml"), "{stderr}");
+    std::fs::write(
+        &config,
+        "[[egress.credentials]]\nhost = \"api.example.com\"\nheader = \"Host\"\nvalue = \"x\"\n",
+    )
+    .unwrap();
+    let out = keel.run(&["run", "--", "true"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("cannot inject"), "{stderr}");
+}
