@@ -10,8 +10,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use futures_util::StreamExt;
 use keel_kernel::{DataDir, Kernel, KernelOptions};
 use keel_protocol::api::{
-    AnswerParams, CreateRunParams, ErrorBody, EventView, EventsPage, HealthView, InspectView, RunView,
-    StopParams,
+    AnswerParams, CreateRunParams, ErrorBody, EventView, EventsPage, HealthView, InspectView,
+    MemoryDeleteView, MemoryPutBody, MemoryRecordView, MemorySearchView, RunView, StopParams, ThreadView,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -204,6 +204,63 @@ impl Client {
         self.send(self.http.post(self.url(&format!("/v1/runs/{run}/budget"))).json(body)).await
     }
 
+    /// The URL of `/v1/{segments...}`, each segment percent-encoded (namespaces and keys
+    /// may hold `/`, spaces and the like).
+    fn segments_url(&self, segments: &[&str]) -> Result<reqwest::Url> {
+        let mut url = reqwest::Url::parse(&self.base).context("the kernel address is not a URL")?;
+        url.path_segments_mut()
+            .map_err(|()| anyhow!("the kernel address {} cannot take a path", self.base))?
+            .push("v1")
+            .extend(segments);
+        Ok(url)
+    }
+
+    pub async fn memory_put(
+        &self,
+        namespace: &str,
+        key: &str,
+        body: &MemoryPutBody,
+    ) -> Result<MemoryRecordView> {
+        self.send(self.http.put(self.segments_url(&["memory", namespace, key])?).json(body)).await
+    }
+
+    pub async fn memory_get(&self, namespace: &str, key: &str) -> Result<MemoryRecordView> {
+        self.send(self.http.get(self.segments_url(&["memory", namespace, key])?)).await
+    }
+
+    pub async fn memory_delete(&self, namespace: &str, key: &str) -> Result<MemoryDeleteView> {
+        self.send(self.http.delete(self.segments_url(&["memory", namespace, key])?)).await
+    }
+
+    pub async fn memory_search(
+        &self,
+        namespace: &str,
+        query: &str,
+        limit: Option<u64>,
+    ) -> Result<MemorySearchView> {
+        let mut params = vec![("q", query.to_owned())];
+        if let Some(limit) = limit {
+            params.push(("limit", limit.to_string()));
+        }
+        self.send(self.http.get(self.segments_url(&["memory", namespace])?).query(&params)).await
+    }
+
+    pub async fn thread(
+        &self,
+        thread: &str,
+        last: Option<u64>,
+        max_tokens: Option<u64>,
+    ) -> Result<ThreadView> {
+        let mut params = Vec::new();
+        if let Some(last) = last {
+            params.push(("last", last.to_string()));
+        }
+        if let Some(max_tokens) = max_tokens {
+            params.push(("max_tokens", max_tokens.to_string()));
+        }
+        self.send(self.http.get(self.segments_url(&["threads", thread])?).query(&params)).await
+    }
+
     pub async fn answer(&self, run: &str, text: &str) -> Result<RunView> {
         let body = AnswerParams { text: text.to_owned() };
         self.send(self.http.post(self.url(&format!("/v1/runs/{run}/answer"))).json(&body)).await
@@ -300,9 +357,9 @@ pub fn no_delay(
     })
 }
 
-/// The model providers: `$KEEL_CONFIG` or `<data dir>/keel.toml` if there is one, else
-/// what the kernel's environment offers (OPENAI_API_KEY, ANTHROPIC_API_KEY, ...).
-fn load_llm_router(dir: &DataDir) -> Result<keel_llm::Router> {
+/// The kernel config: `$KEEL_CONFIG` or `<data dir>/keel.toml` if there is one. Returns
+/// its path and text.
+fn read_config(dir: &DataDir) -> Result<(PathBuf, Option<String>)> {
     let path =
         std::env::var_os("KEEL_CONFIG").map(PathBuf::from).unwrap_or_else(|| dir.root().join("keel.toml"));
     let text = match std::fs::read_to_string(&path) {
@@ -314,9 +371,32 @@ fn load_llm_router(dir: &DataDir) -> Result<keel_llm::Router> {
         }
         Err(err) => return Err(anyhow!("cannot read the kernel config {}: {err}", path.display())),
     };
-    let config = keel_llm::LlmConfig::load(text.as_deref())
-        .with_context(|| format!("kernel config {}", path.display()))?;
+    Ok((path, text))
+}
+
+/// The model providers: the `[llm]` table of the kernel config, else what the kernel's
+/// environment offers (OPENAI_API_KEY, ANTHROPIC_API_KEY, ...).
+fn load_llm_router(path: &std::path::Path, text: Option<&str>) -> Result<keel_llm::Router> {
+    let config =
+        keel_llm::LlmConfig::load(text).with_context(|| format!("kernel config {}", path.display()))?;
     keel_llm::Router::from_config(&config).with_context(|| format!("kernel config {}", path.display()))
+}
+
+/// The `[egress]` table of the kernel config: credentials the egress proxy injects (read
+/// from the kernel's environment now, so a missing one is a startup error), resolve
+/// overrides, and the Keel CA when there are credentials.
+fn load_egress(
+    dir: &DataDir,
+    path: &std::path::Path,
+    text: Option<&str>,
+) -> Result<keel_sandbox::egress::EgressSettings> {
+    let context = || format!("kernel config {}", path.display());
+    let config =
+        keel_sandbox::egress::EgressConfig::load(text).map_err(|e| anyhow!(e)).with_context(context)?;
+    let env = |name: &str| std::env::var(name).ok();
+    keel_sandbox::egress::EgressSettings::build(&config, &env, &dir.egress_ca())
+        .map_err(|e| anyhow!(e))
+        .with_context(context)
 }
 
 pub async fn start_kernel(
@@ -329,7 +409,9 @@ pub async fn start_kernel(
     // Unix socket in the data directory that sandboxes bridge to.
     let gateway_tcp =
         tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the gateway port")?;
-    let llm = load_llm_router(&dir)?;
+    let (config_path, config_text) = read_config(&dir)?;
+    let llm = load_llm_router(&config_path, config_text.as_deref())?;
+    let egress = load_egress(&dir, &config_path, config_text.as_deref())?;
     let options = KernelOptions {
         data_dir: dir.clone(),
         sandbox,
@@ -337,6 +419,7 @@ pub async fn start_kernel(
         default_llm_script,
         gateway_addr: Some(gateway_tcp.local_addr()?),
         llm,
+        egress: Arc::new(egress),
     };
     let kernel = Kernel::start(options).await?;
     // Safe to replace: we hold the data directory's lock, so a socket here is stale.

@@ -597,3 +597,126 @@ impl SandboxArgs {
         Ok((params != keel_protocol::api::SandboxParams::default()).then_some(params))
     }
 }
+
+#[derive(Debug, Args)]
+pub struct MemArgs {
+    #[command(subcommand)]
+    command: MemCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum MemCommand {
+    /// Write a record. VALUE is JSON; text that is not JSON is stored as a string.
+    Put {
+        namespace: String,
+        key: String,
+        value: String,
+        /// What search finds the record by (default: the value itself, or its JSON).
+        #[arg(long)]
+        text: Option<String>,
+        /// Print the record as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a record's value (with --json, the whole record). Fails if there is none.
+    Get {
+        namespace: String,
+        key: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a record.
+    Delete {
+        namespace: String,
+        key: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Full-text search of a namespace, best hits first.
+    Search {
+        namespace: String,
+        query: String,
+        /// At most this many hits (1 to 100).
+        #[arg(long)]
+        limit: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a conversation thread, oldest first.
+    Thread {
+        id: String,
+        /// Only the newest N messages.
+        #[arg(long)]
+        last: Option<u64>,
+        /// Only the newest messages that fit in N (estimated) tokens.
+        #[arg(long, value_name = "N")]
+        max_tokens: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub async fn mem(ctx: Context, args: MemArgs) -> Result<ExitCode> {
+    let client = ctx.client().await?;
+    let outcome = mem_command(&client, args.command).await;
+    client.close().await;
+    outcome
+}
+
+async fn mem_command(client: &Client, command: MemCommand) -> Result<ExitCode> {
+    match command {
+        MemCommand::Put { namespace, key, value, text, json } => {
+            let value = serde_json::from_str(&value).unwrap_or(serde_json::Value::String(value));
+            let body = keel_protocol::api::MemoryPutBody { value, text };
+            let record = client.memory_put(&namespace, &key, &body).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&record)?);
+            } else {
+                println!("stored {namespace}/{key}");
+            }
+        }
+        MemCommand::Get { namespace, key, json } => {
+            let record = client.memory_get(&namespace, &key).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&record)?);
+            } else {
+                println!("{}", serde_json::to_string_pretty(&record.value)?);
+            }
+        }
+        MemCommand::Delete { namespace, key, json } => {
+            let view = client.memory_delete(&namespace, &key).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&view)?);
+            } else if view.deleted {
+                println!("deleted {namespace}/{key}");
+            } else {
+                println!("no record {namespace}/{key}");
+            }
+        }
+        MemCommand::Search { namespace, query, limit, json } => {
+            let view = client.memory_search(&namespace, &query, limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&view)?);
+            } else if view.hits.is_empty() {
+                println!("no hits");
+            } else {
+                for hit in &view.hits {
+                    println!("{:>8.3}  {}  {}", hit.score, hit.key, hit.snippet.replace('\n', " "));
+                }
+            }
+        }
+        MemCommand::Thread { id, last, max_tokens, json } => {
+            let view = client.thread(&id, last, max_tokens).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&view)?);
+            } else if view.messages.is_empty() {
+                println!("thread {id} is empty");
+            } else {
+                for message in &view.messages {
+                    println!("{:>4} {}: {}", message.index, message.role, message.content);
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -70,6 +70,11 @@ enum Command {
     /// Answer a run's open question (human.ask).
     #[command(after_help = "Example:\n  keel answer run_01jd... --text \"yes, go ahead\"")]
     Answer(commands::AnswerArgs),
+    /// Long-term memory and conversation threads (tenant `default`).
+    #[command(
+        after_help = "Examples:\n  keel mem put notes cat '{\"name\":\"Tom\"}' --text \"the cat is called Tom\"\n  keel mem get notes cat\n  keel mem search notes \"cat name\"\n  keel mem delete notes cat\n  keel mem thread chat-42 --last 10"
+    )]
+    Mem(commands::MemArgs),
 }
 
 fn main() -> ExitCode {
@@ -102,6 +107,7 @@ fn main() -> ExitCode {
             Command::Stop(args) => commands::stop(ctx, args).await,
             Command::Answer(args) => commands::answer(ctx, args).await,
             Command::Budget(args) => commands::budget(ctx, args).await,
+            Command::Mem(args) => commands::mem(ctx, args).await,
             Command::Doctor(args) => doctor::doctor(args).await,
         }
     });

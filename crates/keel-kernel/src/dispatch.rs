@@ -19,6 +19,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::Kernel;
+use crate::memory;
 use crate::runtime::{LiveRun, now_ms};
 use crate::tools::{self, ToolLookupError};
 
@@ -34,6 +35,7 @@ enum Call {
     Ask(String),
     Emit(Value),
     Exit(Value),
+    Mem(memory::MemCall),
 }
 
 fn internal(err: impl std::fmt::Display) -> RpcError {
@@ -92,6 +94,9 @@ fn check(method: &str, params: &Value) -> Result<Call, RpcError> {
         "human.ask" => Call::Ask(parse::<HumanAskParams>(method, params, "{\"question\":\"...\"}")?.question),
         "run.emit" => Call::Emit(parse::<RunEmitParams>(method, params, "{\"event\": <any JSON>}")?.event),
         "run.exit" => Call::Exit(parse::<RunExitParams>(method, params, "{\"output\": <any JSON>}")?.output),
+        m if memory::is_memory_method(m) && keel_protocol::rpc::METHODS.contains(&m) => {
+            Call::Mem(memory::check(method, params)?)
+        }
         other => {
             return Err(ErrorKind::UnknownMethod.error(format!(
                 "unknown method {other:?}; protocol 1 has: {}",
@@ -417,6 +422,35 @@ impl Kernel {
                 self.settle_budget(live, reservation, usage);
                 self.complete(live, seq, &outcome, record, usage, false).await?;
                 self.emit(&live.id, "syscall", json!({ "seq": seq, "method": method, "tool": name, "status": if outcome.is_ok() { "ok" } else { "error" } }));
+                outcome
+            }
+            Call::Mem(call) => {
+                let tenant = self
+                    .store()
+                    .get_run(&live.id)
+                    .await
+                    .map_err(internal)?
+                    .map(|run| run.tenant)
+                    .ok_or_else(|| internal(format!("run {} vanished", live.id)))?;
+                if !call.is_write() {
+                    // A read has no effect to protect; journaling what it read makes the
+                    // replay answer the same however memory changed since.
+                    // A read that failed left nothing to replay: the agent may ask again.
+                    let result = memory::perform(self.store().as_ref(), &tenant, call, None).await?;
+                    self.record(live, method, params, hash, result.clone()).await?;
+                    return Ok(result);
+                }
+                let seq = match reuse {
+                    Some(seq) => seq,
+                    None => self.intend(live, method, params, hash).await?,
+                };
+                // The key ties the write to its journal entry: retried after a crash
+                // (`reuse`), an append or delete answers what it answered the first time.
+                let key = format!("{}:{seq}", live.id);
+                let outcome = memory::perform(self.store().as_ref(), &tenant, call, Some(&key)).await;
+                let record = outcome.clone().unwrap_or(Value::Null);
+                self.complete(live, seq, &outcome, record, Usage::default(), false).await?;
+                self.emit(&live.id, "syscall", json!({ "seq": seq, "method": method, "status": if outcome.is_ok() { "ok" } else { "error" } }));
                 outcome
             }
             Call::Ask(question) => {

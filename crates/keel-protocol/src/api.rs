@@ -289,3 +289,60 @@ pub struct HealthView {
     #[serde(default)]
     pub llm_providers: Vec<String>,
 }
+
+/// `PUT /v1/memory/{namespace}/{key}`: write a long-term record.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryPutBody {
+    /// Any JSON.
+    pub value: Value,
+    /// What search finds the record by; without it, a string value is indexed as is and
+    /// any other value as its JSON text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// A long-term record (`GET /v1/memory/{namespace}/{key}`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct MemoryRecordView {
+    pub namespace: String,
+    pub key: String,
+    pub value: Value,
+    /// The indexed text.
+    pub text: String,
+    pub updated_at_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MemoryDeleteView {
+    pub deleted: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct MemoryHitView {
+    pub key: String,
+    /// Higher is more relevant; comparable within one search only.
+    pub score: f64,
+    /// An excerpt with the matched words in `[...]`.
+    pub snippet: String,
+}
+
+/// `GET /v1/memory/{namespace}?q=...`: full-text search, most relevant first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MemorySearchView {
+    pub hits: Vec<MemoryHitView>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ThreadMessageView {
+    pub index: u64,
+    pub role: String,
+    pub content: String,
+}
+
+/// `GET /v1/threads/{id}`: a conversation thread, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ThreadView {
+    pub thread: String,
+    pub messages: Vec<ThreadMessageView>,
+}

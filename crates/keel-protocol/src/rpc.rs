@@ -21,6 +21,12 @@ pub const METHODS: &[&str] = &[
     "human.ask",
     "run.emit",
     "run.exit",
+    "mem.thread.append",
+    "mem.thread.read",
+    "mem.put",
+    "mem.get",
+    "mem.delete",
+    "mem.search",
 ];
 
 /// A request as read off the socket (after the line parsed as JSON).
@@ -300,6 +306,110 @@ pub struct RunEmitParams {
 pub struct RunExitParams {
     #[serde(default)]
     pub output: Value,
+}
+
+/// A message of a conversation thread.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ThreadMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    pub content: String,
+}
+
+/// `mem.thread.append`: adds a message to the tenant's thread `thread` (created on first
+/// append; any run of the tenant may share it by id).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemThreadAppendParams {
+    pub thread: String,
+    pub message: ThreadMessage,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemThreadAppendResult {
+    /// The message's position in the thread (0 for the first).
+    pub index: u64,
+}
+
+/// `mem.thread.read`: the thread's newest messages, oldest first. `last` keeps at most that
+/// many; `max_tokens` keeps the newest messages whose estimated token count (about four
+/// bytes a token) fits. Both may be given; neither reads the whole thread.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemThreadReadParams {
+    pub thread: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+}
+
+/// A message as read back, with its index.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ThreadEntry {
+    pub index: u64,
+    pub role: String,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemThreadReadResult {
+    pub messages: Vec<ThreadEntry>,
+}
+
+/// `mem.put`: writes a long-term record. `text` is what `mem.search` indexes; without it,
+/// a string value is indexed as is and any other value as its JSON text.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemPutParams {
+    pub namespace: String,
+    pub key: String,
+    pub value: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemKeyParams {
+    pub namespace: String,
+    pub key: String,
+}
+
+/// `mem.get` answers `{"value": <JSON>}` or `{"value": null}` when there is no record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemGetResult {
+    pub value: Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemDeleteResult {
+    pub deleted: bool,
+}
+
+/// `mem.search`: full-text search over a namespace; `limit` defaults to 10 (at most 100).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemSearchParams {
+    pub namespace: String,
+    pub query: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MemSearchHit {
+    pub key: String,
+    /// Higher is more relevant; comparable within one search only.
+    pub score: f64,
+    /// An excerpt around the matched words, which are in `[...]`.
+    pub snippet: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemSearchResult {
+    pub hits: Vec<MemSearchHit>,
 }
 
 #[cfg(test)]

@@ -17,7 +17,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 
 use keel_protocol::rpc::{
-    ChatMessage, ChatRole, HelloResult, LlmChatParams, LlmChatResult, Response, RpcError, ToolSpec,
+    ChatMessage, ChatRole, HelloResult, LlmChatParams, LlmChatResult, MemDeleteResult, MemGetResult,
+    MemSearchHit, MemSearchResult, MemThreadAppendResult, MemThreadReadResult, Response, RpcError,
+    ThreadEntry, ToolSpec,
 };
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -182,5 +184,64 @@ impl Client {
     /// Records the run's output; the process should exit afterwards.
     pub fn exit(&mut self, output: &Value) -> Result<()> {
         self.call::<Value>("run.exit", json!({ "output": output })).map(drop)
+    }
+
+    /// Appends a message to the conversation thread `thread` (shared by id between the
+    /// tenant's runs); returns its index (0 for the first).
+    pub fn thread_append(&mut self, thread: &str, role: &str, content: &str) -> Result<u64> {
+        let params = json!({ "thread": thread, "message": { "role": role, "content": content } });
+        Ok(self.call::<MemThreadAppendResult>("mem.thread.append", params)?.index)
+    }
+
+    /// The thread's messages, oldest first: the newest `last` and/or the newest that fit
+    /// in `max_tokens` (estimated).
+    pub fn thread_read(
+        &mut self,
+        thread: &str,
+        last: Option<u64>,
+        max_tokens: Option<u64>,
+    ) -> Result<Vec<ThreadEntry>> {
+        let mut params = json!({ "thread": thread });
+        if let Some(last) = last {
+            params["last"] = json!(last);
+        }
+        if let Some(max_tokens) = max_tokens {
+            params["max_tokens"] = json!(max_tokens);
+        }
+        Ok(self.call::<MemThreadReadResult>("mem.thread.read", params)?.messages)
+    }
+
+    /// Stores `value` under `namespace`/`key`; `text` is what `mem_search` finds it by
+    /// (default: the value itself if a string, else its JSON).
+    pub fn mem_put(&mut self, namespace: &str, key: &str, value: &Value, text: Option<&str>) -> Result<()> {
+        let mut params = json!({ "namespace": namespace, "key": key, "value": value });
+        if let Some(text) = text {
+            params["text"] = json!(text);
+        }
+        self.call::<Value>("mem.put", params).map(drop)
+    }
+
+    /// The value under `namespace`/`key`, or null.
+    pub fn mem_get(&mut self, namespace: &str, key: &str) -> Result<Value> {
+        Ok(self.call::<MemGetResult>("mem.get", json!({ "namespace": namespace, "key": key }))?.value)
+    }
+
+    /// Deletes a record; whether there was one.
+    pub fn mem_delete(&mut self, namespace: &str, key: &str) -> Result<bool> {
+        Ok(self.call::<MemDeleteResult>("mem.delete", json!({ "namespace": namespace, "key": key }))?.deleted)
+    }
+
+    /// Full-text search of a namespace, most relevant first (any word may match).
+    pub fn mem_search(
+        &mut self,
+        namespace: &str,
+        query: &str,
+        limit: Option<u64>,
+    ) -> Result<Vec<MemSearchHit>> {
+        let mut params = json!({ "namespace": namespace, "query": query });
+        if let Some(limit) = limit {
+            params["limit"] = json!(limit);
+        }
+        Ok(self.call::<MemSearchResult>("mem.search", params)?.hits)
     }
 }

@@ -15,13 +15,16 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use keel_kernel::{Command, CreateRun, Error as KernelError, Kernel, views};
 use keel_protocol::api::{
     AnswerParams, BudgetParams, BudgetView, CreateRunParams, ErrorBody, ErrorDetail, EventView, EventsPage,
-    HealthView, InspectView, JournalEntryView, RunView, StopParams, TopUpParams, UsageView,
+    HealthView, InspectView, JournalEntryView, MemoryDeleteView, MemoryHitView, MemoryPutBody,
+    MemoryRecordView, MemorySearchView, RunView, StopParams, ThreadMessageView, ThreadView, TopUpParams,
+    UsageView,
 };
+use keel_protocol::rpc::{ErrorKind, RpcError};
 use keel_store::RunFilter;
 use keel_types::{RunId, RunState};
 use serde::Deserialize;
@@ -30,10 +33,13 @@ use utoipa::OpenApi;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Keel kernel API", description = "Start, inspect and control agent runs."),
-    paths(health, create_run, list_runs, inspect_run, run_events, pause_run, resume_run, stop_run, answer_run, top_up_run),
+    paths(health, create_run, list_runs, inspect_run, run_events, pause_run, resume_run, stop_run, answer_run, top_up_run,
+        memory_get, memory_put, memory_delete, memory_search, thread_read),
     components(schemas(
         CreateRunParams, RunView, InspectView, JournalEntryView, UsageView, EventView, EventsPage,
-        AnswerParams, StopParams, ErrorBody, ErrorDetail, HealthView, BudgetParams, BudgetView, TopUpParams
+        AnswerParams, StopParams, ErrorBody, ErrorDetail, HealthView, BudgetParams, BudgetView, TopUpParams,
+        MemoryPutBody, MemoryRecordView, MemoryDeleteView, MemoryHitView, MemorySearchView, ThreadMessageView,
+        ThreadView
     )),
     modifiers(&BearerAuth)
 )]
@@ -58,7 +64,11 @@ struct AppState {
     token: String,
 }
 
-/// The API's router. `token` is the bearer token every `/v1/runs` request must carry.
+/// The tenant of every API request until tokens belong to tenants.
+const API_TENANT: &str = "default";
+
+/// The API's router. `token` is the bearer token every `/v1/runs`, `/v1/memory` and
+/// `/v1/threads` request must carry.
 pub fn router(kernel: Kernel, token: String) -> Router {
     let state = AppState { kernel, token };
     let protected = Router::new()
@@ -70,6 +80,9 @@ pub fn router(kernel: Kernel, token: String) -> Router {
         .route("/v1/runs/{id}/stop", post(stop_run))
         .route("/v1/runs/{id}/answer", post(answer_run))
         .route("/v1/runs/{id}/budget", post(top_up_run))
+        .route("/v1/memory/{namespace}", get(memory_search))
+        .route("/v1/memory/{namespace}/{key}", put(memory_put).get(memory_get).delete(memory_delete))
+        .route("/v1/threads/{id}", get(thread_read))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/v1/health", get(health))
@@ -363,4 +376,127 @@ async fn top_up_run(
 ) -> Result<Json<RunView>, ApiError> {
     act(&state, Command::TopUp { run: run_id(&id)?, add: params.add, continue_loop: params.continue_loop })
         .await
+}
+
+impl From<RpcError> for ApiError {
+    fn from(err: RpcError) -> ApiError {
+        let kind =
+            err.data.as_ref().and_then(|d| d.get("kind")).and_then(|k| k.as_str()).unwrap_or("internal");
+        if kind == ErrorKind::InvalidParams.as_str() {
+            return ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", err.message);
+        }
+        tracing::error!("memory request failed: {}", err.message);
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", err.message)
+    }
+}
+
+/// A long-term memory record of the `default` tenant.
+#[utoipa::path(get, path = "/v1/memory/{namespace}/{key}", params(("namespace" = String, Path), ("key" = String, Path)),
+    responses((status = 200, body = MemoryRecordView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+async fn memory_get(
+    State(state): State<AppState>,
+    Path((namespace, key)): Path<(String, String)>,
+) -> Result<Json<MemoryRecordView>, ApiError> {
+    match state.kernel.memory_record(API_TENANT, &namespace, &key).await? {
+        Some(record) => Ok(Json(MemoryRecordView {
+            namespace: record.namespace,
+            key: record.key,
+            value: record.value,
+            text: record.text,
+            updated_at_ms: record.updated_at_ms,
+        })),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no record {key:?} in memory namespace {namespace:?}"),
+        )),
+    }
+}
+
+/// Write (or overwrite) a long-term record, as `mem.put` does.
+#[utoipa::path(put, path = "/v1/memory/{namespace}/{key}", params(("namespace" = String, Path), ("key" = String, Path)),
+    request_body = MemoryPutBody, responses((status = 200, body = MemoryRecordView), (status = 400, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn memory_put(
+    State(state): State<AppState>,
+    Path((namespace, key)): Path<(String, String)>,
+    Body(body): Body<MemoryPutBody>,
+) -> Result<Json<MemoryRecordView>, ApiError> {
+    let mut params = serde_json::json!({ "namespace": namespace, "key": key, "value": body.value });
+    if let Some(text) = body.text {
+        params["text"] = serde_json::Value::String(text);
+    }
+    state.kernel.memory(API_TENANT, "mem.put", params).await?;
+    memory_get(State(state), Path((namespace, key))).await
+}
+
+/// Delete a long-term record.
+#[utoipa::path(delete, path = "/v1/memory/{namespace}/{key}", params(("namespace" = String, Path), ("key" = String, Path)),
+    responses((status = 200, body = MemoryDeleteView)), security(("bearer" = [])))]
+async fn memory_delete(
+    State(state): State<AppState>,
+    Path((namespace, key)): Path<(String, String)>,
+) -> Result<Json<MemoryDeleteView>, ApiError> {
+    let params = serde_json::json!({ "namespace": namespace, "key": key });
+    let result = state.kernel.memory(API_TENANT, "mem.delete", params).await?;
+    Ok(Json(MemoryDeleteView { deleted: result["deleted"].as_bool().unwrap_or(false) }))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+struct SearchQuery {
+    /// Words to search for (any may match).
+    q: String,
+    /// At most this many hits (1 to 100; default 10).
+    limit: Option<u64>,
+}
+
+/// Full-text search of a memory namespace.
+#[utoipa::path(get, path = "/v1/memory/{namespace}", params(("namespace" = String, Path), SearchQuery),
+    responses((status = 200, body = MemorySearchView)), security(("bearer" = [])))]
+async fn memory_search(
+    State(state): State<AppState>,
+    Path(namespace): Path<String>,
+    query: Result<Query<SearchQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<MemorySearchView>, ApiError> {
+    let Query(query) =
+        query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    let mut params = serde_json::json!({ "namespace": namespace, "query": query.q });
+    if let Some(limit) = query.limit {
+        params["limit"] = serde_json::json!(limit);
+    }
+    let result = state.kernel.memory(API_TENANT, "mem.search", params).await?;
+    serde_json::from_value(result)
+        .map(Json)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+struct ThreadQuery {
+    /// Only the newest N messages.
+    last: Option<u64>,
+    /// Only the newest messages that fit in this many (estimated) tokens.
+    max_tokens: Option<u64>,
+}
+
+/// A conversation thread, oldest first.
+#[utoipa::path(get, path = "/v1/threads/{id}", params(("id" = String, Path), ThreadQuery),
+    responses((status = 200, body = ThreadView)), security(("bearer" = [])))]
+async fn thread_read(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<ThreadQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<ThreadView>, ApiError> {
+    let Query(query) =
+        query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    let mut params = serde_json::json!({ "thread": id });
+    if let Some(last) = query.last {
+        params["last"] = serde_json::json!(last);
+    }
+    if let Some(max_tokens) = query.max_tokens {
+        params["max_tokens"] = serde_json::json!(max_tokens);
+    }
+    let result = state.kernel.memory(API_TENANT, "mem.thread.read", params).await?;
+    let messages = serde_json::from_value(result["messages"].clone())
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    Ok(Json(ThreadView { thread: id, messages }))
 }

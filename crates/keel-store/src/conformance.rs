@@ -48,9 +48,16 @@ pub async fn run_all(store: Arc<dyn Store>) {
     journal_paging(&*store).await;
     journal_latest_entry(&*store).await;
     blobs_store_each_payload_once(&*store).await;
+    blobs_store_each_message_once(&*store).await;
+    params_read_back_exactly(&*store).await;
     events_append_and_page(&*store).await;
     kv_put_get_and_scopes(&*store).await;
     unknown_runs_are_errors(&*store).await;
+    threads_append_read_and_window(&*store).await;
+    threads_idempotent_append_and_blobs(&*store).await;
+    memory_put_get_delete_and_scopes(&*store).await;
+    memory_search_ranks_and_scopes(&*store).await;
+    concurrent_thread_appends(Arc::clone(&store)).await;
     concurrent_appends_to_one_run(Arc::clone(&store)).await;
     concurrent_appends_to_many_runs(Arc::clone(&store)).await;
     failed_writes_do_not_disturb_concurrent_ones(Arc::clone(&store)).await;
@@ -495,6 +502,60 @@ pub async fn journal_latest_entry(store: &dyn Store) {
     assert_eq!(store.latest_entry(&run, "never.called").await.must("latest_entry"), None);
 }
 
+/// A conversation re-sent whole on every call, one message longer each time, stores each
+/// message once: 100 calls grow blob storage by a small multiple of the conversation's own
+/// size, not by the sum of every call's (quadratic) params.
+pub async fn blobs_store_each_message_once(store: &dyn Store) {
+    let run = fresh_run(store).await;
+    let mut messages: Vec<Value> = Vec::new();
+    let mut conversation_bytes = 0u64;
+    let before = store.stats().await.must("stats");
+    for turn in 0..100 {
+        let message = json!({"role": "user", "content": format!("{run} turn {turn}: {}", "m".repeat(300))});
+        conversation_bytes += message.to_string().len() as u64;
+        messages.push(message);
+        let params = json!({"messages": messages, "model": "m"});
+        store.append_entry(&run, pending_entry("llm.chat", params)).await.must("append_entry");
+    }
+    let grown = store.stats().await.must("stats").blob_bytes - before.blob_bytes;
+    assert!(
+        grown < 2 * conversation_bytes,
+        "100 calls re-sending a {conversation_bytes}-byte conversation grew blob storage by {grown} bytes"
+    );
+    let journal = store.journal(&run, 0).await.must("journal");
+    for (turn, entry) in journal.iter().enumerate() {
+        assert_eq!(entry.params, json!({"messages": messages[..=turn], "model": "m"}), "entry {}", entry.seq);
+    }
+    let latest = store.latest_entry(&run, "llm.chat").await.must("latest_entry");
+    assert_eq!(latest, None, "pending entries are not `latest`");
+}
+
+/// Params read back exactly as appended, whatever their shape (including shapes a backend
+/// might store specially).
+pub async fn params_read_back_exactly(store: &dyn Store) {
+    let run = fresh_run(store).await;
+    let shapes = [
+        json!({"messages": []}),
+        json!({"messages": "not an array"}),
+        json!({"messages": [1, null, "x", {"role": "user"}], "other": {"messages": [1]}}),
+        json!({"$keel_messages": {"fields": {}, "chain": null}}),
+        json!({"$keel_messages": 1, "messages": [{"a": 1}]}),
+        json!({"$keel_messages": {"fields": {"x": 1}, "chain": "0000"}}),
+        json!([{"messages": [1]}]),
+        json!("messages"),
+        json!({"state": {"messages": [1, 2]}}),
+    ];
+    for shape in &shapes {
+        let entry = complete_entry("any.method", shape.clone(), EntryStatus::Ok, Usage::default());
+        store.append_entry(&run, entry).await.must("append_entry");
+    }
+    let journal = store.journal(&run, 0).await.must("journal");
+    let read: Vec<&Value> = journal.iter().map(|entry| &entry.params).collect();
+    assert_eq!(read, shapes.iter().collect::<Vec<_>>(), "params must read back exactly");
+    let latest = store.latest_entry(&run, "any.method").await.must("latest_entry").expect("an ok entry");
+    assert_eq!(latest.params, shapes[shapes.len() - 1]);
+}
+
 /// The same payload appended many times is stored once: `stats()` grows by about one
 /// payload, not a hundred, for params and for results alike.
 pub async fn blobs_store_each_payload_once(store: &dyn Store) {
@@ -524,8 +585,10 @@ pub async fn blobs_store_each_payload_once(store: &dyn Store) {
         "{COPIES} copies of a {payload_len}-byte payload grew blob storage by {grown} bytes; \
          it must be stored once"
     );
+    // A backend may store each message of `messages` as a blob of its own (see
+    // `blobs_store_each_message_once`), so up to 200 more.
     assert!(
-        after.blobs - before.blobs <= 2,
+        after.blobs - before.blobs <= 2 + 200,
         "{COPIES} copies of one payload added {} blobs",
         after.blobs - before.blobs
     );
@@ -632,6 +695,171 @@ pub async fn kv_put_get_and_scopes(store: &dyn Store) {
         Some(Value::Null),
         "a stored JSON null must read back as Some(null), not as a missing key"
     );
+}
+
+/// Appends get dense indexes from 0, reads are oldest first, `last` windows from the end,
+/// and threads are scoped by tenant and id.
+pub async fn threads_append_read_and_window(store: &dyn Store) {
+    let unique = RunId::generate(now_ms());
+    let tenant = format!("conformance-{unique}");
+    let thread = "chat";
+    assert!(store.thread_read(&tenant, thread, None).await.must("thread_read").is_empty());
+    for i in 0..5u64 {
+        let message = json!({"role": "user", "content": format!("message {i}")});
+        let index = store.thread_append(&tenant, thread, message, None, 100 + i).await.must("thread_append");
+        assert_eq!(index, i, "thread_append must return dense indexes from 0");
+    }
+    let all = store.thread_read(&tenant, thread, None).await.must("thread_read");
+    assert_eq!(all.iter().map(|m| m.index).collect::<Vec<_>>(), [0, 1, 2, 3, 4], "oldest first");
+    assert_eq!(all[3].message, json!({"role": "user", "content": "message 3"}));
+    assert_eq!(all[3].appended_at_ms, 103);
+    let tail = store.thread_read(&tenant, thread, Some(2)).await.must("thread_read last 2");
+    assert_eq!(tail.iter().map(|m| m.index).collect::<Vec<_>>(), [3, 4], "`last` keeps the newest, in order");
+    assert!(store.thread_read(&tenant, thread, Some(0)).await.must("thread_read last 0").is_empty());
+    assert_eq!(store.thread_read(&tenant, thread, Some(50)).await.must("thread_read").len(), 5);
+    let other_tenant = format!("{tenant}-other");
+    assert!(
+        store.thread_read(&other_tenant, thread, None).await.must("thread_read").is_empty(),
+        "a thread must not be visible to another tenant"
+    );
+    assert!(store.thread_read(&tenant, "other", None).await.must("thread_read").is_empty());
+    let index = store.thread_append(&other_tenant, thread, json!({"x": 1}), None, 1).await.must("append");
+    assert_eq!(index, 0, "another tenant's thread of the same id is a separate thread");
+}
+
+/// An append repeated with the same idempotency key writes nothing and answers the first
+/// index; the same message appended to many threads is one blob.
+pub async fn threads_idempotent_append_and_blobs(store: &dyn Store) {
+    let unique = RunId::generate(now_ms());
+    let tenant = format!("conformance-{unique}");
+    let message = json!({"role": "assistant", "content": format!("unique reply {unique}")});
+    let first = store
+        .thread_append(&tenant, "t", message.clone(), Some("run:1"), 1)
+        .await
+        .must("thread_append with a key");
+    store.thread_append(&tenant, "t", json!("between"), None, 2).await.must("thread_append");
+    let again = store
+        .thread_append(&tenant, "t", message.clone(), Some("run:1"), 3)
+        .await
+        .must("thread_append retried");
+    assert_eq!(again, first, "a retried append must answer the index of the first");
+    assert_eq!(store.thread_read(&tenant, "t", None).await.must("thread_read").len(), 2, "no duplicate");
+    let before = store.stats().await.must("stats");
+    for thread in ["a", "b", "c"] {
+        store.thread_append(&tenant, thread, message.clone(), None, 4).await.must("thread_append");
+    }
+    let after = store.stats().await.must("stats");
+    assert_eq!(after.blobs, before.blobs, "a message already stored must not be stored again");
+    assert_eq!(after.blob_bytes, before.blob_bytes);
+}
+
+/// Records are written, overwritten, read and deleted, scoped by tenant and namespace.
+pub async fn memory_put_get_delete_and_scopes(store: &dyn Store) {
+    let unique = RunId::generate(now_ms());
+    let tenant = format!("conformance-{unique}");
+    assert_eq!(store.mem_get(&tenant, "ns", "k").await.must("mem_get"), None);
+    store.mem_put(&tenant, "ns", "k", json!({"v": 1}), "one".into(), 10).await.must("mem_put");
+    let record = store.mem_get(&tenant, "ns", "k").await.must("mem_get").expect("the record just put");
+    assert_eq!(
+        (
+            record.namespace.as_str(),
+            record.key.as_str(),
+            &record.value,
+            record.text.as_str(),
+            record.updated_at_ms
+        ),
+        ("ns", "k", &json!({"v": 1}), "one", 10)
+    );
+    store.mem_put(&tenant, "ns", "k", Value::Null, "two".into(), 11).await.must("mem_put overwrite");
+    let record = store.mem_get(&tenant, "ns", "k").await.must("mem_get").expect("overwritten record");
+    assert_eq!((record.value, record.text.as_str()), (Value::Null, "two"), "mem_put must overwrite");
+    assert_eq!(store.mem_get(&tenant, "other", "k").await.must("mem_get"), None, "namespaces are separate");
+    let other_tenant = format!("{tenant}-other");
+    assert_eq!(store.mem_get(&other_tenant, "ns", "k").await.must("mem_get"), None, "tenants are separate");
+    store.mem_put(&other_tenant, "ns", "k", json!(2), "x".into(), 1).await.must("mem_put");
+    assert!(!store.mem_delete(&tenant, "other", "k", None).await.must("mem_delete"), "nothing to delete");
+    assert!(store.mem_delete(&tenant, "ns", "k", None).await.must("mem_delete"), "the record existed");
+    assert!(
+        !store.mem_delete(&tenant, "ns", "k", None).await.must("mem_delete"),
+        "deleting twice finds nothing"
+    );
+    assert_eq!(store.mem_get(&tenant, "ns", "k").await.must("mem_get"), None);
+    assert!(
+        store.mem_get(&other_tenant, "ns", "k").await.must("mem_get").is_some(),
+        "deleting must not touch another tenant's record"
+    );
+    store.mem_put(&tenant, "ns", "k", json!(3), "three".into(), 12).await.must("mem_put");
+    assert!(store.mem_delete(&tenant, "ns", "k", Some("run:7")).await.must("mem_delete with a key"));
+    assert!(
+        store.mem_delete(&tenant, "ns", "k", Some("run:7")).await.must("mem_delete retried"),
+        "a retried delete must answer what the first answered"
+    );
+    assert!(!store.mem_delete(&tenant, "ns", "k", Some("run:8")).await.must("mem_delete, another key"));
+    assert!(
+        !store.mem_delete(&other_tenant, "ns", "nothing", Some("run:7")).await.must("mem_delete"),
+        "idempotency keys are per tenant"
+    );
+}
+
+/// Search finds records by words of their text, most relevant first, never across
+/// namespaces or tenants, follows overwrites and deletes, and reads punctuation as text.
+pub async fn memory_search_ranks_and_scopes(store: &dyn Store) {
+    let unique = RunId::generate(now_ms());
+    let tenant = format!("conformance-{unique}");
+    let put = |ns: &'static str, key: &'static str, text: &'static str| {
+        let tenant = tenant.clone();
+        async move { store.mem_put(&tenant, ns, key, json!(key), text.into(), 1).await.must("mem_put") }
+    };
+    put("docs", "rust", "Rust is a language. Rust rust rust: ownership and borrowing.").await;
+    put("docs", "python", "Python is a language with a garbage collector.").await;
+    put("docs", "cooking", "A recipe for bread: flour, water, salt.").await;
+    put("other", "rust2", "rust everywhere").await;
+    store.mem_put(&format!("{tenant}-x"), "docs", "leak", json!(1), "rust".into(), 1).await.must("mem_put");
+
+    let hits = store.mem_search(&tenant, "docs", "rust", 10).await.must("mem_search");
+    assert_eq!(hits.iter().map(|h| h.key.as_str()).collect::<Vec<_>>(), ["rust"], "scoped hits only");
+    assert!(
+        hits[0].snippet.contains("[Rust]") || hits[0].snippet.contains("[rust]"),
+        "{:?}",
+        hits[0].snippet
+    );
+    // Ranking statistics may span the whole index, so the words here are ones no other
+    // record of this check shares.
+    let hits = store.mem_search(&tenant, "docs", "garbage bread collector", 10).await.must("mem_search");
+    let keys: Vec<&str> = hits.iter().map(|h| h.key.as_str()).collect();
+    assert_eq!(keys, ["python", "cooking"], "any word matches; the best match ranks first");
+    assert!(hits[0].score > hits[1].score, "scores must be higher for better hits");
+    assert_eq!(store.mem_search(&tenant, "docs", "language", 1).await.must("mem_search").len(), 1, "limit");
+    let hits = store.mem_search(&tenant, "docs", "\"AND OR * (", 10).await.must("FTS syntax is plain words");
+    assert_eq!(hits.iter().map(|h| h.key.as_str()).collect::<Vec<_>>(), ["rust"], "`and` is a plain word");
+    assert!(store.mem_search(&tenant, "docs", "", 10).await.must("empty query").is_empty());
+    assert_eq!(
+        store.mem_search(&tenant, "docs", "flour)", 10).await.must("mem_search")[0].key,
+        "cooking",
+        "punctuation around words is ignored"
+    );
+    store.mem_put(&tenant, "docs", "cooking", json!(0), "nothing edible".into(), 2).await.must("mem_put");
+    assert!(store.mem_search(&tenant, "docs", "flour", 10).await.must("mem_search").is_empty(), "overwrite");
+    assert_eq!(store.mem_search(&tenant, "docs", "edible", 10).await.must("mem_search").len(), 1);
+    store.mem_delete(&tenant, "docs", "cooking", None).await.must("mem_delete");
+    assert!(store.mem_search(&tenant, "docs", "edible", 10).await.must("mem_search").is_empty(), "delete");
+}
+
+/// Concurrent appends to one thread get distinct, dense indexes.
+pub async fn concurrent_thread_appends(store: Arc<dyn Store>) {
+    let tenant = format!("conformance-{}", RunId::generate(now_ms()));
+    let tasks: Vec<JoinHandle<u64>> = (0..32)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            let tenant = tenant.clone();
+            tokio::spawn(async move {
+                store.thread_append(&tenant, "t", json!(i), None, 1).await.must("concurrent thread_append")
+            })
+        })
+        .collect();
+    let mut indexes = join_all(tasks).await;
+    indexes.sort_unstable();
+    assert_eq!(indexes, (0..32).collect::<Vec<u64>>(), "concurrent appends must get dense distinct indexes");
 }
 
 /// Per-run operations on a run that does not exist fail with `RunNotFound`; `get_run`

@@ -183,14 +183,48 @@ pub struct StoreStats {
     pub runs: u64,
     pub journal_entries: u64,
     pub blobs: u64,
+    /// Bytes of stored payloads, including whatever links a backend keeps to share parts
+    /// of payloads (SQLite: 128 per message-chain node).
     pub blob_bytes: u64,
+}
+
+/// A message of a conversation thread as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThreadMessage {
+    /// Position in the thread: 0 for the first message, dense.
+    pub index: u64,
+    /// The message as appended (for the kernel, `{"role": ..., "content": ...}`).
+    pub message: Value,
+    pub appended_at_ms: u64,
+}
+
+/// A long-term memory record as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryRecord {
+    pub namespace: String,
+    pub key: String,
+    pub value: Value,
+    /// The text that full-text search indexes.
+    pub text: String,
+    pub updated_at_ms: u64,
+}
+
+/// A full-text search hit: the best first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryHit {
+    pub key: String,
+    /// Relevance; higher is better. Only comparable within one search.
+    pub score: f64,
+    /// A short excerpt of the record's text around the matched terms (matches in `[...]`).
+    pub snippet: String,
 }
 
 /// The kernel's durable state. All methods are safe to call concurrently.
 ///
 /// Payloads (`params`, `result`, `error`, `spec`, event `data`, kv values) are JSON;
 /// journal payloads are stored content-addressed, so the same payload written many times
-/// (a conversation re-sent on every call) occupies space once.
+/// occupies space once, and so is each message of a `messages` array in params: a
+/// conversation re-sent whole on every LLM call stores each message once.
 ///
 /// Every method that names a run, other than `get_run`, fails with `RunNotFound` when the
 /// run does not exist (reads included), and a write that fails writes nothing.
@@ -244,6 +278,66 @@ pub trait Store: Send + Sync + 'static {
 
     /// Durable on return.
     async fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()>;
+
+    /// Appends a message to a tenant's thread (created on first append) and returns its
+    /// index (0 for the first). The message is stored as a content-addressed blob, like a
+    /// journal payload. With an `idempotency_key`, appending again with the same key to the
+    /// same thread writes nothing and returns the index of the first append (a retry after
+    /// a crash does not duplicate). Durable on return.
+    async fn thread_append(
+        &self,
+        tenant: &str,
+        thread: &str,
+        message: Value,
+        idempotency_key: Option<&str>,
+        appended_at_ms: u64,
+    ) -> Result<u64>;
+
+    /// The last `last` messages of a thread (all when `None`), oldest first. An unknown
+    /// thread reads as empty.
+    async fn thread_read(
+        &self,
+        tenant: &str,
+        thread: &str,
+        last: Option<usize>,
+    ) -> Result<Vec<ThreadMessage>>;
+
+    /// Writes (or overwrites) a record; `text` is what full-text search indexes. Durable
+    /// on return.
+    async fn mem_put(
+        &self,
+        tenant: &str,
+        namespace: &str,
+        key: &str,
+        value: Value,
+        text: String,
+        updated_at_ms: u64,
+    ) -> Result<()>;
+
+    async fn mem_get(&self, tenant: &str, namespace: &str, key: &str) -> Result<Option<MemoryRecord>>;
+
+    /// Deletes a record; whether there was one. With an `idempotency_key`, deleting again
+    /// with the same key answers what the first delete answered (a retry after a crash
+    /// says `true` if the first attempt deleted the record). Durable on return.
+    async fn mem_delete(
+        &self,
+        tenant: &str,
+        namespace: &str,
+        key: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<bool>;
+
+    /// Full-text search over the text of a namespace's records: up to `limit` hits, most
+    /// relevant first. `query` is plain words (any punctuation is ignored, never a syntax
+    /// error); a record matches when it contains any of them. A query without words has
+    /// no hits.
+    async fn mem_search(
+        &self,
+        tenant: &str,
+        namespace: &str,
+        query: &str,
+        limit: usize,
+    ) -> Result<Vec<MemoryHit>>;
 
     async fn stats(&self) -> Result<StoreStats>;
 }

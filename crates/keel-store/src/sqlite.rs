@@ -23,8 +23,8 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{
-    Completion, Error, EventRecord, JournalEntry, NewEntry, NewEvent, NewRun, Result, RunFilter, RunPatch,
-    RunRecord, Seq, Store, StoreStats,
+    Completion, Error, EventRecord, JournalEntry, MemoryHit, MemoryRecord, NewEntry, NewEvent, NewRun,
+    Result, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats, ThreadMessage,
 };
 use writer::{Blob, EncodedCompletion, EncodedEntry, EncodedEvent, WriteCommand};
 
@@ -267,9 +267,11 @@ impl Store for SqliteStore {
     async fn append_entry(&self, run: &RunId, entry: NewEntry) -> Result<Seq> {
         // Serializing and hashing happen here, in the caller's task, so the single writer
         // thread spends its time on SQLite only.
+        let (params, params_chain) = Blob::of_params(&entry.params);
         let entry = EncodedEntry {
             method: entry.method,
-            params: Blob::of(&entry.params),
+            params,
+            params_chain,
             params_hash: entry.params_hash,
             status: entry.status,
             result: entry.result.as_ref().map(Blob::of),
@@ -338,6 +340,91 @@ impl Store for SqliteStore {
         let key = key.to_owned();
         let value = value.to_string();
         self.write(|reply| WriteCommand::KvPut { scope, key, value, reply }).await
+    }
+
+    async fn thread_append(
+        &self,
+        tenant: &str,
+        thread: &str,
+        message: Value,
+        idempotency_key: Option<&str>,
+        appended_at_ms: u64,
+    ) -> Result<u64> {
+        let tenant = tenant.to_owned();
+        let thread = thread.to_owned();
+        let message = Blob::of(&message);
+        let idempotency_key = idempotency_key.map(str::to_owned);
+        self.write(|reply| WriteCommand::ThreadAppend {
+            tenant,
+            thread,
+            message,
+            idempotency_key,
+            appended_at_ms,
+            reply,
+        })
+        .await
+    }
+
+    async fn thread_read(
+        &self,
+        tenant: &str,
+        thread: &str,
+        last: Option<usize>,
+    ) -> Result<Vec<ThreadMessage>> {
+        let tenant = tenant.to_owned();
+        let thread = thread.to_owned();
+        self.read(move |connection| queries::thread_read(connection, &tenant, &thread, last)).await
+    }
+
+    async fn mem_put(
+        &self,
+        tenant: &str,
+        namespace: &str,
+        key: &str,
+        value: Value,
+        text: String,
+        updated_at_ms: u64,
+    ) -> Result<()> {
+        let tenant = tenant.to_owned();
+        let namespace = namespace.to_owned();
+        let key = key.to_owned();
+        let value = value.to_string();
+        self.write(|reply| WriteCommand::MemPut { tenant, namespace, key, value, text, updated_at_ms, reply })
+            .await
+    }
+
+    async fn mem_get(&self, tenant: &str, namespace: &str, key: &str) -> Result<Option<MemoryRecord>> {
+        let tenant = tenant.to_owned();
+        let namespace = namespace.to_owned();
+        let key = key.to_owned();
+        self.read(move |connection| queries::mem_get(connection, &tenant, &namespace, &key)).await
+    }
+
+    async fn mem_delete(
+        &self,
+        tenant: &str,
+        namespace: &str,
+        key: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<bool> {
+        let tenant = tenant.to_owned();
+        let namespace = namespace.to_owned();
+        let key = key.to_owned();
+        let idempotency_key = idempotency_key.map(str::to_owned);
+        self.write(|reply| WriteCommand::MemDelete { tenant, namespace, key, idempotency_key, reply }).await
+    }
+
+    async fn mem_search(
+        &self,
+        tenant: &str,
+        namespace: &str,
+        query: &str,
+        limit: usize,
+    ) -> Result<Vec<MemoryHit>> {
+        let tenant = tenant.to_owned();
+        let namespace = namespace.to_owned();
+        let query = query.to_owned();
+        self.read(move |connection| queries::mem_search(connection, &tenant, &namespace, &query, limit)).await
     }
 
     async fn stats(&self) -> Result<StoreStats> {

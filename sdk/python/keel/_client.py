@@ -321,6 +321,58 @@ class Client:
         ``run_exited``; the program should end its process after this."""
         self.call("run.exit", {"output": output})
 
+    # -- memory -----------------------------------------------------------------------
+
+    def thread_append(self, thread: str, role: str, content: str) -> int:
+        """Append a message to the conversation thread `thread` (shared by id between
+        the runs of a tenant; created on first append). Returns its index (0 first)."""
+        params = {"thread": thread, "message": {"role": role, "content": content}}
+        return int(_field(self.call("mem.thread.append", params), "index", "mem.thread.append"))
+
+    def thread_read(
+        self, thread: str, *, last: int | None = None, max_tokens: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The thread's messages, oldest first (``index``, ``role``, ``content``): the
+        newest `last` of them and/or the newest that fit in `max_tokens` (estimated)."""
+        params: dict[str, Any] = {"thread": thread}
+        if last is not None:
+            params["last"] = last
+        if max_tokens is not None:
+            params["max_tokens"] = max_tokens
+        messages: list[dict[str, Any]] = _field(
+            self.call("mem.thread.read", params), "messages", "mem.thread.read"
+        )
+        return messages
+
+    def mem_put(self, namespace: str, key: str, value: Any, *, text: str | None = None) -> None:
+        """Store `value` (any JSON) under `namespace`/`key` in long-term memory. `text` is
+        what `mem_search` finds it by (default: the value itself, or its JSON)."""
+        params: dict[str, Any] = {"namespace": namespace, "key": key, "value": value}
+        if text is not None:
+            params["text"] = text
+        self.call("mem.put", params)
+
+    def mem_get(self, namespace: str, key: str) -> Any:
+        """The value stored under `namespace`/`key`, or None."""
+        result = self.call("mem.get", {"namespace": namespace, "key": key})
+        return _field(result, "value", "mem.get")
+
+    def mem_delete(self, namespace: str, key: str) -> bool:
+        """Delete a record; whether there was one."""
+        result = self.call("mem.delete", {"namespace": namespace, "key": key})
+        return bool(_field(result, "deleted", "mem.delete"))
+
+    def mem_search(
+        self, namespace: str, query: str, *, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Full-text search of a namespace: hits (``key``, ``score``, ``snippet``), most
+        relevant first. Any word of `query` may match."""
+        params: dict[str, Any] = {"namespace": namespace, "query": query}
+        if limit is not None:
+            params["limit"] = limit
+        hits: list[dict[str, Any]] = _field(self.call("mem.search", params), "hits", "mem.search")
+        return hits
+
     # -- lifetime ---------------------------------------------------------------------
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -214,6 +215,9 @@ class ScriptedKernel:
         self.journal: list[Entry] = []
         self.abandoned: list[Entry] = []
         self.kv: dict[str, Any] = {}
+        # Memory: threads by id, records by (namespace, key) -> (value, text).
+        self.threads: dict[str, list[dict[str, Any]]] = {}
+        self.memory: dict[tuple[str, str], tuple[Any, str]] = {}
         self.llm_requests: list[list[dict[str, Any]]] = []  # live calls only: what was paid
         self.output: Any = NO_OUTPUT
         self.events: list[Any] = []
@@ -422,6 +426,51 @@ class ScriptedKernel:
         if method == "run.exit":
             self.output = params.get("output")
             return {}
+        if method.startswith("mem."):
+            return self._memory(method, params)
+        raise SyscallError(-32601, "unknown_method", f"no method {method!r}")
+
+    def _memory(self, method: str, params: dict[str, Any]) -> Any:
+        """Memory as the kernel serves it, simplified: search matches any word."""
+        if method == "mem.thread.append":
+            message = params["message"]
+            thread = self.threads.setdefault(params["thread"], [])
+            thread.append({"index": len(thread), **message})
+            return {"index": len(thread) - 1}
+        if method == "mem.thread.read":
+            messages = list(self.threads.get(params["thread"], []))
+            if "last" in params:
+                messages = messages[len(messages) - min(params["last"], len(messages)) :]
+            if "max_tokens" in params:
+                kept: list[dict[str, Any]] = []
+                used = 0
+                for message in reversed(messages):
+                    cost = -(-len(message["content"].encode()) // 4) + 4
+                    if used + cost > params["max_tokens"]:
+                        break
+                    used += cost
+                    kept.insert(0, message)
+                messages = kept
+            return {"messages": messages}
+        key = (params["namespace"], params.get("key", ""))
+        if method == "mem.put":
+            value = params["value"]
+            text = params.get("text", value if isinstance(value, str) else json.dumps(value))
+            self.memory[key] = (value, text)
+            return {}
+        if method == "mem.get":
+            return {"value": self.memory.get(key, (None, ""))[0]}
+        if method == "mem.delete":
+            return {"deleted": self.memory.pop(key, None) is not None}
+        if method == "mem.search":
+            words = {w for w in re.split(r"\W+", params["query"].lower()) if w}
+            hits = []
+            for (namespace, k), (_, text) in sorted(self.memory.items()):
+                score = sum(1 for w in re.split(r"\W+", text.lower()) if w in words)
+                if namespace == params["namespace"] and score:
+                    hits.append({"key": k, "score": float(score), "snippet": text[:64]})
+            hits.sort(key=lambda h: -h["score"])
+            return {"hits": hits[: params.get("limit", 10)]}
         raise SyscallError(-32601, "unknown_method", f"no method {method!r}")
 
     def _llm_chat(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -172,6 +172,46 @@ class ConcurrentAgentTests(DurableAgentCase):
             self.assertEqual(json.loads(stdout), self.expected)
 
 
+class MemoryAgentTests(DurableAgentCase):
+    argv = [str(AGENTS / "memory_agent.py")]
+    expected = {
+        "indexes": [0, 1, 2],
+        "hits": [],  # the agent searches for topic3; three turns reach topic2
+        "last2": ["turn 1: note about topic1", "turn 2: note about topic2"],
+        "fit30": 2,
+        "turn1": {"turn": 1},
+        "deleted": True,
+        "turn0": None,
+    }
+
+    def kernel(self, **options: Any) -> ScriptedKernel:
+        return ScriptedKernel(**options)
+
+    def run_memory_agent(self, kernel: ScriptedKernel) -> Any:
+        return kernel.run_agent(self.argv, {"MEMORY_AGENT_TURNS": "3"})
+
+    def test_threads_and_records_round_trip(self) -> None:
+        kernel = self.kernel()
+        run = self.run_memory_agent(kernel)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertEqual(kernel.output, self.expected)
+        self.assertEqual([m["index"] for m in kernel.threads["chat"]], [0, 1, 2])
+        self.assertEqual(sorted(k for _, k in kernel.memory), ["turn-1", "turn-2"])
+
+    def test_resumes_after_a_crash_anywhere_without_repeating_writes(self) -> None:
+        clean = self.kernel()
+        self.run_memory_agent(clean)
+        entries = len(clean.journal)
+        for n in range(1, entries + 1):
+            with self.subTest(crash_after=n):
+                kernel = self.kernel(crash_after=n)
+                self.assertTrue(self.run_memory_agent(kernel).crashed)
+                second = self.run_memory_agent(kernel)
+                self.assertEqual(second.returncode, 0, second.stderr)
+                self.assertEqual(kernel.output, self.expected)
+                self.assertEqual(len(kernel.threads["chat"]), 3, "an append was repeated")
+
+
 class SimpleAgentTests(unittest.TestCase):
     def test_echo_agent(self) -> None:
         kernel = ScriptedKernel()

@@ -150,6 +150,12 @@ class CallTests(KernelTestCase):
             "human.ask": {"answer": "yes"},
             "run.emit": {},
             "run.exit": {},
+            "mem.thread.append": {"index": 4},
+            "mem.thread.read": {"messages": [{"index": 4, "role": "user", "content": "hi"}]},
+            "mem.put": {},
+            "mem.get": {"value": {"v": 1}},
+            "mem.delete": {"deleted": True},
+            "mem.search": {"hits": [{"key": "k", "score": 1.5, "snippet": "[hi]"}]},
         }
 
         def serve(conn: LineConnection) -> None:
@@ -168,6 +174,15 @@ class CallTests(KernelTestCase):
         self.assertEqual(client.random(), 2**64 - 1)
         self.assertEqual(client.ask("approve?"), "yes")
         self.assertIsNone(client.emit({"progress": 1}))
+        self.assertEqual(client.thread_append("t1", "user", "hi"), 4)
+        self.assertEqual(client.thread_read("t1", last=2)[0]["content"], "hi")
+        self.assertEqual(len(client.thread_read("t1", max_tokens=100)), 1)
+        self.assertIsNone(client.mem_put("notes", "k", {"v": 1}, text="hello"))
+        self.assertIsNone(client.mem_put("notes", "k", 2))
+        self.assertEqual(client.mem_get("notes", "k"), {"v": 1})
+        self.assertIs(client.mem_delete("notes", "k"), True)
+        self.assertEqual(client.mem_search("notes", "hi", limit=3)[0]["key"], "k")
+        self.assertEqual(client.mem_search("notes", "hi"), [{"key": "k", "score": 1.5, "snippet": "[hi]"}])
         self.assertIsNone(client.exit({"ok": True}))
 
         sent = [(r["method"], r["params"]) for r in self.requests[1:]]
@@ -184,6 +199,18 @@ class CallTests(KernelTestCase):
                 ("sys.random", {}),
                 ("human.ask", {"question": "approve?"}),
                 ("run.emit", {"event": {"progress": 1}}),
+                (
+                    "mem.thread.append",
+                    {"thread": "t1", "message": {"role": "user", "content": "hi"}},
+                ),
+                ("mem.thread.read", {"thread": "t1", "last": 2}),
+                ("mem.thread.read", {"thread": "t1", "max_tokens": 100}),
+                ("mem.put", {"namespace": "notes", "key": "k", "value": {"v": 1}, "text": "hello"}),
+                ("mem.put", {"namespace": "notes", "key": "k", "value": 2}),
+                ("mem.get", {"namespace": "notes", "key": "k"}),
+                ("mem.delete", {"namespace": "notes", "key": "k"}),
+                ("mem.search", {"namespace": "notes", "query": "hi", "limit": 3}),
+                ("mem.search", {"namespace": "notes", "query": "hi"}),
                 ("run.exit", {"output": {"ok": True}}),
             ],
         )

@@ -1,5 +1,5 @@
 //! End-to-end tests of the real `keel` binary: runs, operator controls, crash recovery
-//! with SIGKILL, bad input, and the HTTP API. Agents are the Python programs in
+//! with SIGKILL, bad input, the HTTP API, and memory. Agents are the Python programs in
 //! `tests/agents`.
 
 mod api;
@@ -9,6 +9,7 @@ mod control;
 mod crash;
 mod gateway;
 mod harness;
+mod memory;
 mod runs;
 mod sandbox;
 mod sandbox_escape;

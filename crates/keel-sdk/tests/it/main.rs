@@ -30,6 +30,25 @@ fn agent() -> keel_sdk::Result<()> {
         }
         other => panic!("expected not_found, got {other:?}"),
     }
+    assert_eq!(keel.thread_append("sdk-thread", "user", "hello thread")?, 0);
+    assert_eq!(keel.thread_append("sdk-thread", "assistant", "hello back")?, 1);
+    let tail = keel.thread_read("sdk-thread", Some(1), None)?;
+    assert_eq!((tail.len(), tail[0].index, tail[0].content.as_str()), (1, 1, "hello back"));
+    assert_eq!(keel.thread_read("sdk-thread", None, Some(1))?.len(), 0, "nothing fits in 1 token");
+    keel.mem_put("notes", "pets", &json!({"cat": "Tom"}), Some("the cat is called Tom"))?;
+    assert_eq!(keel.mem_get("notes", "pets")?, json!({"cat": "Tom"}));
+    let hits = keel.mem_search("notes", "cat", Some(5))?;
+    assert_eq!(hits.len(), 1);
+    assert_eq!(hits[0].key, "pets");
+    assert!(keel.mem_delete("notes", "pets")?);
+    assert_eq!(keel.mem_get("notes", "pets")?, serde_json::Value::Null);
+    match keel.mem_put("", "k", &json!(1), None) {
+        Err(keel_sdk::Error::Kernel { kind, message, .. }) => {
+            assert_eq!(kind, "invalid_params");
+            assert!(message.contains("namespace"), "{message}");
+        }
+        other => panic!("expected invalid_params, got {other:?}"),
+    }
     keel.emit(&json!({"progress": 1}))?;
     keel.exit(&json!({"done": true}))?;
     match keel.now_ms() {
@@ -55,6 +74,7 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
             default_llm_script: None,
             gateway_addr: None,
             llm: keel_llm::Router::empty(),
+            egress: Default::default(),
         })
         .await
         .unwrap();

@@ -9,8 +9,13 @@ use rusqlite::types::FromSql;
 use rusqlite::{Connection, Params, Row, params, params_from_iter};
 use serde_json::Value;
 
-use super::writer::sql_error;
-use crate::{Error, EventRecord, JournalEntry, Result, RunFilter, RunRecord, Seq, StoreStats};
+use std::collections::HashMap;
+
+use super::writer::{SPLIT_KEY, sql_error};
+use crate::{
+    Error, EventRecord, JournalEntry, MemoryHit, MemoryRecord, Result, RunFilter, RunRecord, Seq, StoreStats,
+    ThreadMessage,
+};
 
 /// The columns `decode_run` reads, in `SELECT` form.
 const RUN_COLUMNS: &str = "id, tenant, spec, state, wait_reason, created_at_ms, updated_at_ms, \
@@ -78,13 +83,70 @@ pub(super) fn require_run(connection: &Connection, run: &RunId) -> Result<()> {
 
 pub(super) fn journal(connection: &Connection, run: &RunId, after: Seq) -> Result<Vec<JournalEntry>> {
     require_run(connection, run)?;
-    query_all(
+    let mut entries = query_all(
         connection,
         "reading a journal",
         &format!("{ENTRY_SELECT} WHERE j.run_id = ?1 AND j.seq > ?2 ORDER BY j.seq"),
         params![run.as_str(), seq_param(after)],
         |row| decode_entry(row, run),
-    )
+    )?;
+    let mut chain = ChainCache::default();
+    for entry in &mut entries {
+        expand_params(connection, &mut chain, entry, run)?;
+    }
+    Ok(entries)
+}
+
+/// Message chain nodes already read: hash -> (prev, message).
+#[derive(Default)]
+struct ChainCache {
+    nodes: HashMap<String, (Option<String>, Value)>,
+}
+
+/// Turns a params blob that refers to the message chain back into the params as written.
+fn expand_params(
+    connection: &Connection,
+    cache: &mut ChainCache,
+    entry: &mut JournalEntry,
+    run: &RunId,
+) -> Result<()> {
+    let Some(split) = entry.params.as_object().filter(|o| o.len() == 1).and_then(|o| o.get(SPLIT_KEY)) else {
+        return Ok(());
+    };
+    let place = format!("params of journal entry {} of run {run}", entry.seq);
+    let mut fields = match split.get("fields") {
+        Some(Value::Object(fields)) => fields.clone(),
+        _ => return Err(Error::Corrupt(format!("{place}: a split payload without fields"))),
+    };
+    if let Some(last) = split.get("chain").and_then(Value::as_str) {
+        let mut messages = Vec::new();
+        let mut next = Some(last.to_owned());
+        while let Some(hash) = next {
+            if !cache.nodes.contains_key(&hash) {
+                let node = query_first(
+                    connection,
+                    "reading a message chain node",
+                    "SELECT c.prev AS prev, c.message_blob AS message_blob, b.bytes AS message_bytes \
+                     FROM message_chain c LEFT JOIN blobs b ON b.hash = c.message_blob WHERE c.hash = ?1",
+                    params![hash],
+                    |row| {
+                        let prev: Option<String> = column(row, "prev", &place)?;
+                        let message = blob_column(row, "message", &place)?.unwrap_or(Value::Null);
+                        Ok((prev, message))
+                    },
+                )?
+                .ok_or_else(|| Error::Corrupt(format!("{place}: message chain node {hash} is missing")))?;
+                cache.nodes.insert(hash.clone(), node);
+            }
+            let (prev, message) = &cache.nodes[&hash];
+            messages.push(message.clone());
+            next = prev.clone();
+        }
+        messages.reverse();
+        fields.insert("messages".to_owned(), Value::Array(messages));
+    }
+    entry.params = Value::Object(fields);
+    Ok(())
 }
 
 pub(super) fn latest_entry(
@@ -93,7 +155,7 @@ pub(super) fn latest_entry(
     method: &str,
 ) -> Result<Option<JournalEntry>> {
     require_run(connection, run)?;
-    query_first(
+    let entry = query_first(
         connection,
         "reading the latest journal entry of a method",
         &format!(
@@ -102,7 +164,12 @@ pub(super) fn latest_entry(
         ),
         params![run.as_str(), method],
         |row| decode_entry(row, run),
-    )
+    )?;
+    let Some(mut entry) = entry else {
+        return Ok(None);
+    };
+    expand_params(connection, &mut ChainCache::default(), &mut entry, run)?;
+    Ok(Some(entry))
 }
 
 pub(super) fn events(
@@ -142,6 +209,103 @@ pub(super) fn kv_get(connection: &Connection, scope: &str, key: &str) -> Result<
     )
 }
 
+pub(super) fn thread_read(
+    connection: &Connection,
+    tenant: &str,
+    thread: &str,
+    last: Option<usize>,
+) -> Result<Vec<ThreadMessage>> {
+    // SQLite reads a negative LIMIT as "no limit".
+    let limit = last.map_or(-1, |last| i64::try_from(last).unwrap_or(i64::MAX));
+    let place = format!("thread {thread:?} of tenant {tenant:?}");
+    let mut messages = query_all(
+        connection,
+        "reading a thread",
+        "SELECT t.idx AS idx, t.appended_at_ms AS appended_at_ms, t.message_blob AS message_blob, \
+         b.bytes AS message_bytes FROM thread_messages t LEFT JOIN blobs b ON b.hash = t.message_blob \
+         WHERE t.tenant = ?1 AND t.thread = ?2 ORDER BY t.idx DESC LIMIT ?3",
+        params![tenant, thread, limit],
+        |row| {
+            Ok(ThreadMessage {
+                index: column(row, "idx", &place)?,
+                message: blob_column(row, "message", &place)?
+                    .ok_or_else(|| Error::Corrupt(format!("a message of {place} references no blob")))?,
+                appended_at_ms: column(row, "appended_at_ms", &place)?,
+            })
+        },
+    )?;
+    messages.reverse();
+    Ok(messages)
+}
+
+pub(super) fn mem_get(
+    connection: &Connection,
+    tenant: &str,
+    namespace: &str,
+    key: &str,
+) -> Result<Option<MemoryRecord>> {
+    let place = format!("memory record {key:?} in namespace {namespace:?} of tenant {tenant:?}");
+    query_first(
+        connection,
+        "reading a memory record",
+        "SELECT value, text, updated_at_ms FROM memory WHERE tenant = ?1 AND namespace = ?2 AND key = ?3",
+        params![tenant, namespace, key],
+        |row| {
+            Ok(MemoryRecord {
+                namespace: namespace.to_owned(),
+                key: key.to_owned(),
+                value: json_column(row, "value", &place)?,
+                text: column(row, "text", &place)?,
+                updated_at_ms: column(row, "updated_at_ms", &place)?,
+            })
+        },
+    )
+}
+
+/// Turns plain words into an FTS5 query that matches any of them: each word is quoted, so
+/// no user text is ever read as FTS5 syntax. `None` when there are no words.
+pub(super) fn fts_query(query: &str) -> Option<String> {
+    let words: Vec<String> = query
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|word| !word.is_empty())
+        .map(|word| format!("\"{word}\""))
+        .collect();
+    (!words.is_empty()).then(|| words.join(" OR "))
+}
+
+pub(super) fn mem_search(
+    connection: &Connection,
+    tenant: &str,
+    namespace: &str,
+    query: &str,
+    limit: usize,
+) -> Result<Vec<MemoryHit>> {
+    let Some(fts) = fts_query(query) else {
+        return Ok(Vec::new());
+    };
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let place = format!("a search of namespace {namespace:?}");
+    query_all(
+        connection,
+        "searching memory",
+        "SELECT m.key AS key, bm25(memory_fts) AS rank, \
+         snippet(memory_fts, 0, '[', ']', '...', 16) AS snippet \
+         FROM memory_fts JOIN memory m ON m.id = memory_fts.rowid \
+         WHERE memory_fts MATCH ?1 AND m.tenant = ?2 AND m.namespace = ?3 \
+         ORDER BY rank, m.key LIMIT ?4",
+        params![fts, tenant, namespace, limit],
+        |row| {
+            let rank: f64 = column(row, "rank", &place)?;
+            Ok(MemoryHit {
+                key: column(row, "key", &place)?,
+                // bm25 is lower-is-better (negative); report higher-is-better.
+                score: -rank,
+                snippet: column(row, "snippet", &place)?,
+            })
+        },
+    )
+}
+
 pub(super) fn stats(connection: &Connection) -> Result<StoreStats> {
     let stats = query_first(
         connection,
@@ -149,7 +313,8 @@ pub(super) fn stats(connection: &Connection) -> Result<StoreStats> {
         "SELECT (SELECT COUNT(*) FROM runs) AS runs, \
                 (SELECT COUNT(*) FROM journal) AS journal_entries, \
                 (SELECT COUNT(*) FROM blobs) AS blobs, \
-                (SELECT COALESCE(SUM(size), 0) FROM blobs) AS blob_bytes",
+                (SELECT COALESCE(SUM(size), 0) FROM blobs) + \
+                (SELECT COUNT(*) * 128 FROM message_chain) AS blob_bytes",
         [],
         |row| {
             Ok(StoreStats {

@@ -14,7 +14,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `i` brings a database from version `i` to version `i + 1`. Append only:
 /// a released migration never changes.
-const MIGRATIONS: &[&str] = &[V1];
+const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// The schema this build writes and reads.
 pub(super) const SCHEMA_VERSION: usize = MIGRATIONS.len();
@@ -94,6 +94,67 @@ CREATE TABLE kv (
     value TEXT NOT NULL,
     PRIMARY KEY (scope, key)
 );
+";
+
+/// Version 2: memory.
+/// - Thread messages are content-addressed blobs (like journal payloads); a thread row is
+///   (tenant, thread, idx) -> blob, clustered for a range scan of the last N. The optional
+///   idempotency key makes a retried append (after a crash) write nothing.
+/// - `message_chain` stores the `messages` of journal params (an LLM conversation re-sent
+///   on every call) one message at a time: node `hash` is message `message_blob` after
+///   the prefix `prev`, and a params blob names its last node. A call that re-sends a
+///   history stores only the messages that are new (see `writer::Blob::of_params`).
+/// - Long-term records live in `memory`, with an external-content FTS5 index over their
+///   `text` kept in step by triggers (so a put, overwrite or delete updates the index in
+///   the same transaction). `memory_deletes` remembers what a delete with an idempotency
+///   key answered, so its retry answers the same.
+const V2: &str = "
+CREATE TABLE thread_messages (
+    tenant          TEXT NOT NULL,
+    thread          TEXT NOT NULL,
+    idx             INTEGER NOT NULL,
+    message_blob    TEXT NOT NULL REFERENCES blobs (hash),
+    idempotency_key TEXT,
+    appended_at_ms  INTEGER NOT NULL,
+    PRIMARY KEY (tenant, thread, idx)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX thread_messages_by_key ON thread_messages (tenant, thread, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+
+CREATE TABLE memory_deletes (
+    tenant          TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    deleted         INTEGER NOT NULL,
+    PRIMARY KEY (tenant, idempotency_key)
+) WITHOUT ROWID;
+
+CREATE TABLE message_chain (
+    hash         TEXT PRIMARY KEY NOT NULL,
+    prev         TEXT,
+    message_blob TEXT NOT NULL REFERENCES blobs (hash)
+) WITHOUT ROWID;
+
+CREATE TABLE memory (
+    id            INTEGER PRIMARY KEY,
+    tenant        TEXT NOT NULL,
+    namespace     TEXT NOT NULL,
+    key           TEXT NOT NULL,
+    value         TEXT NOT NULL,
+    text          TEXT NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    UNIQUE (tenant, namespace, key)
+);
+CREATE VIRTUAL TABLE memory_fts USING fts5 (text, content = 'memory', content_rowid = 'id');
+CREATE TRIGGER memory_inserted AFTER INSERT ON memory BEGIN
+    INSERT INTO memory_fts (rowid, text) VALUES (new.id, new.text);
+END;
+CREATE TRIGGER memory_deleted AFTER DELETE ON memory BEGIN
+    INSERT INTO memory_fts (memory_fts, rowid, text) VALUES ('delete', old.id, old.text);
+END;
+CREATE TRIGGER memory_updated AFTER UPDATE ON memory BEGIN
+    INSERT INTO memory_fts (memory_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    INSERT INTO memory_fts (rowid, text) VALUES (new.id, new.text);
+END;
 ";
 
 /// Settings of the one read-write connection. WAL lets readers run beside the writer;

@@ -62,6 +62,31 @@ pub(super) enum WriteCommand {
         value: String,
         reply: Reply<()>,
     },
+    ThreadAppend {
+        tenant: String,
+        thread: String,
+        message: Blob,
+        idempotency_key: Option<String>,
+        appended_at_ms: u64,
+        reply: Reply<u64>,
+    },
+    MemPut {
+        tenant: String,
+        namespace: String,
+        key: String,
+        /// JSON text.
+        value: String,
+        text: String,
+        updated_at_ms: u64,
+        reply: Reply<()>,
+    },
+    MemDelete {
+        tenant: String,
+        namespace: String,
+        key: String,
+        idempotency_key: Option<String>,
+        reply: Reply<bool>,
+    },
 }
 
 /// A journal payload ready to store: its JSON bytes and their content address.
@@ -71,6 +96,19 @@ pub(super) struct Blob {
     pub(super) bytes: Vec<u8>,
 }
 
+/// The key a params blob uses to stand for params whose `messages` live in the message
+/// chain: `{"$keel_messages": {"fields": <params without messages>, "chain": <last node
+/// hash or null>}}`. Params that are themselves an object with this one key are always
+/// stored this way too (with `chain` null), so reading back is never ambiguous.
+pub(super) const SPLIT_KEY: &str = "$keel_messages";
+
+/// One node of the message chain: message `message` after the prefix `prev`.
+pub(super) struct ChainLink {
+    pub(super) hash: String,
+    pub(super) prev: Option<String>,
+    pub(super) message: Blob,
+}
+
 impl Blob {
     pub(super) fn of(value: &Value) -> Blob {
         // `Value`'s Display is its compact JSON form and cannot fail.
@@ -78,12 +116,47 @@ impl Blob {
         let hash = hex::encode(Sha256::digest(&bytes));
         Blob { hash, bytes }
     }
+
+    /// Journal params: a `messages` array (a conversation, re-sent whole on every LLM
+    /// call) goes to the message chain, one blob per message, so that each message is
+    /// stored once however many calls repeat it; the params blob keeps the other fields
+    /// and the hash of the last node. The node hash of message i is
+    /// sha256(node hash of i-1, ":", message hash): equal prefixes share their nodes.
+    pub(super) fn of_params(value: &Value) -> (Blob, Vec<ChainLink>) {
+        let Some(object) = value.as_object() else {
+            return (Blob::of(value), Vec::new());
+        };
+        let messages = object.get("messages").and_then(Value::as_array);
+        let escaped = object.len() == 1 && object.contains_key(SPLIT_KEY);
+        if messages.is_none_or(|messages| messages.is_empty()) && !escaped {
+            return (Blob::of(value), Vec::new());
+        }
+        let mut fields = object.clone();
+        let mut links = Vec::new();
+        let mut prev: Option<String> = None;
+        if let Some(messages) = messages.filter(|messages| !messages.is_empty()) {
+            fields.remove("messages");
+            for message in messages {
+                let message = Blob::of(message);
+                let mut hasher = Sha256::new();
+                hasher.update(prev.as_deref().unwrap_or("").as_bytes());
+                hasher.update(b":");
+                hasher.update(message.hash.as_bytes());
+                let hash = hex::encode(hasher.finalize());
+                links.push(ChainLink { hash: hash.clone(), prev: prev.replace(hash), message });
+            }
+        }
+        let manifest = serde_json::json!({ SPLIT_KEY: { "fields": fields, "chain": prev } });
+        (Blob::of(&manifest), links)
+    }
 }
 
 /// A `NewEntry` with its payloads encoded.
 pub(super) struct EncodedEntry {
     pub(super) method: String,
     pub(super) params: Blob,
+    /// The message chain `params` refers to, if it has one.
+    pub(super) params_chain: Vec<ChainLink>,
     pub(super) params_hash: String,
     pub(super) status: EntryStatus,
     pub(super) result: Option<Blob>,
@@ -220,6 +293,24 @@ fn apply(connection: &Connection, command: WriteCommand) -> Box<dyn Answer> {
         WriteCommand::KvPut { scope, key, value, reply } => {
             answer(reply, in_savepoint(connection, |c| kv_put(c, &scope, &key, &value)))
         }
+        WriteCommand::ThreadAppend { tenant, thread, message, idempotency_key, appended_at_ms, reply } => {
+            answer(
+                reply,
+                in_savepoint(connection, |c| {
+                    thread_append(c, &tenant, &thread, &message, idempotency_key.as_deref(), appended_at_ms)
+                }),
+            )
+        }
+        WriteCommand::MemPut { tenant, namespace, key, value, text, updated_at_ms, reply } => answer(
+            reply,
+            in_savepoint(connection, |c| mem_put(c, &tenant, &namespace, &key, &value, &text, updated_at_ms)),
+        ),
+        WriteCommand::MemDelete { tenant, namespace, key, idempotency_key, reply } => answer(
+            reply,
+            in_savepoint(connection, |c| {
+                mem_delete(c, &tenant, &namespace, &key, idempotency_key.as_deref())
+            }),
+        ),
     }
 }
 
@@ -235,7 +326,10 @@ impl WriteCommand {
             }
             WriteCommand::CompleteEntry { reply, .. }
             | WriteCommand::AbandonEntries { reply, .. }
-            | WriteCommand::KvPut { reply, .. } => answer(reply, Err(error)),
+            | WriteCommand::KvPut { reply, .. }
+            | WriteCommand::MemPut { reply, .. } => answer(reply, Err(error)),
+            WriteCommand::ThreadAppend { reply, .. } => answer(reply, Err(error)),
+            WriteCommand::MemDelete { reply, .. } => answer(reply, Err(error)),
         }
     }
 }
@@ -375,6 +469,7 @@ fn append_entry(connection: &Connection, run: RunId, entry: EncodedEntry) -> Res
     // dense seqs in the order they reached the writer.
     let seq = queries::last_journal_seq(connection, &run)? + 1;
     put_blob(connection, &entry.params)?;
+    put_chain(connection, &entry.params_chain)?;
     for blob in [&entry.result, &entry.error].into_iter().flatten() {
         put_blob(connection, blob)?;
     }
@@ -528,6 +623,132 @@ fn kv_put(connection: &Connection, scope: &str, key: &str, value: &str) -> Resul
          ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value",
         params![scope, key, value],
     )?;
+    Ok(())
+}
+
+fn thread_append(
+    connection: &Connection,
+    tenant: &str,
+    thread: &str,
+    message: &Blob,
+    idempotency_key: Option<&str>,
+    appended_at_ms: u64,
+) -> Result<u64> {
+    if let Some(key) = idempotency_key {
+        let earlier = queries::query_first(
+            connection,
+            "looking up an idempotency key",
+            "SELECT idx FROM thread_messages WHERE tenant = ?1 AND thread = ?2 AND idempotency_key = ?3",
+            params![tenant, thread, key],
+            |row| row.get::<_, u64>(0).map_err(sql_error("reading a thread index")),
+        )?;
+        if let Some(index) = earlier {
+            return Ok(index);
+        }
+    }
+    let next = queries::query_first(
+        connection,
+        "finding the end of a thread",
+        "SELECT COALESCE(MAX(idx) + 1, 0) FROM thread_messages WHERE tenant = ?1 AND thread = ?2",
+        params![tenant, thread],
+        |row| row.get::<_, u64>(0).map_err(sql_error("reading the end of a thread")),
+    )?
+    .unwrap_or(0);
+    put_blob(connection, message)?;
+    run_sql(
+        connection,
+        "appending a thread message",
+        "INSERT INTO thread_messages (tenant, thread, idx, message_blob, idempotency_key, appended_at_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![tenant, thread, next, message.hash, idempotency_key, appended_at_ms],
+    )?;
+    Ok(next)
+}
+
+fn mem_put(
+    connection: &Connection,
+    tenant: &str,
+    namespace: &str,
+    key: &str,
+    value: &str,
+    text: &str,
+    updated_at_ms: u64,
+) -> Result<()> {
+    run_sql(
+        connection,
+        "writing a memory record",
+        "INSERT INTO memory (tenant, namespace, key, value, text, updated_at_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (tenant, namespace, key) DO UPDATE SET \
+         value = excluded.value, text = excluded.text, updated_at_ms = excluded.updated_at_ms",
+        params![tenant, namespace, key, value, text, updated_at_ms],
+    )?;
+    Ok(())
+}
+
+fn mem_delete(
+    connection: &Connection,
+    tenant: &str,
+    namespace: &str,
+    key: &str,
+    idempotency_key: Option<&str>,
+) -> Result<bool> {
+    if let Some(idempotency_key) = idempotency_key {
+        let earlier = queries::query_first(
+            connection,
+            "looking up an idempotency key",
+            "SELECT deleted FROM memory_deletes WHERE tenant = ?1 AND idempotency_key = ?2",
+            params![tenant, idempotency_key],
+            |row| row.get::<_, bool>(0).map_err(sql_error("reading an earlier delete")),
+        )?;
+        if let Some(deleted) = earlier {
+            return Ok(deleted);
+        }
+    }
+    let deleted = run_sql(
+        connection,
+        "deleting a memory record",
+        "DELETE FROM memory WHERE tenant = ?1 AND namespace = ?2 AND key = ?3",
+        params![tenant, namespace, key],
+    )? > 0;
+    if let Some(idempotency_key) = idempotency_key {
+        run_sql(
+            connection,
+            "remembering a delete",
+            "INSERT INTO memory_deletes (tenant, idempotency_key, deleted) VALUES (?1, ?2, ?3)",
+            params![tenant, idempotency_key, deleted],
+        )?;
+    }
+    Ok(deleted)
+}
+
+/// Stores the nodes of a message chain that are not stored yet. A stored node implies its
+/// whole prefix is stored (nodes are written prefix first), so the walk from the end stops
+/// at the first node found: a call that re-sends a history writes only the new messages.
+fn put_chain(connection: &Connection, links: &[ChainLink]) -> Result<()> {
+    let mut missing = links.len();
+    while missing > 0 {
+        let exists = queries::query_first(
+            connection,
+            "looking up a message chain node",
+            "SELECT 1 FROM message_chain WHERE hash = ?1",
+            params![links[missing - 1].hash],
+            |_| Ok(()),
+        )?;
+        if exists.is_some() {
+            break;
+        }
+        missing -= 1;
+    }
+    for link in &links[missing..] {
+        put_blob(connection, &link.message)?;
+        run_sql(
+            connection,
+            "storing a message chain node",
+            "INSERT INTO message_chain (hash, prev, message_blob) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (hash) DO NOTHING",
+            params![link.hash, link.prev, link.message.hash],
+        )?;
+    }
     Ok(())
 }
 

@@ -125,6 +125,35 @@ async fn dropping_the_store_from_a_task_does_not_block_forever() {
     assert_eq!(db.open().stats().await.unwrap().runs, 1);
 }
 
+/// A version-1 database (before memory) keeps its runs and gains the memory tables when a
+/// newer keel opens it. The v1 file is made by taking the version-2 objects out of a new
+/// one, which leaves exactly the version-1 schema.
+#[tokio::test]
+async fn a_version_1_database_is_migrated_to_memory() {
+    let db = TestDb::new();
+    let store = db.open();
+    let run = store.create_run(new_run(1)).await.unwrap().id;
+    drop(store);
+    let raw = rusqlite::Connection::open(db.path()).unwrap();
+    raw.execute_batch(
+        "DROP TABLE memory_fts; DROP TABLE memory; DROP TABLE memory_deletes; DROP TABLE message_chain; \
+         DROP TABLE thread_messages; \
+         PRAGMA user_version = 1;",
+    )
+    .unwrap();
+    drop(raw);
+
+    let store = db.open();
+    assert!(store.get_run(&run).await.unwrap().is_some(), "v1 data must survive the migration");
+    store.mem_put("t", "ns", "k", json!(1), "hello world".into(), 1).await.unwrap();
+    assert_eq!(store.mem_search("t", "ns", "world", 5).await.unwrap()[0].key, "k");
+    assert_eq!(store.thread_append("t", "th", json!("m"), None, 1).await.unwrap(), 0);
+    drop(store);
+    let raw = rusqlite::Connection::open(db.path()).unwrap();
+    let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
+    assert_eq!(version, 2);
+}
+
 #[test]
 fn open_refuses_a_schema_newer_than_it_knows() {
     let db = TestDb::new();
@@ -150,4 +179,31 @@ fn open_fails_clearly_when_the_directory_is_missing() {
         Err(error) => assert!(error.to_string().contains("opening the database file"), "{error}"),
         Ok(_) => panic!("opening a file in a missing directory must fail"),
     }
+}
+
+/// A thread message and the same message in `llm.chat` params are one blob: an agent that
+/// mirrors its conversation into a thread stores each message once.
+#[tokio::test]
+async fn thread_messages_share_blobs_with_journaled_conversations() {
+    let db = TestDb::new();
+    let store = db.open();
+    let run = store.create_run(new_run(1)).await.unwrap().id;
+    let message = json!({"role": "user", "content": "x".repeat(10_000)});
+    let entry = NewEntry {
+        method: "llm.chat".to_owned(),
+        params: json!({"messages": [message.clone()]}),
+        params_hash: "h".to_owned(),
+        status: EntryStatus::Pending,
+        result: None,
+        error: None,
+        attempt: 1,
+        started_at_ms: 1,
+        finished_at_ms: None,
+        usage: Usage::default(),
+    };
+    store.append_entry(&run, entry).await.unwrap();
+    let before = store.stats().await.unwrap();
+    store.thread_append("t", "chat", message, None, 1).await.unwrap();
+    let after = store.stats().await.unwrap();
+    assert_eq!((after.blobs, after.blob_bytes), (before.blobs, before.blob_bytes));
 }
