@@ -80,8 +80,8 @@ impl Drop for Inner {
 }
 
 /// Copies the WAL back into the database file once a second from a connection of its own,
-/// so that no commit pays for a checkpoint (the writer's automatic checkpoints are off).
-/// PASSIVE checkpoints never block the writer or readers; they copy what they can.
+/// so that the writer's automatic checkpoint (which runs inside a commit) finds little
+/// left to copy. PASSIVE checkpoints never block the writer or readers.
 fn start_checkpointer(path: &Path) -> Result<(std::sync::mpsc::Sender<()>, JoinHandle<()>)> {
     let connection = Connection::open_with_flags(
         path,

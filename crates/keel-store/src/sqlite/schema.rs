@@ -159,8 +159,10 @@ END;
 
 /// Settings of the one read-write connection. WAL lets readers run beside the writer;
 /// `synchronous=FULL` makes every commit fsync the WAL, which is what "durable on return"
-/// needs (NORMAL would survive a process kill but not a power cut). Automatic checkpoints
-/// are off here: a separate thread checkpoints, so that no commit waits for one.
+/// needs (NORMAL would survive a process kill but not a power cut). SQLite's automatic
+/// checkpoint stays on, bounding the WAL (with it off, the WAL grew between background
+/// checkpoints and every commit got slower: 711 vs 480 µs a journaled step); a separate
+/// thread checkpoints every second, so the automatic one rarely has much to copy.
 pub(super) fn configure_writer(connection: &Connection) -> Result<()> {
     connection.busy_timeout(BUSY_TIMEOUT).map_err(sql_error("setting the busy timeout"))?;
     let mode: String = connection
@@ -173,7 +175,7 @@ pub(super) fn configure_writer(connection: &Connection) -> Result<()> {
         });
     }
     connection
-        .execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA wal_autocheckpoint = 0;")
+        .execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
         .map_err(sql_error("setting synchronous=FULL and foreign_keys=ON"))?;
     connection.set_prepared_statement_cache_capacity(64);
     Ok(())
