@@ -266,6 +266,14 @@ impl Client {
         self.send(self.http.post(self.url(&format!("/v1/runs/{run}/answer"))).json(&body)).await
     }
 
+    pub async fn send_message(
+        &self,
+        run: &str,
+        body: &keel_protocol::api::MessageParams,
+    ) -> Result<keel_protocol::api::MessageSentView> {
+        self.send(self.http.post(self.url(&format!("/v1/runs/{run}/messages"))).json(body)).await
+    }
+
     /// Follows the run's events (server-sent events) from `after`, calling `each` for
     /// every event, until the run has ended. Reconnects if the stream drops.
     pub async fn follow(&self, run: &str, mut after: u64, mut each: impl FnMut(&EventView)) -> Result<()> {

@@ -412,6 +412,34 @@ pub async fn answer(ctx: Context, args: AnswerArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The run id (see `keel ps`).
+    run: String,
+    /// The message, as JSON (any JSON value).
+    #[arg(long = "json", value_name = "JSON")]
+    message: String,
+    /// A correlation id the receiver echoes in its reply (request/reply convention).
+    #[arg(long)]
+    correlation_id: Option<String>,
+    /// When the mailbox is full, wait for room instead of failing with would_block.
+    #[arg(long)]
+    wait: bool,
+}
+
+pub async fn send(ctx: Context, args: SendArgs) -> Result<ExitCode> {
+    let message: serde_json::Value = serde_json::from_str(&args.message)
+        .with_context(|| format!("--json {:?} is not JSON; quote strings, e.g. '\"hi\"'", args.message))?;
+    let client = ctx.client().await?;
+    let body =
+        keel_protocol::api::MessageParams { message, correlation_id: args.correlation_id, wait: args.wait };
+    let outcome = client.send_message(&args.run, &body).await;
+    client.close().await;
+    let sent = outcome?;
+    println!("sent message {} to {}", sent.seq, args.run);
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Budget limits for a new run. Spend never exceeds them: each call reserves its worst
 /// case first, and a call that does not fit parks the run until `keel budget` adds more.
 #[derive(Debug, Args)]

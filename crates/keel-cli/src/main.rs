@@ -75,6 +75,11 @@ enum Command {
         after_help = "Examples:\n  keel mem put notes cat '{\"name\":\"Tom\"}' --text \"the cat is called Tom\"\n  keel mem get notes cat\n  keel mem search notes \"cat name\"\n  keel mem delete notes cat\n  keel mem thread chat-42 --last 10"
     )]
     Mem(commands::MemArgs),
+    /// Put a message in a run's mailbox (the run reads it with ipc.recv; from is null).
+    #[command(
+        after_help = "Examples:\n  keel send run_01jd... --json '{\"task\":\"summarise\"}'\n  keel send run_01jd... --json '\"hi\"' --correlation-id req-1 --wait"
+    )]
+    Send(commands::SendArgs),
 }
 
 fn main() -> ExitCode {
@@ -108,6 +113,7 @@ fn main() -> ExitCode {
             Command::Answer(args) => commands::answer(ctx, args).await,
             Command::Budget(args) => commands::budget(ctx, args).await,
             Command::Mem(args) => commands::mem(ctx, args).await,
+            Command::Send(args) => commands::send(ctx, args).await,
             Command::Doctor(args) => doctor::doctor(args).await,
         }
     });

@@ -19,6 +19,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::Kernel;
+use crate::ipc::{self, IpcCall};
 use crate::memory;
 use crate::runtime::{LiveRun, now_ms};
 use crate::tools::{self, ToolLookupError};
@@ -36,6 +37,7 @@ enum Call {
     Emit(Value),
     Exit(Value),
     Mem(memory::MemCall),
+    Ipc(IpcCall),
 }
 
 fn internal(err: impl std::fmt::Display) -> RpcError {
@@ -96,6 +98,9 @@ fn check(method: &str, params: &Value) -> Result<Call, RpcError> {
         "run.exit" => Call::Exit(parse::<RunExitParams>(method, params, "{\"output\": <any JSON>}")?.output),
         m if memory::is_memory_method(m) && keel_protocol::rpc::METHODS.contains(&m) => {
             Call::Mem(memory::check(method, params)?)
+        }
+        m if ipc::is_ipc_method(m) && keel_protocol::rpc::METHODS.contains(&m) => {
+            Call::Ipc(ipc::check(method, params)?)
         }
         other => {
             return Err(ErrorKind::UnknownMethod.error(format!(
@@ -448,6 +453,58 @@ impl Kernel {
                 // (`reuse`), an append or delete answers what it answered the first time.
                 let key = format!("{}:{seq}", live.id);
                 let outcome = memory::perform(self.store().as_ref(), &tenant, call, Some(&key)).await;
+                let record = outcome.clone().unwrap_or(Value::Null);
+                self.complete(live, seq, &outcome, record, Usage::default(), false).await?;
+                self.emit(&live.id, "syscall", json!({ "seq": seq, "method": method, "status": if outcome.is_ok() { "ok" } else { "error" } }));
+                outcome
+            }
+            Call::Ipc(call) => {
+                let tenant = self
+                    .store()
+                    .get_run(&live.id)
+                    .await
+                    .map_err(internal)?
+                    .map(|run| run.tenant)
+                    .ok_or_else(|| internal(format!("run {} vanished", live.id)))?;
+                if let IpcCall::Send { to, .. } = &call {
+                    // An unknown target (or another tenant's run) leaves nothing to replay.
+                    let target = self.store().get_run(to).await.map_err(internal)?;
+                    if target.is_none_or(|run| run.tenant != tenant) {
+                        return Err(
+                            ErrorKind::NotFound.error(format!("ipc.send: no run {to} (of this tenant)"))
+                        );
+                    }
+                }
+                if !call.has_intent() {
+                    // Idempotent on its own: a crash before the entry is journaled makes
+                    // the replayed agent do it again, to the same effect.
+                    let result = self.subscribe(&tenant, &live.id, call).await?;
+                    self.record(live, method, params, hash, result.clone()).await?;
+                    return Ok(result);
+                }
+                let seq = match reuse {
+                    Some(seq) => seq,
+                    None => self.intend(live, method, params, hash).await?,
+                };
+                // The key ties the mailbox write to this journal entry: retried after a
+                // crash (`reuse`), a send answers its first seq and a receive the message
+                // it first took.
+                let key = format!("{}:{seq}", live.id);
+                let outcome = match call {
+                    IpcCall::Recv { timeout_ms } => self.mailbox_recv(live, timeout_ms, &key).await,
+                    subscribe @ IpcCall::Subscribe { .. } => {
+                        self.subscribe(&tenant, &live.id, subscribe).await
+                    }
+                    send @ (IpcCall::Send { .. } | IpcCall::Publish { .. }) => {
+                        self.mailbox_send(&tenant, Some(&live.id), send, Some(key), || self.is_current(live))
+                            .await
+                    }
+                };
+                if matches!(&outcome, Err(err) if err.code == ErrorKind::Cancelled.code()) {
+                    // The agent is gone: leave the intent pending, so a relaunched agent
+                    // asking again retries it under the same key.
+                    return outcome;
+                }
                 let record = outcome.clone().unwrap_or(Value::Null);
                 self.complete(live, seq, &outcome, record, Usage::default(), false).await?;
                 self.emit(&live.id, "syscall", json!({ "seq": seq, "method": method, "status": if outcome.is_ok() { "ok" } else { "error" } }));

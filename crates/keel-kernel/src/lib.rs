@@ -11,6 +11,7 @@ mod dispatch;
 mod error;
 mod events;
 mod gateway;
+mod ipc;
 mod memory;
 mod paths;
 mod runtime;

@@ -199,6 +199,10 @@ pub(crate) struct Inner {
     transitions: Mutex<HashMap<RunId, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) events: EventLog,
     shutting_down: AtomicBool,
+    /// Fired on every mailbox send and receive; mailbox waiters listen to it.
+    pub(crate) mail: tokio::sync::Notify,
+    /// The most undelivered messages a run's mailbox holds (`KEEL_MAILBOX_CAPACITY`).
+    pub(crate) mailbox_capacity: u64,
     /// Held for the kernel's life; dropping it releases the data directory.
     _lock: nix::fcntl::Flock<std::fs::File>,
 }
@@ -283,6 +287,8 @@ impl Kernel {
                 transitions: Mutex::default(),
                 events,
                 shutting_down: AtomicBool::new(false),
+                mail: tokio::sync::Notify::new(),
+                mailbox_capacity: crate::ipc::capacity_from_env(),
                 _lock: lock_file,
             }),
         };
@@ -292,6 +298,14 @@ impl Kernel {
 
     pub fn data_dir(&self) -> &DataDir {
         &self.inner.data_dir
+    }
+
+    /// Whether `live` is still the live attempt of its run (its agent has not exited and
+    /// the run is not stopping), so a call waiting on its behalf should go on waiting.
+    pub(crate) fn is_current(&self, live: &Arc<LiveRun>) -> bool {
+        !live.stopping.load(Ordering::SeqCst)
+            && !self.inner.shutting_down.load(Ordering::SeqCst)
+            && lock(&self.inner.live).get(&live.id).is_some_and(|current| Arc::ptr_eq(current, live))
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {

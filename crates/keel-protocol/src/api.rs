@@ -256,6 +256,25 @@ pub struct AnswerParams {
     pub text: String,
 }
 
+/// `POST /v1/runs/{id}/messages`: an operator's message to the run's mailbox (received by
+/// `ipc.recv` with `from: null`). When the mailbox is full the answer is 429 `would_block`
+/// unless `wait` is true, in which case the request waits for room.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MessageParams {
+    pub message: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    #[serde(default)]
+    pub wait: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MessageSentView {
+    /// The message's position in the run's mailbox (1 for the first).
+    pub seq: u64,
+}
+
 /// `POST /v1/runs/{id}/stop`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

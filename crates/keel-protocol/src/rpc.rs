@@ -27,6 +27,11 @@ pub const METHODS: &[&str] = &[
     "mem.get",
     "mem.delete",
     "mem.search",
+    "ipc.send",
+    "ipc.recv",
+    "ipc.subscribe",
+    "ipc.unsubscribe",
+    "ipc.publish",
 ];
 
 /// A request as read off the socket (after the line parsed as JSON).
@@ -87,6 +92,8 @@ pub enum ErrorKind {
     BudgetExhausted,
     Internal,
     Cancelled,
+    /// `ipc.send` with `wait: false` found the target's mailbox full: nothing was sent.
+    WouldBlock,
 }
 
 impl ErrorKind {
@@ -106,6 +113,7 @@ impl ErrorKind {
             ErrorKind::BudgetExhausted => 1007,
             ErrorKind::Internal => 1008,
             ErrorKind::Cancelled => 1009,
+            ErrorKind::WouldBlock => 1010,
         }
     }
 
@@ -126,6 +134,7 @@ impl ErrorKind {
             ErrorKind::BudgetExhausted => "budget_exhausted",
             ErrorKind::Internal => "internal",
             ErrorKind::Cancelled => "cancelled",
+            ErrorKind::WouldBlock => "would_block",
         }
     }
 
@@ -386,6 +395,84 @@ pub struct MemGetResult {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MemDeleteResult {
     pub deleted: bool,
+}
+
+/// `ipc.send`: puts `message` (any JSON) in the mailbox of run `to` (a run of the same
+/// tenant; any other id, including another tenant's run, is `not_found`). When the
+/// mailbox is full, `wait` (default true) waits until the receiver makes room; with
+/// `wait: false` the call fails with `would_block` and nothing is sent. Request/reply is a
+/// convention over `ipc.send` and `ipc.recv`: the requester sends with a fresh
+/// `correlation_id`, the replier answers the `from` of what it received with the same
+/// `correlation_id`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IpcSendParams {
+    pub to: String,
+    pub message: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IpcSendResult {
+    /// The message's position in the target's mailbox (1 for the first).
+    pub seq: u64,
+}
+
+/// `ipc.recv`: takes the oldest undelivered message of the run's own mailbox, waiting up
+/// to `timeout_ms` (forever when absent) for one; `{"message": null}` on timeout.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IpcRecvParams {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// A received message. `from` is the sending run's id, or null for an operator.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct IpcMessage {
+    pub from: Option<String>,
+    pub seq: u64,
+    pub message: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    /// The topic, for a message published on one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IpcRecvResult {
+    pub message: Option<IpcMessage>,
+}
+
+/// `ipc.subscribe` / `ipc.unsubscribe`: starts (stops) delivering messages published on
+/// the tenant's topic `topic` to this run's mailbox. Answers `{}`; doing it twice is
+/// doing it once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IpcTopicParams {
+    pub topic: String,
+}
+
+/// `ipc.publish`: puts `message` in the mailbox of every run of the tenant subscribed to
+/// `topic` (and not ended), all or nothing; received with `topic` set. A full subscriber
+/// mailbox makes the call wait (`wait`, default true) or fail with `would_block`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IpcPublishParams {
+    pub topic: String,
+    pub message: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IpcPublishResult {
+    /// How many subscribers got the message.
+    pub delivered: u64,
 }
 
 /// `mem.search`: full-text search over a namespace; `limit` defaults to 10 (at most 100).

@@ -17,9 +17,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 
 use keel_protocol::rpc::{
-    ChatMessage, ChatRole, HelloResult, LlmChatParams, LlmChatResult, MemDeleteResult, MemGetResult,
-    MemSearchHit, MemSearchResult, MemThreadAppendResult, MemThreadReadResult, Response, RpcError,
-    ThreadEntry, ToolSpec,
+    ChatMessage, ChatRole, HelloResult, IpcMessage, IpcPublishResult, IpcRecvResult, IpcSendResult,
+    LlmChatParams, LlmChatResult, MemDeleteResult, MemGetResult, MemSearchHit, MemSearchResult,
+    MemThreadAppendResult, MemThreadReadResult, Response, RpcError, ThreadEntry, ToolSpec,
 };
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -243,5 +243,55 @@ impl Client {
             params["limit"] = json!(limit);
         }
         Ok(self.call::<MemSearchResult>("mem.search", params)?.hits)
+    }
+
+    /// Puts `message` in the mailbox of run `to` (a run of the same tenant) and returns
+    /// its seq there. When the mailbox is full this waits for room, or with `wait: false`
+    /// fails with kind `would_block` (nothing was sent). Request/reply: send with a fresh
+    /// `correlation_id`; the replier answers the request's `from` with the same id.
+    pub fn send(
+        &mut self,
+        to: &str,
+        message: &Value,
+        correlation_id: Option<&str>,
+        wait: bool,
+    ) -> Result<u64> {
+        let mut params = json!({ "to": to, "message": message });
+        if let Some(correlation_id) = correlation_id {
+            params["correlation_id"] = json!(correlation_id);
+        }
+        if !wait {
+            params["wait"] = json!(false);
+        }
+        Ok(self.call::<IpcSendResult>("ipc.send", params)?.seq)
+    }
+
+    /// The next message of this run's mailbox, waiting up to `timeout_ms` (forever when
+    /// `None`); `None` on timeout. Each message is received once; a restarted run
+    /// receives the same messages again from the journal.
+    pub fn recv(&mut self, timeout_ms: Option<u64>) -> Result<Option<IpcMessage>> {
+        let params = match timeout_ms {
+            Some(timeout_ms) => json!({ "timeout_ms": timeout_ms }),
+            None => json!({}),
+        };
+        Ok(self.call::<IpcRecvResult>("ipc.recv", params)?.message)
+    }
+
+    /// Delivers messages published on the tenant's `topic` to this run's mailbox from now
+    /// on (received with `topic` set); `subscribe: false` stops it.
+    pub fn subscribe(&mut self, topic: &str, subscribe: bool) -> Result<()> {
+        let method = if subscribe { "ipc.subscribe" } else { "ipc.unsubscribe" };
+        self.call::<Value>(method, json!({ "topic": topic })).map(drop)
+    }
+
+    /// Puts `message` in the mailbox of every run of the tenant subscribed to `topic` (all
+    /// or nothing); returns how many got it. A full subscriber mailbox makes this wait, or
+    /// with `wait: false` fail with kind `would_block`.
+    pub fn publish(&mut self, topic: &str, message: &Value, wait: bool) -> Result<u64> {
+        let mut params = json!({ "topic": topic, "message": message });
+        if !wait {
+            params["wait"] = json!(false);
+        }
+        Ok(self.call::<IpcPublishResult>("ipc.publish", params)?.delivered)
     }
 }

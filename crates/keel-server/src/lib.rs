@@ -21,8 +21,8 @@ use keel_kernel::{Command, CreateRun, Error as KernelError, Kernel, views};
 use keel_protocol::api::{
     AnswerParams, BudgetParams, BudgetView, CreateRunParams, ErrorBody, ErrorDetail, EventView, EventsPage,
     HealthView, InspectView, JournalEntryView, MemoryDeleteView, MemoryHitView, MemoryPutBody,
-    MemoryRecordView, MemorySearchView, RunView, StopParams, ThreadMessageView, ThreadView, TopUpParams,
-    UsageView,
+    MemoryRecordView, MemorySearchView, MessageParams, MessageSentView, RunView, StopParams,
+    ThreadMessageView, ThreadView, TopUpParams, UsageView,
 };
 use keel_protocol::rpc::{ErrorKind, RpcError};
 use keel_store::RunFilter;
@@ -34,12 +34,12 @@ use utoipa::OpenApi;
 #[openapi(
     info(title = "Keel kernel API", description = "Start, inspect and control agent runs."),
     paths(health, create_run, list_runs, inspect_run, run_events, pause_run, resume_run, stop_run, answer_run, top_up_run,
-        memory_get, memory_put, memory_delete, memory_search, thread_read),
+        send_message, memory_get, memory_put, memory_delete, memory_search, thread_read),
     components(schemas(
         CreateRunParams, RunView, InspectView, JournalEntryView, UsageView, EventView, EventsPage,
         AnswerParams, StopParams, ErrorBody, ErrorDetail, HealthView, BudgetParams, BudgetView, TopUpParams,
         MemoryPutBody, MemoryRecordView, MemoryDeleteView, MemoryHitView, MemorySearchView, ThreadMessageView,
-        ThreadView
+        ThreadView, MessageParams, MessageSentView
     )),
     modifiers(&BearerAuth)
 )]
@@ -80,6 +80,7 @@ pub fn router(kernel: Kernel, token: String) -> Router {
         .route("/v1/runs/{id}/stop", post(stop_run))
         .route("/v1/runs/{id}/answer", post(answer_run))
         .route("/v1/runs/{id}/budget", post(top_up_run))
+        .route("/v1/runs/{id}/messages", post(send_message))
         .route("/v1/memory/{namespace}", get(memory_search))
         .route("/v1/memory/{namespace}/{key}", put(memory_put).get(memory_get).delete(memory_delete))
         .route("/v1/threads/{id}", get(thread_read))
@@ -378,6 +379,24 @@ async fn top_up_run(
         .await
 }
 
+/// Put a message in the run's mailbox, as a run's `ipc.send` does (from: null).
+#[utoipa::path(post, path = "/v1/runs/{id}/messages", params(("id" = String, Path)), request_body = MessageParams,
+    responses((status = 200, body = MessageSentView), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn send_message(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Body(params): Body<MessageParams>,
+) -> Result<Json<MessageSentView>, ApiError> {
+    let to = run_id(&id)?;
+    let mut send = serde_json::json!({ "to": to.as_str(), "message": params.message, "wait": params.wait });
+    if let Some(correlation_id) = params.correlation_id {
+        send["correlation_id"] = serde_json::Value::String(correlation_id);
+    }
+    let result = state.kernel.send_message(API_TENANT, send).await?;
+    Ok(Json(MessageSentView { seq: result["seq"].as_u64().unwrap_or(0) }))
+}
+
 impl From<RpcError> for ApiError {
     fn from(err: RpcError) -> ApiError {
         let kind =
@@ -385,7 +404,13 @@ impl From<RpcError> for ApiError {
         if kind == ErrorKind::InvalidParams.as_str() {
             return ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", err.message);
         }
-        tracing::error!("memory request failed: {}", err.message);
+        if kind == ErrorKind::NotFound.as_str() {
+            return ApiError::new(StatusCode::NOT_FOUND, "not_found", err.message);
+        }
+        if kind == ErrorKind::WouldBlock.as_str() {
+            return ApiError::new(StatusCode::TOO_MANY_REQUESTS, "would_block", err.message);
+        }
+        tracing::error!("memory or message request failed: {}", err.message);
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", err.message)
     }
 }

@@ -47,6 +47,10 @@ pub enum Error {
     /// The store was shut down (or its writer died) before the request was served.
     #[error("the store is closed")]
     Closed,
+    /// A mailbox send found the target's mailbox holding `capacity` undelivered messages;
+    /// nothing was written (flow control: the sender waits or gives up, nothing is lost).
+    #[error("the mailbox of run {run} is full ({capacity} undelivered messages)")]
+    MailboxFull { run: RunId, capacity: u64 },
 }
 
 /// A run as first written.
@@ -219,6 +223,38 @@ pub struct MemoryHit {
     pub snippet: String,
 }
 
+/// A message as sent to a run's mailbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewMessage {
+    /// The sender's tenant: the target run must belong to it (else `RunNotFound`, so a
+    /// tenant cannot learn that another tenant's run exists).
+    pub tenant: String,
+    /// The sending run; `None` for an operator (HTTP, `keel send`).
+    pub from: Option<RunId>,
+    pub message: Value,
+    pub correlation_id: Option<String>,
+    /// The topic a published message was published on (`None` for a direct send).
+    pub topic: Option<String>,
+    /// The most undelivered messages the mailbox may hold, this one included.
+    pub capacity: u64,
+    /// With a key, sending again with the same key to the same run writes nothing and
+    /// returns the seq of the first send (even if the mailbox has since filled up).
+    pub idempotency_key: Option<String>,
+    pub sent_at_ms: u64,
+}
+
+/// A message of a run's mailbox as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MailboxMessage {
+    /// Position in the mailbox: 1 for the first message sent to the run, dense.
+    pub seq: Seq,
+    pub from: Option<RunId>,
+    pub message: Value,
+    pub correlation_id: Option<String>,
+    pub topic: Option<String>,
+    pub sent_at_ms: u64,
+}
+
 /// The kernel's durable state. All methods are safe to call concurrently.
 ///
 /// Payloads (`params`, `result`, `error`, `spec`, event `data`, kv values) are JSON;
@@ -338,6 +374,40 @@ pub trait Store: Send + Sync + 'static {
         query: &str,
         limit: usize,
     ) -> Result<Vec<MemoryHit>>;
+
+    /// Puts a message in run `to`'s mailbox and returns its seq (previous last + 1).
+    /// Fails with `RunNotFound` when the run does not exist or belongs to another tenant
+    /// than `message.tenant`, and with `MailboxFull` (writing nothing) when the mailbox
+    /// already holds `message.capacity` undelivered messages. Durable on return.
+    async fn mailbox_send(&self, to: &RunId, message: NewMessage) -> Result<Seq>;
+
+    /// Takes the oldest undelivered message of the run's mailbox, marking it delivered
+    /// (it is never taken again); `None` when there is none. With an `idempotency_key`,
+    /// receiving again with the same key returns the message the first receive took (a
+    /// retry after a crash neither loses nor duplicates it), or takes one if the first
+    /// found none. Durable on return.
+    async fn mailbox_receive(
+        &self,
+        run: &RunId,
+        idempotency_key: Option<&str>,
+    ) -> Result<Option<MailboxMessage>>;
+
+    /// How many undelivered messages the run's mailbox holds.
+    async fn mailbox_len(&self, run: &RunId) -> Result<u64>;
+
+    /// Subscribes run `run` of `tenant` to the tenant's topic `topic` (or, with
+    /// `subscribe` false, unsubscribes it); doing it twice is doing it once. Fails with
+    /// `RunNotFound` when the run does not exist or belongs to another tenant. Durable on
+    /// return.
+    async fn topic_subscribe(&self, tenant: &str, topic: &str, run: &RunId, subscribe: bool) -> Result<()>;
+
+    /// Puts `message` (whose `topic` is set to `topic`) in the mailbox of every subscriber
+    /// of the tenant's topic that has not ended, all or nothing: when one mailbox is full
+    /// the publish fails with `MailboxFull` naming it and writes nothing. Returns each
+    /// recipient with the message's seq in its mailbox, by run id. With an idempotency
+    /// key, a mailbox that already got the key's message is not written again (a retried
+    /// publish delivers only what the first did not). Durable on return.
+    async fn topic_publish(&self, topic: &str, message: NewMessage) -> Result<Vec<(RunId, Seq)>>;
 
     async fn stats(&self) -> Result<StoreStats>;
 }

@@ -23,8 +23,9 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{
-    Completion, Error, EventRecord, JournalEntry, MemoryHit, MemoryRecord, NewEntry, NewEvent, NewRun,
-    Result, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats, ThreadMessage,
+    Completion, Error, EventRecord, JournalEntry, MailboxMessage, MemoryHit, MemoryRecord, NewEntry,
+    NewEvent, NewMessage, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats,
+    ThreadMessage,
 };
 use writer::{Blob, EncodedCompletion, EncodedEntry, EncodedEvent, WriteCommand};
 
@@ -425,6 +426,40 @@ impl Store for SqliteStore {
         let namespace = namespace.to_owned();
         let query = query.to_owned();
         self.read(move |connection| queries::mem_search(connection, &tenant, &namespace, &query, limit)).await
+    }
+
+    async fn mailbox_send(&self, to: &RunId, message: NewMessage) -> Result<Seq> {
+        let to = to.clone();
+        let text = message.message.to_string();
+        self.write(|reply| WriteCommand::MailboxSend { to, message, text, reply }).await
+    }
+
+    async fn mailbox_receive(
+        &self,
+        run: &RunId,
+        idempotency_key: Option<&str>,
+    ) -> Result<Option<MailboxMessage>> {
+        let run = run.clone();
+        let idempotency_key = idempotency_key.map(str::to_owned);
+        self.write(|reply| WriteCommand::MailboxReceive { run, idempotency_key, reply }).await
+    }
+
+    async fn mailbox_len(&self, run: &RunId) -> Result<u64> {
+        let run = run.clone();
+        self.read(move |connection| queries::mailbox_len(connection, &run)).await
+    }
+
+    async fn topic_subscribe(&self, tenant: &str, topic: &str, run: &RunId, subscribe: bool) -> Result<()> {
+        let tenant = tenant.to_owned();
+        let topic = topic.to_owned();
+        let run = run.clone();
+        self.write(|reply| WriteCommand::TopicSubscribe { tenant, topic, run, subscribe, reply }).await
+    }
+
+    async fn topic_publish(&self, topic: &str, message: NewMessage) -> Result<Vec<(RunId, Seq)>> {
+        let topic = topic.to_owned();
+        let text = message.message.to_string();
+        self.write(|reply| WriteCommand::TopicPublish { topic, message, text, reply }).await
     }
 
     async fn stats(&self) -> Result<StoreStats> {

@@ -43,6 +43,7 @@ ERROR_KINDS: dict[int, str] = {
     1007: "budget_exhausted",
     1008: "internal",
     1009: "cancelled",
+    1010: "would_block",
 }
 
 _NOT_UNDER_KEEL = (
@@ -372,6 +373,58 @@ class Client:
             params["limit"] = limit
         hits: list[dict[str, Any]] = _field(self.call("mem.search", params), "hits", "mem.search")
         return hits
+
+    # -- IPC --------------------------------------------------------------------------
+
+    def send(
+        self,
+        to: str,
+        message: Any,
+        *,
+        correlation_id: str | None = None,
+        wait: bool = True,
+    ) -> int:
+        """Put `message` (any JSON) in the mailbox of run `to` (a run of the same tenant)
+        and return its seq there. When the mailbox is full this waits for room, or with
+        ``wait=False`` raises `KeelError` of kind ``would_block`` (nothing was sent).
+
+        Request/reply: send with a fresh `correlation_id`; the replier sends its answer
+        to the request's ``from`` with the same `correlation_id`."""
+        params: dict[str, Any] = {"to": to, "message": message}
+        if correlation_id is not None:
+            params["correlation_id"] = correlation_id
+        if not wait:
+            params["wait"] = False
+        return int(_field(self.call("ipc.send", params), "seq", "ipc.send"))
+
+    def recv(self, timeout_ms: int | None = None) -> dict[str, Any] | None:
+        """The next message of this run's mailbox (``from``, ``seq``, ``message`` and
+        ``correlation_id`` when the sender gave one), waiting up to `timeout_ms` (forever
+        when None); None on timeout. ``from`` is None for an operator's message. Each
+        message is received once, and a restarted run receives the same messages again."""
+        params: dict[str, Any] = {}
+        if timeout_ms is not None:
+            params["timeout_ms"] = timeout_ms
+        message: dict[str, Any] | None = _field(self.call("ipc.recv", params), "message", "ipc.recv")
+        return message
+
+    def subscribe(self, topic: str) -> None:
+        """Deliver messages published on the tenant's `topic` to this run's mailbox from
+        now on (received by `recv` with ``topic`` set)."""
+        self.call("ipc.subscribe", {"topic": topic})
+
+    def unsubscribe(self, topic: str) -> None:
+        """Stop delivering `topic`'s messages to this run."""
+        self.call("ipc.unsubscribe", {"topic": topic})
+
+    def publish(self, topic: str, message: Any, *, wait: bool = True) -> int:
+        """Put `message` in the mailbox of every run of the tenant subscribed to `topic`
+        (all or nothing); returns how many got it. A full subscriber mailbox makes this
+        wait, or with ``wait=False`` raise kind ``would_block``."""
+        params: dict[str, Any] = {"topic": topic, "message": message}
+        if not wait:
+            params["wait"] = False
+        return int(_field(self.call("ipc.publish", params), "delivered", "ipc.publish"))
 
     # -- lifetime ---------------------------------------------------------------------
 

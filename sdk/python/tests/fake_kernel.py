@@ -218,6 +218,10 @@ class ScriptedKernel:
         # Memory: threads by id, records by (namespace, key) -> (value, text).
         self.threads: dict[str, list[dict[str, Any]]] = {}
         self.memory: dict[tuple[str, str], tuple[Any, str]] = {}
+        # IPC: this run's mailbox (messages as `ipc.recv` answers them, oldest first) and
+        # what it sent, as (to, message, correlation_id).
+        self.mailbox: list[dict[str, Any]] = []
+        self.sent: list[tuple[str, Any, str | None]] = []
         self.llm_requests: list[list[dict[str, Any]]] = []  # live calls only: what was paid
         self.output: Any = NO_OUTPUT
         self.events: list[Any] = []
@@ -428,6 +432,12 @@ class ScriptedKernel:
             return {}
         if method.startswith("mem."):
             return self._memory(method, params)
+        if method == "ipc.send":
+            self.sent.append((params["to"], params["message"], params.get("correlation_id")))
+            return {"seq": len(self.sent)}
+        if method == "ipc.recv":
+            # Never blocks (the kernel's lock is held): an empty mailbox is a timeout.
+            return {"message": self.mailbox.pop(0) if self.mailbox else None}
         raise SyscallError(-32601, "unknown_method", f"no method {method!r}")
 
     def _memory(self, method: str, params: dict[str, Any]) -> Any:

@@ -212,6 +212,50 @@ class MemoryAgentTests(DurableAgentCase):
                 self.assertEqual(len(kernel.threads["chat"]), 3, "an append was repeated")
 
 
+class IpcAgentTests(unittest.TestCase):
+    """The IPC test agent's server role against the scripted kernel: each request is
+    received and answered once, across a crash anywhere."""
+
+    argv = [str(AGENTS / "ipc_agent.py")]
+    env = {"IPC_ROLE": "server", "IPC_RECV_TIMEOUT_MS": "10"}
+
+    def kernel(self, **options: Any) -> ScriptedKernel:
+        kernel = ScriptedKernel(**options)
+        kernel.mailbox = [
+            {"from": "run_peer", "seq": 1, "message": {"n": 0}, "correlation_id": "req-0"},
+            {"from": "run_peer", "seq": 2, "message": {"n": 1}, "correlation_id": "req-1"},
+            {"from": None, "seq": 3, "message": "note"},
+            {"from": "run_peer", "seq": 4, "message": "stop"},
+        ]
+        return kernel
+
+    expected_sent = [
+        ("run_peer", {"echo": {"n": 0}}, "req-0"),
+        ("run_peer", {"echo": {"n": 1}}, "req-1"),
+    ]
+
+    def test_answers_each_request_by_correlation_id(self) -> None:
+        kernel = self.kernel()
+        run = kernel.run_agent(self.argv, self.env)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertEqual(kernel.output, {"received": [{"n": 0}, {"n": 1}, "note", "stop"]})
+        self.assertEqual(kernel.sent, self.expected_sent)
+
+    def test_resumes_after_a_crash_anywhere_receiving_and_sending_once(self) -> None:
+        clean = self.kernel()
+        clean.run_agent(self.argv, self.env)
+        self.assertGreaterEqual(len(clean.journal), 7)
+        for n in range(1, len(clean.journal) + 1):
+            with self.subTest(crash_after=n):
+                kernel = self.kernel(crash_after=n)
+                self.assertTrue(kernel.run_agent(self.argv, self.env).crashed)
+                second = kernel.run_agent(self.argv, self.env)
+                self.assertEqual(second.returncode, 0, second.stderr)
+                self.assertEqual(kernel.output, {"received": [{"n": 0}, {"n": 1}, "note", "stop"]})
+                self.assertEqual(kernel.sent, self.expected_sent, "a reply was lost or repeated")
+                self.assertEqual(kernel.mailbox, [])
+
+
 class SimpleAgentTests(unittest.TestCase):
     def test_echo_agent(self) -> None:
         kernel = ScriptedKernel()

@@ -156,6 +156,11 @@ class CallTests(KernelTestCase):
             "mem.get": {"value": {"v": 1}},
             "mem.delete": {"deleted": True},
             "mem.search": {"hits": [{"key": "k", "score": 1.5, "snippet": "[hi]"}]},
+            "ipc.send": {"seq": 3},
+            "ipc.subscribe": {},
+            "ipc.unsubscribe": {},
+            "ipc.publish": {"delivered": 2},
+            "ipc.recv": {"message": {"from": "run_a", "seq": 1, "message": {"q": 1}, "correlation_id": "c1"}},
         }
 
         def serve(conn: LineConnection) -> None:
@@ -183,6 +188,14 @@ class CallTests(KernelTestCase):
         self.assertIs(client.mem_delete("notes", "k"), True)
         self.assertEqual(client.mem_search("notes", "hi", limit=3)[0]["key"], "k")
         self.assertEqual(client.mem_search("notes", "hi"), [{"key": "k", "score": 1.5, "snippet": "[hi]"}])
+        self.assertEqual(client.send("run_b", {"q": 1}), 3)
+        self.assertEqual(client.send("run_b", "x", correlation_id="c1", wait=False), 3)
+        self.assertEqual(client.recv()["correlation_id"], "c1")
+        self.assertEqual(client.recv(timeout_ms=50)["message"], {"q": 1})
+        self.assertIsNone(client.subscribe("news"))
+        self.assertEqual(client.publish("news", {"h": 1}), 2)
+        self.assertEqual(client.publish("news", "x", wait=False), 2)
+        self.assertIsNone(client.unsubscribe("news"))
         self.assertIsNone(client.exit({"ok": True}))
 
         sent = [(r["method"], r["params"]) for r in self.requests[1:]]
@@ -211,6 +224,14 @@ class CallTests(KernelTestCase):
                 ("mem.delete", {"namespace": "notes", "key": "k"}),
                 ("mem.search", {"namespace": "notes", "query": "hi", "limit": 3}),
                 ("mem.search", {"namespace": "notes", "query": "hi"}),
+                ("ipc.send", {"to": "run_b", "message": {"q": 1}}),
+                ("ipc.send", {"to": "run_b", "message": "x", "correlation_id": "c1", "wait": False}),
+                ("ipc.recv", {}),
+                ("ipc.recv", {"timeout_ms": 50}),
+                ("ipc.subscribe", {"topic": "news"}),
+                ("ipc.publish", {"topic": "news", "message": {"h": 1}}),
+                ("ipc.publish", {"topic": "news", "message": "x", "wait": False}),
+                ("ipc.unsubscribe", {"topic": "news"}),
                 ("run.exit", {"output": {"ok": True}}),
             ],
         )
@@ -226,6 +247,7 @@ class CallTests(KernelTestCase):
                 {"kind": "budget_exhausted", "limit_usd": 1.0},
             )
             fail(conn, conn.read(), -32601, "no method 'nope'")  # no data at all
+            fail(conn, conn.read(), 1010, "the mailbox of run run_b is full")  # kind from the code
 
         client = self.connect(self.start(serve))
         with self.assertRaises(keel.KeelError) as caught:
@@ -243,6 +265,10 @@ class CallTests(KernelTestCase):
             client.call("nope")
         self.assertEqual((caught.exception.code, caught.exception.kind), (-32601, "unknown_method"))
         self.assertIsNone(caught.exception.data)
+
+        with self.assertRaises(keel.KeelError) as caught:
+            client.send("run_b", {"n": 1}, wait=False)
+        self.assertEqual((caught.exception.kind, caught.exception.method), ("would_block", "ipc.send"))
 
     def test_oversized_request_is_refused_locally_and_the_connection_survives(self) -> None:
         def serve(conn: LineConnection) -> None:

@@ -9,6 +9,7 @@ mod control;
 mod crash;
 mod gateway;
 mod harness;
+mod ipc;
 mod memory;
 mod runs;
 mod sandbox;

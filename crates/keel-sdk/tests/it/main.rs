@@ -49,6 +49,28 @@ fn agent() -> keel_sdk::Result<()> {
         }
         other => panic!("expected invalid_params, got {other:?}"),
     }
+    let me = keel.run_id().to_owned();
+    assert_eq!(keel.recv(Some(10))?, None, "an empty mailbox times out with None");
+    assert_eq!(keel.send(&me, &json!({"q": 1}), Some("req-1"), true)?, 1);
+    assert_eq!(keel.send(&me, &json!("second"), None, false)?, 2);
+    let got = keel.recv(None)?.expect("the first message");
+    assert_eq!((got.seq, got.message, got.correlation_id.as_deref()), (1, json!({"q": 1}), Some("req-1")));
+    assert_eq!(got.from.as_deref(), Some(me.as_str()));
+    assert_eq!(keel.recv(Some(10))?.map(|m| m.message), Some(json!("second")));
+    assert_eq!(keel.publish("sdk-news", &json!("nobody listens"), true)?, 0);
+    keel.subscribe("sdk-news", true)?;
+    keel.subscribe("sdk-news", true)?;
+    assert_eq!(keel.publish("sdk-news", &json!({"h": 1}), false)?, 1, "subscribed once");
+    let got = keel.recv(Some(1000))?.expect("the published message");
+    assert_eq!((got.topic.as_deref(), got.message), (Some("sdk-news"), json!({"h": 1})));
+    keel.subscribe("sdk-news", false)?;
+    assert_eq!(keel.publish("sdk-news", &json!(2), true)?, 0);
+    match keel.send("run_00000000000000000000000001", &json!(1), None, true) {
+        Err(keel_sdk::Error::Kernel { kind, code, .. }) => {
+            assert_eq!((kind.as_str(), code), ("not_found", 1002))
+        }
+        other => panic!("expected not_found, got {other:?}"),
+    }
     keel.emit(&json!({"progress": 1}))?;
     keel.exit(&json!({"done": true}))?;
     match keel.now_ms() {

@@ -13,8 +13,8 @@ use std::collections::HashMap;
 
 use super::writer::{SPLIT_KEY, sql_error};
 use crate::{
-    Error, EventRecord, JournalEntry, MemoryHit, MemoryRecord, Result, RunFilter, RunRecord, Seq, StoreStats,
-    ThreadMessage,
+    Error, EventRecord, JournalEntry, MailboxMessage, MemoryHit, MemoryRecord, Result, RunFilter, RunRecord,
+    Seq, StoreStats, ThreadMessage,
 };
 
 /// The columns `decode_run` reads, in `SELECT` form.
@@ -368,7 +368,7 @@ pub(super) fn query_first<T>(
 }
 
 /// Runs a cached statement and decodes every row.
-fn query_all<T>(
+pub(super) fn query_all<T>(
     connection: &Connection,
     step: &'static str,
     sql: &str,
@@ -382,6 +382,40 @@ fn query_all<T>(
         decoded.push(decode(row)?);
     }
     Ok(decoded)
+}
+
+/// The columns `decode_message` reads, in `SELECT` form.
+pub(super) const MAILBOX_COLUMNS: &str = "seq, from_run, message, correlation_id, topic, sent_at_ms";
+
+pub(super) fn decode_message(row: &Row<'_>, run: &RunId) -> Result<MailboxMessage> {
+    let seq: Seq = column(row, "seq", &format!("a mailbox message of run {run}"))?;
+    let place = format!("mailbox message {seq} of run {run}");
+    let from: Option<String> = column(row, "from_run", &place)?;
+    let from = match from {
+        Some(text) => Some(RunId::parse(&text).map_err(|error| corrupt("from_run", &place, error))?),
+        None => None,
+    };
+    Ok(MailboxMessage {
+        seq,
+        from,
+        message: json_column(row, "message", &place)?,
+        correlation_id: column(row, "correlation_id", &place)?,
+        topic: column(row, "topic", &place)?,
+        sent_at_ms: column(row, "sent_at_ms", &place)?,
+    })
+}
+
+/// How many undelivered messages a run's mailbox holds (the run must exist).
+pub(super) fn mailbox_len(connection: &Connection, run: &RunId) -> Result<u64> {
+    require_run(connection, run)?;
+    let len = query_first(
+        connection,
+        "counting a mailbox",
+        "SELECT COUNT(*) FROM mailbox WHERE run_id = ?1 AND receive_key IS NULL",
+        params![run.as_str()],
+        |row| row.get::<_, u64>(0).map_err(sql_error("reading a mailbox length")),
+    )?;
+    Ok(len.unwrap_or(0))
 }
 
 fn decode_run(row: &Row<'_>) -> Result<RunRecord> {

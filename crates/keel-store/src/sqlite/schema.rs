@@ -14,7 +14,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `i` brings a database from version `i` to version `i + 1`. Append only:
 /// a released migration never changes.
-const MIGRATIONS: &[&str] = &[V1, V2];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The schema this build writes and reads.
 pub(super) const SCHEMA_VERSION: usize = MIGRATIONS.len();
@@ -155,6 +155,39 @@ CREATE TRIGGER memory_updated AFTER UPDATE ON memory BEGIN
     INSERT INTO memory_fts (memory_fts, rowid, text) VALUES ('delete', old.id, old.text);
     INSERT INTO memory_fts (rowid, text) VALUES (new.id, new.text);
 END;
+";
+
+/// Version 3: mailboxes (IPC).
+/// - A run's mailbox is `mailbox` rows (run_id, seq), seq dense from 1. A row stays after
+///   delivery, with `receive_key` set (a marker when the receiver gave no key), so a
+///   retried receive finds what it took; `mailbox_undelivered` serves the length and the
+///   oldest undelivered message.
+/// - `send_key` makes a retried send (after a crash) write nothing.
+/// - `topic` is set on a message published to a topic; `subscriptions` lists each
+///   topic's subscribers (by tenant), clustered for one range scan per publish.
+const V3: &str = "
+CREATE TABLE mailbox (
+    run_id         TEXT NOT NULL REFERENCES runs (id),
+    seq            INTEGER NOT NULL,
+    from_run       TEXT,
+    message        TEXT NOT NULL,
+    correlation_id TEXT,
+    topic          TEXT,
+    send_key       TEXT,
+    receive_key    TEXT,
+    sent_at_ms     INTEGER NOT NULL,
+    PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX mailbox_by_send_key ON mailbox (run_id, send_key) WHERE send_key IS NOT NULL;
+CREATE UNIQUE INDEX mailbox_by_receive_key ON mailbox (run_id, receive_key) WHERE receive_key IS NOT NULL;
+CREATE INDEX mailbox_undelivered ON mailbox (run_id, seq) WHERE receive_key IS NULL;
+
+CREATE TABLE subscriptions (
+    tenant TEXT NOT NULL,
+    topic  TEXT NOT NULL,
+    run_id TEXT NOT NULL REFERENCES runs (id),
+    PRIMARY KEY (tenant, topic, run_id)
+) WITHOUT ROWID;
 ";
 
 /// Settings of the one read-write connection. WAL lets readers run beside the writer;

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
 use super::queries::{self, seq_param};
-use crate::{Error, NewRun, Result, RunPatch, RunRecord, Seq};
+use crate::{Error, MailboxMessage, NewMessage, NewRun, Result, RunPatch, RunRecord, Seq};
 
 /// The most commands one transaction serves. Bounds how long the first caller of a big
 /// batch waits, and the memory of the answers held until the commit.
@@ -86,6 +86,32 @@ pub(super) enum WriteCommand {
         key: String,
         idempotency_key: Option<String>,
         reply: Reply<bool>,
+    },
+    MailboxSend {
+        to: RunId,
+        message: NewMessage,
+        /// `message.message` as JSON text.
+        text: String,
+        reply: Reply<Seq>,
+    },
+    MailboxReceive {
+        run: RunId,
+        idempotency_key: Option<String>,
+        reply: Reply<Option<MailboxMessage>>,
+    },
+    TopicSubscribe {
+        tenant: String,
+        topic: String,
+        run: RunId,
+        subscribe: bool,
+        reply: Reply<()>,
+    },
+    TopicPublish {
+        topic: String,
+        message: NewMessage,
+        /// `message.message` as JSON text.
+        text: String,
+        reply: Reply<Vec<(RunId, Seq)>>,
     },
 }
 
@@ -311,6 +337,18 @@ fn apply(connection: &Connection, command: WriteCommand) -> Box<dyn Answer> {
                 mem_delete(c, &tenant, &namespace, &key, idempotency_key.as_deref())
             }),
         ),
+        WriteCommand::MailboxSend { to, message, text, reply } => {
+            answer(reply, in_savepoint(connection, |c| mailbox_send(c, &to, &message, &text)))
+        }
+        WriteCommand::MailboxReceive { run, idempotency_key, reply } => {
+            answer(reply, in_savepoint(connection, |c| mailbox_receive(c, &run, idempotency_key.as_deref())))
+        }
+        WriteCommand::TopicSubscribe { tenant, topic, run, subscribe, reply } => {
+            answer(reply, in_savepoint(connection, |c| topic_subscribe(c, &tenant, &topic, &run, subscribe)))
+        }
+        WriteCommand::TopicPublish { topic, message, text, reply } => {
+            answer(reply, in_savepoint(connection, |c| topic_publish(c, &topic, &message, &text)))
+        }
     }
 }
 
@@ -330,6 +368,10 @@ impl WriteCommand {
             | WriteCommand::MemPut { reply, .. } => answer(reply, Err(error)),
             WriteCommand::ThreadAppend { reply, .. } => answer(reply, Err(error)),
             WriteCommand::MemDelete { reply, .. } => answer(reply, Err(error)),
+            WriteCommand::MailboxSend { reply, .. } => answer(reply, Err(error)),
+            WriteCommand::MailboxReceive { reply, .. } => answer(reply, Err(error)),
+            WriteCommand::TopicSubscribe { reply, .. } => answer(reply, Err(error)),
+            WriteCommand::TopicPublish { reply, .. } => answer(reply, Err(error)),
         }
     }
 }
@@ -719,6 +761,157 @@ fn mem_delete(
         )?;
     }
     Ok(deleted)
+}
+
+/// Fails with `RunNotFound` unless `run` exists and belongs to `tenant` (another tenant's
+/// run answers exactly as a missing one: no existence leak).
+fn require_tenant_run(connection: &Connection, tenant: &str, run: &RunId) -> Result<()> {
+    let owner = queries::query_first(
+        connection,
+        "looking up a run's tenant",
+        "SELECT tenant FROM runs WHERE id = ?1",
+        params![run.as_str()],
+        |row| row.get::<_, String>(0).map_err(sql_error("reading a run's tenant")),
+    )?;
+    if owner.as_deref() != Some(tenant) {
+        return Err(Error::RunNotFound(run.clone()));
+    }
+    Ok(())
+}
+
+fn mailbox_send(connection: &Connection, to: &RunId, message: &NewMessage, text: &str) -> Result<Seq> {
+    require_tenant_run(connection, &message.tenant, to)?;
+    deliver(connection, to, message, text)
+}
+
+/// Puts a message in a mailbox whose run was checked: the seq of an earlier delivery
+/// under the same key, else `MailboxFull` or the new seq.
+fn deliver(connection: &Connection, to: &RunId, message: &NewMessage, text: &str) -> Result<Seq> {
+    if let Some(key) = &message.idempotency_key {
+        let earlier = queries::query_first(
+            connection,
+            "looking up a send's idempotency key",
+            "SELECT seq FROM mailbox WHERE run_id = ?1 AND send_key = ?2",
+            params![to.as_str(), key],
+            |row| row.get::<_, Seq>(0).map_err(sql_error("reading a mailbox seq")),
+        )?;
+        if let Some(seq) = earlier {
+            return Ok(seq);
+        }
+    }
+    let len = queries::mailbox_len(connection, to)?;
+    if len >= message.capacity {
+        return Err(Error::MailboxFull { run: to.clone(), capacity: message.capacity });
+    }
+    let next = queries::query_first(
+        connection,
+        "finding the end of a mailbox",
+        "SELECT COALESCE(MAX(seq), 0) + 1 FROM mailbox WHERE run_id = ?1",
+        params![to.as_str()],
+        |row| row.get::<_, Seq>(0).map_err(sql_error("reading the end of a mailbox")),
+    )?
+    .unwrap_or(1);
+    run_sql(
+        connection,
+        "putting a message in a mailbox",
+        "INSERT INTO mailbox (run_id, seq, from_run, message, correlation_id, topic, send_key, sent_at_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        params![
+            to.as_str(),
+            next,
+            message.from.as_ref().map(RunId::as_str),
+            text,
+            message.correlation_id,
+            message.topic,
+            message.idempotency_key,
+            message.sent_at_ms
+        ],
+    )?;
+    Ok(next)
+}
+
+fn topic_subscribe(
+    connection: &Connection,
+    tenant: &str,
+    topic: &str,
+    run: &RunId,
+    subscribe: bool,
+) -> Result<()> {
+    require_tenant_run(connection, tenant, run)?;
+    let sql = if subscribe {
+        "INSERT INTO subscriptions (tenant, topic, run_id) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (tenant, topic, run_id) DO NOTHING"
+    } else {
+        "DELETE FROM subscriptions WHERE tenant = ?1 AND topic = ?2 AND run_id = ?3"
+    };
+    run_sql(connection, "changing a topic subscription", sql, params![tenant, topic, run.as_str()])?;
+    Ok(())
+}
+
+fn topic_publish(
+    connection: &Connection,
+    topic: &str,
+    message: &NewMessage,
+    text: &str,
+) -> Result<Vec<(RunId, Seq)>> {
+    let ended = [RunState::Succeeded, RunState::Failed, RunState::Cancelled].map(RunState::as_str);
+    let subscribers = queries::query_all(
+        connection,
+        "listing a topic's subscribers",
+        "SELECT s.run_id FROM subscriptions s JOIN runs r ON r.id = s.run_id \
+         WHERE s.tenant = ?1 AND s.topic = ?2 AND r.state NOT IN (?3, ?4, ?5) ORDER BY s.run_id",
+        params![message.tenant, topic, ended[0], ended[1], ended[2]],
+        |row| {
+            let text: String = row.get(0).map_err(sql_error("reading a subscriber"))?;
+            RunId::parse(&text).map_err(|e| Error::Corrupt(format!("a subscriber of topic {topic:?}: {e}")))
+        },
+    )?;
+    let message = NewMessage { topic: Some(topic.to_owned()), ..message.clone() };
+    let mut delivered = Vec::with_capacity(subscribers.len());
+    for run in subscribers {
+        // A full mailbox fails the whole publish: the savepoint undoes the deliveries
+        // already made.
+        let seq = deliver(connection, &run, &message, text)?;
+        delivered.push((run, seq));
+    }
+    Ok(delivered)
+}
+
+fn mailbox_receive(
+    connection: &Connection,
+    run: &RunId,
+    key: Option<&str>,
+) -> Result<Option<MailboxMessage>> {
+    queries::require_run(connection, run)?;
+    let select = |condition: &str, key: Option<&str>| {
+        queries::query_first(
+            connection,
+            "reading a mailbox message",
+            &format!(
+                "SELECT {} FROM mailbox WHERE run_id = ?1 AND {condition} ORDER BY seq LIMIT 1",
+                queries::MAILBOX_COLUMNS
+            ),
+            params![run.as_str(), key],
+            |row| queries::decode_message(row, run),
+        )
+    };
+    if let Some(key) = key
+        && let Some(earlier) = select("receive_key = ?2", Some(key))?
+    {
+        return Ok(Some(earlier));
+    }
+    let Some(message) = select("receive_key IS NULL AND ?2 IS NULL", None)? else {
+        return Ok(None);
+    };
+    // Without a key, a marker no key can collide with (keys are never empty-prefixed).
+    let marker = key.map_or_else(|| format!("\u{1}delivered:{}", message.seq), str::to_owned);
+    run_sql(
+        connection,
+        "marking a mailbox message delivered",
+        "UPDATE mailbox SET receive_key = ?3 WHERE run_id = ?1 AND seq = ?2",
+        params![run.as_str(), message.seq, marker],
+    )?;
+    Ok(Some(message))
 }
 
 /// Stores the nodes of a message chain that are not stored yet. A stored node implies its

@@ -137,7 +137,7 @@ async fn a_version_1_database_is_migrated_to_memory() {
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     raw.execute_batch(
         "DROP TABLE memory_fts; DROP TABLE memory; DROP TABLE memory_deletes; DROP TABLE message_chain; \
-         DROP TABLE thread_messages; \
+         DROP TABLE thread_messages; DROP TABLE mailbox; DROP TABLE subscriptions; \
          PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -151,7 +151,40 @@ async fn a_version_1_database_is_migrated_to_memory() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 2);
+    assert_eq!(version, 3);
+}
+
+/// A version-2 database (memory, no mailboxes) is migrated to version 3.
+#[tokio::test]
+async fn a_version_2_database_is_migrated_to_mailboxes() {
+    let db = TestDb::new();
+    let store = db.open();
+    let run = store.create_run(new_run(1)).await.unwrap().id;
+    store.thread_append("t", "th", json!("m"), None, 1).await.unwrap();
+    drop(store);
+    let raw = rusqlite::Connection::open(db.path()).unwrap();
+    raw.execute_batch("DROP TABLE mailbox; DROP TABLE subscriptions; PRAGMA user_version = 2;").unwrap();
+    drop(raw);
+
+    let store = db.open();
+    assert_eq!(store.thread_read("t", "th", None).await.unwrap().len(), 1, "v2 data must survive");
+    let tenant = store.get_run(&run).await.unwrap().unwrap().tenant;
+    let message = keel_store::NewMessage {
+        tenant,
+        from: None,
+        message: json!("hi"),
+        correlation_id: None,
+        topic: None,
+        capacity: 10,
+        idempotency_key: None,
+        sent_at_ms: 1,
+    };
+    assert_eq!(store.mailbox_send(&run, message).await.unwrap(), 1);
+    assert_eq!(store.mailbox_receive(&run, None).await.unwrap().unwrap().message, json!("hi"));
+    drop(store);
+    let raw = rusqlite::Connection::open(db.path()).unwrap();
+    let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
+    assert_eq!(version, 3);
 }
 
 #[test]
