@@ -256,6 +256,22 @@ impl Kernel {
         Ok(seq)
     }
 
+    /// The seq of a call with an outside effect: the journaled intent being retried after
+    /// a crash (`reuse`), else a newly journaled intent.
+    async fn intend_unless_retry(
+        &self,
+        live: &Arc<LiveRun>,
+        reuse: Option<Seq>,
+        method: &str,
+        params: Value,
+        hash: String,
+    ) -> Result<Seq, RpcError> {
+        match reuse {
+            Some(seq) => Ok(seq),
+            None => self.intend(live, method, params, hash).await,
+        }
+    }
+
     /// Journals the intent of a call with an outside effect; returns its seq.
     async fn intend(
         &self,
@@ -279,14 +295,22 @@ impl Kernel {
         self.store().append_entry(&live.id, entry).await.map_err(internal)
     }
 
+    /// Records the outcome of a pending entry and reports it as a `syscall` event, with
+    /// `extra` fields (tokens, tool name...) merged in.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call site per effectful syscall, each passing its own parts"
+    )]
     async fn complete(
         &self,
         live: &Arc<LiveRun>,
         seq: Seq,
+        method: &str,
         outcome: &Reply,
         record: Value,
         usage: Usage,
         served: bool,
+        extra: Value,
     ) -> Result<(), RpcError> {
         let (status, result, error) = match outcome {
             Ok(_) => (EntryStatus::Ok, Some(record), None),
@@ -294,7 +318,14 @@ impl Kernel {
         };
         let completion =
             Completion { status, result, error, finished_at_ms: now_ms(), usage, provider_served: served };
-        self.store().complete_entry(&live.id, seq, completion).await.map_err(internal)
+        self.store().complete_entry(&live.id, seq, completion).await.map_err(internal)?;
+        let mut event =
+            json!({ "seq": seq, "method": method, "status": if outcome.is_ok() { "ok" } else { "error" } });
+        if let (Some(event), Value::Object(extra)) = (event.as_object_mut(), extra) {
+            event.extend(extra);
+        }
+        self.emit(&live.id, "syscall", event);
+        Ok(())
     }
 
     async fn perform(
@@ -360,16 +391,10 @@ impl Kernel {
                         .ceil() as u64,
                 };
                 let reservation = self.reserve(live, worst).await?;
-                let seq = match reuse {
-                    Some(seq) => seq,
-                    None => match self.intend(live, method, params, hash).await {
-                        Ok(seq) => seq,
-                        Err(err) => {
-                            self.release_budget(live, reservation);
-                            return Err(err);
-                        }
-                    },
-                };
+                let seq = self
+                    .intend_unless_retry(live, reuse, method, params, hash)
+                    .await
+                    .inspect_err(|_| self.release_budget(live, reservation))?;
                 let started = std::time::Instant::now();
                 let (outcome, record, usage, served) = match provider.chat(&request, stream.as_ref()).await {
                     Ok(served) => {
@@ -392,31 +417,20 @@ impl Kernel {
                     ),
                 };
                 self.settle_budget(live, reservation, usage);
-                self.complete(live, seq, &outcome, record, usage, served).await?;
-                self.emit(
-                    &live.id,
-                    "syscall",
-                    json!({
-                        "seq": seq, "method": method, "status": if outcome.is_ok() { "ok" } else { "error" },
-                        "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
-                        "duration_ms": started.elapsed().as_millis() as u64,
-                    }),
-                );
+                let extra = json!({
+                    "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+                    "duration_ms": started.elapsed().as_millis() as u64,
+                });
+                self.complete(live, seq, method, &outcome, record, usage, served, extra).await?;
                 outcome
             }
             Call::Tool(builtin) => {
                 let name = params.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
                 let reservation = self.reserve(live, Usage { tool_calls: 1, ..Usage::default() }).await?;
-                let seq = match reuse {
-                    Some(seq) => seq,
-                    None => match self.intend(live, method, params, hash).await {
-                        Ok(seq) => seq,
-                        Err(err) => {
-                            self.release_budget(live, reservation);
-                            return Err(err);
-                        }
-                    },
-                };
+                let seq = self
+                    .intend_unless_retry(live, reuse, method, params, hash)
+                    .await
+                    .inspect_err(|_| self.release_budget(live, reservation))?;
                 let scope = format!("run:{}", live.id);
                 let outcome = match tools::run(builtin, &scope, self.store().as_ref()).await {
                     Ok(result) => Ok(json!({ "result": result })),
@@ -425,18 +439,12 @@ impl Kernel {
                 let record = outcome.clone().unwrap_or(Value::Null);
                 let usage = Usage { tool_calls: 1, ..Usage::default() };
                 self.settle_budget(live, reservation, usage);
-                self.complete(live, seq, &outcome, record, usage, false).await?;
-                self.emit(&live.id, "syscall", json!({ "seq": seq, "method": method, "tool": name, "status": if outcome.is_ok() { "ok" } else { "error" } }));
+                self.complete(live, seq, method, &outcome, record, usage, false, json!({ "tool": name }))
+                    .await?;
                 outcome
             }
             Call::Mem(call) => {
-                let tenant = self
-                    .store()
-                    .get_run(&live.id)
-                    .await
-                    .map_err(internal)?
-                    .map(|run| run.tenant)
-                    .ok_or_else(|| internal(format!("run {} vanished", live.id)))?;
+                let tenant = live.tenant.clone();
                 if !call.is_write() {
                     // A read has no effect to protect; journaling what it read makes the
                     // replay answer the same however memory changed since.
@@ -445,27 +453,18 @@ impl Kernel {
                     self.record(live, method, params, hash, result.clone()).await?;
                     return Ok(result);
                 }
-                let seq = match reuse {
-                    Some(seq) => seq,
-                    None => self.intend(live, method, params, hash).await?,
-                };
+                let seq = self.intend_unless_retry(live, reuse, method, params, hash).await?;
                 // The key ties the write to its journal entry: retried after a crash
                 // (`reuse`), an append or delete answers what it answered the first time.
                 let key = format!("{}:{seq}", live.id);
                 let outcome = memory::perform(self.store().as_ref(), &tenant, call, Some(&key)).await;
                 let record = outcome.clone().unwrap_or(Value::Null);
-                self.complete(live, seq, &outcome, record, Usage::default(), false).await?;
-                self.emit(&live.id, "syscall", json!({ "seq": seq, "method": method, "status": if outcome.is_ok() { "ok" } else { "error" } }));
+                self.complete(live, seq, method, &outcome, record, Usage::default(), false, json!({}))
+                    .await?;
                 outcome
             }
             Call::Ipc(call) => {
-                let tenant = self
-                    .store()
-                    .get_run(&live.id)
-                    .await
-                    .map_err(internal)?
-                    .map(|run| run.tenant)
-                    .ok_or_else(|| internal(format!("run {} vanished", live.id)))?;
+                let tenant = live.tenant.clone();
                 if let IpcCall::Send { to, .. } = &call {
                     // An unknown target (or another tenant's run) leaves nothing to replay.
                     let target = self.store().get_run(to).await.map_err(internal)?;
@@ -482,10 +481,7 @@ impl Kernel {
                     self.record(live, method, params, hash, result.clone()).await?;
                     return Ok(result);
                 }
-                let seq = match reuse {
-                    Some(seq) => seq,
-                    None => self.intend(live, method, params, hash).await?,
-                };
+                let seq = self.intend_unless_retry(live, reuse, method, params, hash).await?;
                 // The key ties the mailbox write to this journal entry: retried after a
                 // crash (`reuse`), a send answers its first seq and a receive the message
                 // it first took.
@@ -506,15 +502,12 @@ impl Kernel {
                     return outcome;
                 }
                 let record = outcome.clone().unwrap_or(Value::Null);
-                self.complete(live, seq, &outcome, record, Usage::default(), false).await?;
-                self.emit(&live.id, "syscall", json!({ "seq": seq, "method": method, "status": if outcome.is_ok() { "ok" } else { "error" } }));
+                self.complete(live, seq, method, &outcome, record, Usage::default(), false, json!({}))
+                    .await?;
                 outcome
             }
             Call::Ask(question) => {
-                let seq = match reuse {
-                    Some(seq) => seq,
-                    None => self.intend(live, method, params, hash).await?,
-                };
+                let seq = self.intend_unless_retry(live, reuse, method, params, hash).await?;
                 let answer = self.park_for_answer(live, seq, question).await.map_err(internal)?;
                 match answer.await {
                     Ok(text) => Ok(json!({ "answer": text })),

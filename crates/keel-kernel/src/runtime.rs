@@ -210,6 +210,8 @@ pub(crate) struct Inner {
 /// A run whose agent process this kernel started and has not yet seen exit.
 pub(crate) struct LiveRun {
     pub(crate) id: RunId,
+    /// The run's owner, fixed at creation (memory and mailboxes are scoped by it).
+    pub(crate) tenant: String,
     pub(crate) attempt: u32,
     pub(crate) pid: u32,
     pub(crate) provider: Option<Arc<dyn Provider>>,
@@ -533,6 +535,7 @@ impl Kernel {
             .map_err(|e| Error::InvalidRequest(e.to_string()))?;
         let live = Arc::new(LiveRun {
             id: record.id.clone(),
+            tenant: record.tenant.clone(),
             attempt,
             pid: launched.pid,
             provider,
