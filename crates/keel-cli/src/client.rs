@@ -266,12 +266,68 @@ impl Client {
         self.send(self.http.post(self.url(&format!("/v1/runs/{run}/answer"))).json(&body)).await
     }
 
+    pub async fn decide(&self, run: &str, call: u64, approve: bool, note: Option<String>) -> Result<RunView> {
+        let body = keel_protocol::api::DecisionParams {
+            decision: if approve { "approve" } else { "deny" }.to_owned(),
+            note,
+        };
+        self.send(self.http.post(self.url(&format!("/v1/runs/{run}/approvals/{call}"))).json(&body)).await
+    }
+
+    pub async fn tools(&self) -> Result<Vec<keel_protocol::api::ToolView>> {
+        self.send(self.http.get(self.url("/v1/tools"))).await
+    }
+
+    pub async fn exec(&self, body: &keel_protocol::api::ExecParams) -> Result<keel_protocol::api::ExecView> {
+        self.send(self.http.post(self.url("/v1/exec")).json(body)).await
+    }
+
     pub async fn send_message(
         &self,
         run: &str,
         body: &keel_protocol::api::MessageParams,
     ) -> Result<keel_protocol::api::MessageSentView> {
         self.send(self.http.post(self.url(&format!("/v1/runs/{run}/messages"))).json(body)).await
+    }
+
+    pub async fn audit_list(
+        &self,
+        run: Option<&str>,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<keel_protocol::api::AuditEntryView>> {
+        let mut query = vec![("after", after.to_string()), ("limit", limit.to_string())];
+        if let Some(run) = run {
+            query.push(("run", run.to_owned()));
+        }
+        self.send(self.http.get(self.url("/v1/audit")).query(&query)).await
+    }
+
+    pub async fn audit_verify(&self) -> Result<keel_protocol::api::AuditVerifyView> {
+        self.send(self.http.get(self.url("/v1/audit/verify"))).await
+    }
+
+    /// The NDJSON export as a response to read chunk by chunk (an error status is
+    /// turned into the kernel's message first).
+    pub async fn audit_export(&self, run: Option<&str>) -> Result<reqwest::Response> {
+        let query: Vec<(&str, &str)> = run.map(|run| ("run", run)).into_iter().collect();
+        let response = self
+            .http
+            .get(self.url("/v1/audit/export"))
+            .query(&query)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("the kernel at {} did not answer", self.base))?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let bytes = response.bytes().await.context("reading the kernel's reply")?;
+        match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(body) => Err(anyhow!("{}", body.error.message)),
+            Err(_) => Err(anyhow!("the kernel answered {status}: {}", String::from_utf8_lossy(&bytes))),
+        }
     }
 
     /// Follows the run's events (server-sent events) from `after`, calling `each` for
@@ -420,6 +476,14 @@ pub async fn start_kernel(
     let (config_path, config_text) = read_config(&dir)?;
     let llm = load_llm_router(&config_path, config_text.as_deref())?;
     let egress = load_egress(&dir, &config_path, config_text.as_deref())?;
+    let tools = keel_tools::config::ToolsConfig::from_keel_toml(config_text.as_deref().unwrap_or(""))
+        .map_err(|e| anyhow!("{e}"))
+        .with_context(|| format!("kernel config {}", config_path.display()))?;
+    // Interpreter workers are this binary, started with a hidden argument.
+    let interp_worker = std::env::current_exe().ok().map(|program| keel_interp::WorkerCommand {
+        program,
+        args: vec![keel_interp::WORKER_ARG.to_owned()],
+    });
     let options = KernelOptions {
         data_dir: dir.clone(),
         sandbox,
@@ -428,6 +492,8 @@ pub async fn start_kernel(
         gateway_addr: Some(gateway_tcp.local_addr()?),
         llm,
         egress: Arc::new(egress),
+        tools,
+        interp_worker,
     };
     let kernel = Kernel::start(options).await?;
     // Safe to replace: we hold the data directory's lock, so a socket here is stale.

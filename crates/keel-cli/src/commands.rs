@@ -115,6 +115,13 @@ pub struct RunArgs {
     /// Park the run when it sends the same LLM request this many times in a row (0: off).
     #[arg(long, value_name = "N")]
     loop_threshold: Option<u32>,
+    /// Tools the run may call, by pattern (repeatable): `echo`, `fs.*`, `mcp:github/*`,
+    /// `*`. Default: the built-in tools (echo, kv.*, fs.*, http.fetch).
+    #[arg(long = "grant", value_name = "PATTERN")]
+    grant: Vec<String>,
+    /// Input for the agent, as JSON (it reads KEEL_INPUT, or keel.input() in Python).
+    #[arg(long, value_name = "JSON")]
+    input: Option<String>,
     /// The agent's command, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -163,6 +170,13 @@ pub async fn run(ctx: Context, args: RunArgs) -> Result<ExitCode> {
         budget: args.budget.to_params()?,
         loop_threshold: args.loop_threshold,
         sandbox: args.sandbox.to_params(&cwd)?,
+        grant: (!args.grant.is_empty()).then(|| args.grant.clone()),
+        input: args
+            .input
+            .as_deref()
+            .map(serde_json::from_str)
+            .transpose()
+            .context("--input must be JSON, e.g. --input '{\"topic\":\"cats\"}'")?,
     };
     let client = if args.detach {
         match Client::find(&ctx.data_dir, ctx.addr.as_deref()).await? {
@@ -747,4 +761,172 @@ async fn mem_command(client: &Client, command: MemCommand) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, Args)]
+pub struct DecideArgs {
+    /// The run id (see `keel ps`).
+    run: String,
+    /// The call's number (its journal seq, shown by `keel ps` and `keel inspect`). May be
+    /// left out when exactly one call of the run waits.
+    call: Option<u64>,
+    /// Why; recorded in the audit log (and, for a denial, told to the agent).
+    #[arg(long, alias = "reason", value_name = "TEXT")]
+    note: Option<String>,
+    /// Print the run as JSON afterwards.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn decide(ctx: Context, args: DecideArgs, approve: bool) -> Result<ExitCode> {
+    let client = ctx.client().await?;
+    let call = match args.call {
+        Some(call) => call,
+        None => {
+            let view = client.inspect(&args.run).await?;
+            match view.approvals.as_slice() {
+                [one] => one.call,
+                [] => bail!("run {} has no tool call waiting for approval", args.run),
+                many => bail!(
+                    "run {} has {} calls waiting ({}); name one: keel {} {} CALL",
+                    args.run,
+                    many.len(),
+                    many.iter().map(|a| format!("{} ({})", a.call, a.tool)).collect::<Vec<_>>().join(", "),
+                    if approve { "approve" } else { "deny" },
+                    args.run
+                ),
+            }
+        }
+    };
+    let view = client.decide(&args.run, call, approve, args.note.clone()).await?;
+    if !args.json {
+        render::kernel_line(&format!(
+            "call {call} of {} {}",
+            args.run,
+            if approve { "approved" } else { "denied" }
+        ));
+    }
+    print_run(&view, args.json)?;
+    client.close().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, Args)]
+pub struct ToolsArgs {
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn tools(ctx: Context, args: ToolsArgs) -> Result<ExitCode> {
+    let client = ctx.client().await?;
+    let tools = client.tools().await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&tools)?);
+    } else {
+        render::tools(&tools);
+    }
+    client.close().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The language: python (the monty interpreter), javascript (QuickJS), or cpython
+    /// (python3 in the process sandbox, with the standard library).
+    #[arg(long, default_value = "python", value_parser = ["python", "py", "javascript", "js", "cpython"])]
+    lang: String,
+    /// The program, inline.
+    #[arg(short = 'e', long = "eval", value_name = "CODE", conflicts_with = "file")]
+    code: Option<String>,
+    /// The program, from a file (`-` for stdin).
+    #[arg(value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// An input bound as a global variable: NAME=JSON (repeatable).
+    #[arg(long = "input", short = 'i', value_name = "NAME=JSON")]
+    inputs: Vec<String>,
+    /// Tools the program may call, by pattern (repeatable); default: the built-ins.
+    #[arg(long = "grant", value_name = "PATTERN")]
+    grant: Vec<String>,
+    /// Wall-clock limit, milliseconds.
+    #[arg(long, value_name = "MS")]
+    timeout_ms: Option<u64>,
+    /// The most tool calls the program may make.
+    #[arg(long, value_name = "N")]
+    max_tool_calls: Option<u32>,
+    /// Memory limit of the interpreter, bytes.
+    #[arg(long, value_name = "BYTES")]
+    memory_bytes: Option<u64>,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+    /// Print the whole outcome as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn exec(ctx: Context, args: ExecArgs) -> Result<ExitCode> {
+    let code = match (&args.code, &args.file) {
+        (Some(code), _) => code.clone(),
+        (None, Some(path)) if path.as_os_str() == "-" => {
+            let mut code = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut code)
+                .context("reading the program from stdin")?;
+            code
+        }
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the program {}", path.display()))?,
+        (None, None) => bail!("give the program with -e CODE or a FILE, e.g. keel exec -e '1 + 1'"),
+    };
+    let mut inputs = serde_json::Map::new();
+    for item in &args.inputs {
+        let Some((name, value)) = item.split_once('=') else {
+            bail!("--input {item:?}: write NAME=JSON, e.g. --input n=3 or --input 'names=[\"a\"]'");
+        };
+        let value: serde_json::Value = serde_json::from_str(value)
+            .with_context(|| format!("--input {name}: the value must be JSON (quote strings: '\"text\"')"))?;
+        inputs.insert(name.to_owned(), value);
+    }
+    let cwd = std::env::current_dir().context("reading the current directory")?;
+    let params = keel_protocol::api::ExecParams {
+        lang: args.lang.clone(),
+        code,
+        inputs,
+        grant: (!args.grant.is_empty()).then(|| args.grant.clone()),
+        tenant: None,
+        limits: serde_json::json!({
+            "timeout_ms": args.timeout_ms,
+            "max_tool_calls": args.max_tool_calls,
+            "memory_bytes": args.memory_bytes,
+        }),
+        sandbox: args.sandbox.to_params(&cwd)?,
+    };
+    let client = ctx.client().await?;
+    let outcome = client.exec(&params).await?;
+    client.close().await;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&outcome)?);
+    } else {
+        if !outcome.stdout.is_empty() {
+            print!("{}", outcome.stdout);
+            if !outcome.stdout.ends_with('\n') {
+                println!();
+            }
+        }
+        match (&outcome.result, &outcome.error) {
+            (Some(result), _) if outcome.ok => println!("{}", serde_json::to_string_pretty(result)?),
+            (_, Some(error)) => eprintln!(
+                "keel: the program failed ({}): {}",
+                error.get("kind").and_then(|k| k.as_str()).unwrap_or("error"),
+                error.get("message").and_then(|m| m.as_str()).unwrap_or("")
+            ),
+            _ => println!("null"),
+        }
+        render::kernel_line(&format!(
+            "{} tool call(s), {:.2} ms; run {}",
+            outcome.tool_calls.len(),
+            outcome.duration_us as f64 / 1000.0,
+            outcome.run_id
+        ));
+    }
+    Ok(if outcome.ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

@@ -1,6 +1,7 @@
 //! The `keel` command: a thin client of the kernel's HTTP API, plus `serve` (the daemon)
 //! and an embedded kernel for `keel run` when no daemon is running.
 
+mod audit;
 mod client;
 mod commands;
 mod doctor;
@@ -75,17 +76,45 @@ enum Command {
         after_help = "Examples:\n  keel mem put notes cat '{\"name\":\"Tom\"}' --text \"the cat is called Tom\"\n  keel mem get notes cat\n  keel mem search notes \"cat name\"\n  keel mem delete notes cat\n  keel mem thread chat-42 --last 10"
     )]
     Mem(commands::MemArgs),
+    /// Approve a tool call parked for approval (the run continues with the call).
+    #[command(
+        after_help = "Examples:\n  keel approve run_01jd... 7\n  keel approve run_01jd... --note \"checked the path\""
+    )]
+    Approve(commands::DecideArgs),
+    /// Deny a tool call parked for approval (the agent gets a `denied` error).
+    #[command(after_help = "Example:\n  keel deny run_01jd... 7 --note \"not in production\"")]
+    Deny(commands::DecideArgs),
+    /// List the tools the kernel knows: built-ins, keel.toml's command and agent tools,
+    /// and the tools of mounted MCP servers, with their policies.
+    #[command(after_help = "Examples:\n  keel tools\n  keel tools --json")]
+    Tools(commands::ToolsArgs),
+    /// Run a program whose tool calls go through Keel's governed dispatch; tools are
+    /// functions (`fs.read(path="a.txt")` in Python, `fs.read({path: "a.txt"})` in JS).
+    #[command(
+        after_help = "Examples:\n  keel exec -e 'sum(len(echo(i=i)) for i in range(10))'\n  keel exec --lang javascript -e 'kv.put({key: \"a\", value: 1}); kv.get({key: \"a\"})'\n  keel exec --lang cpython --grant 'kv.*' script.py --input n=3"
+    )]
+    Exec(Box<commands::ExecArgs>),
     /// Put a message in a run's mailbox (the run reads it with ipc.recv; from is null).
     #[command(
         after_help = "Examples:\n  keel send run_01jd... --json '{\"task\":\"summarise\"}'\n  keel send run_01jd... --json '\"hi\"' --correlation-id req-1 --wait"
     )]
     Send(commands::SendArgs),
+    /// The audit log: a run's entries, verification of the hash chain, export as JSONL.
+    /// `keel audit verify` exits 0 when the log is intact, 3 when it was tampered with.
+    #[command(
+        after_help = "Examples:\n  keel audit run_01jd...\n  keel audit run_01jd... --json\n  keel audit verify\n  keel audit export --run run_01jd... -o audit.jsonl\n\nExit codes of `keel audit verify`: 0 intact, 3 tampered with, 1 could not check."
+    )]
+    Audit(audit::AuditArgs),
 }
 
 fn main() -> ExitCode {
     // A sandbox zygote is this binary started with a hidden argument; it must take over
     // before any thread or runtime exists.
     keel_sandbox::zygote::run_if_requested();
+    // So is an interpreter worker for `code.exec` (it confines itself before any job).
+    if std::env::args_os().nth(1).is_some_and(|a| a == keel_interp::WORKER_ARG) {
+        keel_interp::worker_main();
+    }
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
@@ -114,6 +143,11 @@ fn main() -> ExitCode {
             Command::Budget(args) => commands::budget(ctx, args).await,
             Command::Mem(args) => commands::mem(ctx, args).await,
             Command::Send(args) => commands::send(ctx, args).await,
+            Command::Audit(args) => audit::audit(ctx, args).await,
+            Command::Approve(args) => commands::decide(ctx, args, true).await,
+            Command::Deny(args) => commands::decide(ctx, args, false).await,
+            Command::Tools(args) => commands::tools(ctx, args).await,
+            Command::Exec(args) => commands::exec(ctx, *args).await,
             Command::Doctor(args) => doctor::doctor(args).await,
         }
     });

@@ -122,6 +122,26 @@ pub fn describe_event(event: &EventView, run_id: &str) -> Option<String> {
             short(&get("question"), 200)
         ),
         "answer" => format!("answered: {}", short(&get("text"), 200)),
+        "approval" => format!(
+            "tool {} (call {}) waits for approval ({}): keel approve {run_id} {} / keel deny {run_id} {}",
+            short(&get("tool"), 60),
+            get("call"),
+            short(&get("kind"), 30),
+            get("call"),
+            get("call")
+        ),
+        "decision" => format!(
+            "call {} {}",
+            get("call"),
+            if get("approve") == Value::Bool(true) { "approved" } else { "denied" }
+        ),
+        "denied" => format!("tool {} denied: not granted to this run", short(&get("tool"), 60)),
+        "interrupted" => format!(
+            "tool {} (call {}) was interrupted by a kernel crash; crash policy {}",
+            short(&get("tool"), 60),
+            get("call"),
+            short(&get("policy"), 10)
+        ),
         "emit" => format!("event: {}", short(data, 200)),
         "stop" => format!("stopping (SIGTERM, SIGKILL after {}s)", get("grace_secs")),
         "replay" => {
@@ -234,6 +254,20 @@ pub fn inspect(view: &InspectView, now: u64) -> String {
     if let Some(output) = &run.output {
         let _ = writeln!(out, "output    {}", short(output, 400));
     }
+    for approval in &view.approvals {
+        let _ = writeln!(
+            out,
+            "approval  call {} · {} {} ({})  → keel approve {} {} / keel deny {} {}",
+            approval.call,
+            approval.tool,
+            short(&approval.args, 80),
+            approval.kind,
+            run.run_id,
+            approval.call,
+            run.run_id,
+            approval.call
+        );
+    }
     let _ = writeln!(out, "\njournal ({} entries)", view.journal.len());
     let _ = writeln!(
         out,
@@ -245,7 +279,14 @@ pub fn inspect(view: &InspectView, now: u64) -> String {
             "llm.chat" => {
                 format!("{} in / {} out tokens", entry.usage.input_tokens, entry.usage.output_tokens)
             }
-            "tool.call" => short(&entry.params.get("name").cloned().unwrap_or(Value::Null), 40),
+            "tool.call" => {
+                let name = short(&entry.params.get("name").cloned().unwrap_or(Value::Null), 40);
+                match entry.params.get("exec").and_then(Value::as_u64) {
+                    Some(exec) => format!("{name} (from code.exec #{exec})"),
+                    None => name,
+                }
+            }
+            "code.exec" => short(&entry.params.get("lang").cloned().unwrap_or(Value::Null), 20),
             "human.ask" => short(&entry.params.get("question").cloned().unwrap_or(Value::Null), 60),
             "run.exit" => short(&entry.params.get("output").cloned().unwrap_or(Value::Null), 60),
             "run.emit" => short(&entry.params.get("event").cloned().unwrap_or(Value::Null), 60),
@@ -259,6 +300,58 @@ pub fn inspect(view: &InspectView, now: u64) -> String {
         );
     }
     out
+}
+
+/// `keel audit RUN`: one line per entry, the detail cut short.
+pub fn audit_table(run: &str, entries: &[keel_protocol::api::AuditEntryView]) -> String {
+    if entries.is_empty() {
+        return format!("no audit entries for run {run}\n");
+    }
+    let mut out = format!(
+        "{:>6}  {:<20}  {:<8}  {:<18}  {:<24}  {:<8}  {}\n",
+        "SEQ", "TIME (UTC)", "ACTOR", "ACTION", "SUBJECT", "OUTCOME", "DETAIL"
+    );
+    for entry in entries {
+        let _ = writeln!(
+            out,
+            "{:>6}  {:<20}  {:<8}  {:<18}  {:<24}  {:<8}  {}",
+            entry.seq,
+            utc_time(entry.at),
+            entry.actor,
+            entry.action,
+            short(&Value::String(entry.subject.clone()), 24),
+            entry.outcome,
+            short(&entry.detail, 60)
+        );
+    }
+    out
+}
+
+/// Unix milliseconds as `2026-11-21T10:00:00Z`.
+fn utc_time(ms: u64) -> String {
+    let time = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(time).to_string()
+}
+
+/// `keel tools`: one line per tool.
+pub fn tools(tools: &[keel_protocol::api::ToolView]) {
+    println!("{:<32} {:<8} {:<9} {:<6} {:<10} DESCRIPTION", "TOOL", "KIND", "APPROVAL", "CRASH", "RATE");
+    for tool in tools {
+        let mut description = tool.description.clone();
+        if let Some(status) = tool.status.as_deref().filter(|s| *s != "connected") {
+            description = format!("[{status}] {description}");
+        }
+        let description: String = description.chars().take(70).collect();
+        println!(
+            "{:<32} {:<8} {:<9} {:<6} {:<10} {}",
+            tool.name,
+            tool.kind,
+            if tool.requires_approval { "required" } else { "-" },
+            tool.crash,
+            tool.rate_limit.as_deref().unwrap_or("-"),
+            description
+        );
+    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
-//! Keel's pure decisions: the run lifecycle state machine and the replay matcher.
+//! Keel's pure decisions: the run lifecycle state machine, the replay matcher and the
+//! audit log's hash chain.
 //!
 //! Nothing in this crate does IO, awaits, reads a clock or draws randomness. Every function
 //! maps (state, event) to a new state or a decision, so the kernel's effectful loop stays
 //! thin and these rules can be tested densely and exhaustively (STYLE.md habit 2).
 
+pub mod audit;
 pub mod budget;
 pub mod lifecycle;
 pub mod replay;

@@ -10,8 +10,8 @@ use keel_core::lifecycle::Command as Lifecycle;
 use keel_core::replay::{Decision, params_hash};
 use keel_llm::{DeltaSink, Provider};
 use keel_protocol::rpc::{
-    ErrorKind, HumanAskParams, LlmChatParams, RpcError, RunEmitParams, RunExitParams, StateCheckpointParams,
-    ToolCallParams,
+    CodeExecParams, ErrorKind, HumanAskParams, LlmChatParams, RpcError, RunEmitParams, RunExitParams,
+    StateCheckpointParams,
 };
 use keel_store::{Completion, JournalEntry, NewEntry, RunPatch, Seq};
 use keel_types::{EntryStatus, RunState, Usage};
@@ -22,14 +22,14 @@ use crate::Kernel;
 use crate::ipc::{self, IpcCall};
 use crate::memory;
 use crate::runtime::{LiveRun, now_ms};
-use crate::tools::{self, ToolLookupError};
 
-type Reply = Result<Value, RpcError>;
+pub(crate) type Reply = Result<Value, RpcError>;
 
 /// A syscall whose params were checked: what the journal records and replays.
 enum Call {
     LlmChat(LlmChatParams),
-    Tool(tools::BuiltinCall),
+    Tool(ToolCall),
+    Exec(CodeExecParams),
     Checkpoint,
     Now,
     Random,
@@ -40,7 +40,11 @@ enum Call {
     Ipc(IpcCall),
 }
 
-fn internal(err: impl std::fmt::Display) -> RpcError {
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) fn internal(err: impl std::fmt::Display) -> RpcError {
     ErrorKind::Internal.error(format!("the kernel failed: {err}"))
 }
 
@@ -49,7 +53,19 @@ fn parse<T: DeserializeOwned>(method: &str, params: &Value, shape: &str) -> Resu
         .map_err(|e| ErrorKind::InvalidParams.error(format!("{method}: {e}; expected params {shape}")))
 }
 
+/// A tool call that passed governance: granted, known, arguments valid.
+pub(crate) struct ToolCall {
+    pub(crate) def: keel_tools::ToolDef,
+    pub(crate) args: Value,
+    /// The seq of the `code.exec` whose program made the call.
+    pub(crate) exec: Option<u64>,
+}
+
+/// The largest program `code.exec` takes, in bytes.
+const MAX_CODE_BYTES: usize = 256 * 1024;
+
 /// Checks params before anything is journaled, so a bad call leaves no trace to replay.
+/// Tool calls are governed later, in [`Kernel::govern`].
 fn check(method: &str, params: &Value) -> Result<Call, RpcError> {
     let empty = |m: &str| -> Result<(), RpcError> {
         match params.as_object() {
@@ -67,19 +83,24 @@ fn check(method: &str, params: &Value) -> Result<Call, RpcError> {
             }
             Call::LlmChat(p)
         }
-        "tool.call" => {
-            let p: ToolCallParams = parse(method, params, "{\"name\":\"echo\",\"args\":{...}}")?;
-            match tools::lookup(&p.name, &p.args) {
-                Ok(call) => Call::Tool(call),
-                Err(ToolLookupError::Unknown(name)) => {
-                    let known: Vec<String> = tools::specs().into_iter().map(|t| t.name).collect();
-                    return Err(ErrorKind::NotFound.error(format!(
-                        "no tool {name:?} is granted to this run; available: {}",
-                        known.join(", ")
-                    )));
-                }
-                Err(ToolLookupError::BadArgs(why)) => return Err(ErrorKind::InvalidParams.error(why)),
+        "code.exec" => {
+            let p: CodeExecParams = parse(
+                method,
+                params,
+                "{\"lang\":\"python\",\"code\":\"...\",\"inputs\":{...},\"limits\":{...}}",
+            )?;
+            if !matches!(p.lang.as_str(), "python" | "py" | "javascript" | "js" | "cpython") {
+                return Err(ErrorKind::InvalidParams.error(format!(
+                    "code.exec: language {:?} is not supported; use python, javascript or cpython",
+                    p.lang
+                )));
             }
+            if p.code.len() > MAX_CODE_BYTES {
+                return Err(ErrorKind::InvalidParams
+                    .error(format!("code.exec: the program is over {MAX_CODE_BYTES} bytes")));
+            }
+            crate::exec::limits(&p.limits).map_err(|e| ErrorKind::InvalidParams.error(e))?;
+            Call::Exec(p)
         }
         "state.checkpoint" => {
             parse::<StateCheckpointParams>(method, params, "{\"state\": <any JSON>}")?;
@@ -166,12 +187,19 @@ impl Kernel {
         }
         match method {
             "state.restore" => return self.restore(live).await,
-            "tool.list" => return Ok(json!({ "tools": tools::specs() })),
+            "tool.list" => {
+                let tools: Vec<_> = self.granted_tools(live).await.iter().map(crate::tools::spec).collect();
+                return Ok(json!({ "tools": tools }));
+            }
             // A no-op for liveness checks and for measuring the channel; not journaled.
             "sys.ping" => return Ok(json!({})),
             _ => {}
         }
-        let call = check(method, &params)?;
+        let call = match method {
+            // Governed: granted, known, arguments valid against the tool's schema.
+            "tool.call" => Call::Tool(self.govern(live, &params).await?),
+            _ => check(method, &params)?,
+        };
         let hash = params_hash(method, &params);
         let (decision, recorded) = {
             let mut replay = live.replay.lock().await;
@@ -229,6 +257,45 @@ impl Kernel {
         Ok(json!({ "state": state }))
     }
 
+    /// Journals a call without an outside effect (a read-only tool) complete at once, as
+    /// it came out: a failed read is replayed as the same failure.
+    #[allow(clippy::too_many_arguments, reason = "the parts of one journal entry")]
+    pub(crate) async fn record_outcome(
+        &self,
+        live: &Arc<LiveRun>,
+        method: &str,
+        params: Value,
+        hash: String,
+        outcome: &Reply,
+        usage: Usage,
+        extra: Value,
+    ) -> Result<Seq, RpcError> {
+        let now = now_ms();
+        let (status, result, error) = match outcome {
+            Ok(result) => (EntryStatus::Ok, Some(result.clone()), None),
+            Err(err) => (EntryStatus::Error, None, Some(serde_json::to_value(err).map_err(internal)?)),
+        };
+        let entry = NewEntry {
+            method: method.to_owned(),
+            params,
+            params_hash: hash,
+            status,
+            result,
+            error,
+            attempt: live.attempt,
+            started_at_ms: now,
+            finished_at_ms: Some(now),
+            usage,
+        };
+        let seq = self.store().append_entry(&live.id, entry).await.map_err(internal)?;
+        let mut event = json!({ "seq": seq, "method": method, "status": status.as_str() });
+        if let (Some(event), Value::Object(extra)) = (event.as_object_mut(), extra) {
+            event.extend(extra);
+        }
+        self.emit(&live.id, "syscall", event);
+        Ok(seq)
+    }
+
     /// Journals an entry that is complete at once (no outside effect to wait for).
     async fn record(
         &self,
@@ -258,7 +325,7 @@ impl Kernel {
 
     /// The seq of a call with an outside effect: the journaled intent being retried after
     /// a crash (`reuse`), else a newly journaled intent.
-    async fn intend_unless_retry(
+    pub(crate) async fn intend_unless_retry(
         &self,
         live: &Arc<LiveRun>,
         reuse: Option<Seq>,
@@ -301,7 +368,7 @@ impl Kernel {
         clippy::too_many_arguments,
         reason = "one call site per effectful syscall, each passing its own parts"
     )]
-    async fn complete(
+    pub(crate) async fn complete(
         &self,
         live: &Arc<LiveRun>,
         seq: Seq,
@@ -424,23 +491,29 @@ impl Kernel {
                 self.complete(live, seq, method, &outcome, record, usage, served, extra).await?;
                 outcome
             }
-            Call::Tool(builtin) => {
-                let name = params.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
-                let reservation = self.reserve(live, Usage { tool_calls: 1, ..Usage::default() }).await?;
-                let seq = self
-                    .intend_unless_retry(live, reuse, method, params, hash)
-                    .await
-                    .inspect_err(|_| self.release_budget(live, reservation))?;
-                let scope = format!("run:{}", live.id);
-                let outcome = match tools::run(builtin, &scope, self.store().as_ref()).await {
-                    Ok(result) => Ok(json!({ "result": result })),
-                    Err(err) => Err(ErrorKind::ToolError.error(format!("tool {name} failed: {err}"))),
-                };
+            Call::Tool(call) => self.perform_tool(live, method, call, params, hash, reuse).await,
+            Call::Exec(exec) => {
+                let seq = self.intend_unless_retry(live, reuse, method, params, hash).await?;
+                let started = std::time::Instant::now();
+                lock(&live.exec_buffers).insert(seq, Vec::new());
+                let outcome = self.exec_code(live, seq, exec).await;
+                let reads = lock(&live.exec_buffers).remove(&seq).unwrap_or_default();
+                if matches!(&outcome, Err(err) if err.code == ErrorKind::Cancelled.code()) {
+                    return outcome; // Left pending: a relaunched agent asking again runs it again.
+                }
                 let record = outcome.clone().unwrap_or(Value::Null);
-                let usage = Usage { tool_calls: 1, ..Usage::default() };
-                self.settle_budget(live, reservation, usage);
-                self.complete(live, seq, method, &outcome, record, usage, false, json!({ "tool": name }))
-                    .await?;
+                let extra = json!({ "duration_ms": started.elapsed().as_millis() as u64 });
+                // The program's reads and its result, submitted together so the store's
+                // group commit makes them durable in one go, before the reply.
+                let appends = reads.into_iter().map(|entry| self.store().append_entry(&live.id, entry));
+                let (appended, completed) = tokio::join!(
+                    futures_util::future::join_all(appends),
+                    self.complete(live, seq, method, &outcome, record, Usage::default(), false, extra)
+                );
+                completed?;
+                for seq in appended {
+                    seq.map_err(internal)?;
+                }
                 outcome
             }
             Call::Mem(call) => {

@@ -22,14 +22,18 @@ enum Message {
 pub(crate) struct EventLog {
     tx: mpsc::UnboundedSender<Message>,
     heads: Arc<Mutex<HashMap<RunId, watch::Sender<Seq>>>>,
+    /// The audit writer lives beside the event writer: started, and flushed, with it.
+    pub(crate) audit: crate::audit::AuditLog,
 }
 
 impl EventLog {
+    /// Starts the event writer and the audit writer (`crate::audit`).
     pub(crate) fn start(store: Arc<dyn Store>) -> EventLog {
         let (tx, rx) = mpsc::unbounded_channel();
         let heads: Arc<Mutex<HashMap<RunId, watch::Sender<Seq>>>> = Arc::default();
+        let audit = crate::audit::AuditLog::start(store.clone());
         tokio::spawn(write_loop(store, rx, heads.clone()));
-        EventLog { tx, heads }
+        EventLog { tx, heads, audit }
     }
 
     pub(crate) fn emit(&self, run: &RunId, kind: &str, data: Value) {
@@ -38,8 +42,10 @@ impl EventLog {
         let _ = self.tx.send(Message::Event(run.clone(), event));
     }
 
-    /// Waits until every event emitted before this call is in the store.
+    /// Waits until every event emitted, and every audit record queued, before this call
+    /// is in the store.
     pub(crate) async fn flush(&self) {
+        self.audit.flush().await;
         let (tx, rx) = oneshot::channel();
         if self.tx.send(Message::Flush(tx)).is_ok() {
             let _ = rx.await;

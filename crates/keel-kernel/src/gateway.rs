@@ -43,3 +43,62 @@ impl Kernel {
             .map_err(|e| ErrorKind::Internal.error(format!("the journaled LLM response is unreadable: {e}")))
     }
 }
+
+/// The run's granted tools as an MCP server (streamable HTTP at `/mcp` of the gateway,
+/// bridged into sandboxes at `http://127.0.0.1:9100/mcp`): the bearer token is the run
+/// token, and every call is the run's governed `tool.call`.
+struct McpHost(Kernel);
+
+#[async_trait::async_trait]
+impl keel_mcp::ToolHost for McpHost {
+    async fn authenticate(&self, token: &str) -> Result<(), keel_mcp::HostError> {
+        self.0.live_by_token(token).map(|_| ()).ok_or_else(unauthorized)
+    }
+
+    async fn list(&self, token: &str) -> Result<Vec<keel_mcp::ToolInfo>, keel_mcp::HostError> {
+        let live = self.0.live_by_token(token).ok_or_else(unauthorized)?;
+        Ok(self
+            .0
+            .granted_tools(&live)
+            .await
+            .into_iter()
+            .map(|def| keel_mcp::ToolInfo {
+                name: def.name,
+                description: def.description,
+                input_schema: def.input_schema,
+            })
+            .collect())
+    }
+
+    async fn call(
+        &self,
+        token: &str,
+        name: &str,
+        args: serde_json::Value,
+    ) -> Result<serde_json::Value, keel_mcp::HostError> {
+        let live = self.0.live_by_token(token).ok_or_else(unauthorized)?;
+        let params = serde_json::json!({ "name": name, "args": args });
+        match self.0.syscall(&live, "tool.call", params).await {
+            Ok(reply) => Ok(reply.get("result").cloned().unwrap_or(serde_json::Value::Null)),
+            Err(err) if err.code == ErrorKind::Denied.code() => Err(keel_mcp::HostError::Denied(err.message)),
+            Err(err) if err.code == ErrorKind::NotFound.code() => {
+                Err(keel_mcp::HostError::NotFound(err.message))
+            }
+            Err(err) => Err(keel_mcp::HostError::Failed(err.message)),
+        }
+    }
+}
+
+fn unauthorized() -> keel_mcp::HostError {
+    keel_mcp::HostError::Unauthorized(
+        "unknown run token: use the run's KEEL_RUN_TOKEN (tokens end with their run)".into(),
+    )
+}
+
+impl Kernel {
+    /// What the MCP endpoint serving each run its granted tools asks; the gateway mounts
+    /// it at `/mcp`.
+    pub fn mcp_host(&self) -> Arc<dyn keel_mcp::ToolHost> {
+        Arc::new(McpHost(self.clone()))
+    }
+}

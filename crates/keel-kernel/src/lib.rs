@@ -6,11 +6,15 @@
 //! Everything that acts on a run enters through [`Kernel::execute`] as a [`Command`]
 //! (HTTP and CLI parse into it) or through the syscall socket; queries are plain methods.
 
+mod approvals;
+mod audit;
 mod budget;
 mod dispatch;
 mod error;
 mod events;
+mod exec;
 mod gateway;
+mod governance;
 mod ipc;
 mod memory;
 mod paths;

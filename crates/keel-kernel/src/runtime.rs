@@ -49,6 +49,12 @@ pub struct KernelOptions {
     /// What the egress proxies of `allowlist` runs share: credentials they inject,
     /// `egress.resolve` overrides, the Keel CA (from the `[egress]` table of keel.toml).
     pub egress: Arc<keel_sandbox::egress::EgressSettings>,
+    /// The `[tools]` table of keel.toml: command tools, MCP servers, agents as tools and
+    /// policy overrides.
+    pub tools: keel_tools::config::ToolsConfig,
+    /// How to start an interpreter worker (`keel` itself with a hidden argument); `None`
+    /// leaves `code.exec` for python/javascript unavailable, saying so.
+    pub interp_worker: Option<keel_interp::WorkerCommand>,
 }
 
 /// A request to start a run, validated (see [`CreateRun::validate`]).
@@ -66,6 +72,12 @@ pub struct CreateRun {
     pub loop_threshold: Option<u32>,
     /// The run's sandbox tier and profile; `None`: the kernel's default tier.
     pub sandbox: Option<Box<keel_protocol::api::SandboxParams>>,
+    /// Tool patterns the run may call; `None`: the built-in tools.
+    pub grant: Option<Vec<String>>,
+    /// The agent's input (`KEEL_INPUT`).
+    pub input: Option<Value>,
+    /// The run that started this one (an agent called as a tool).
+    pub parent: Option<RunId>,
 }
 
 impl CreateRun {
@@ -128,6 +140,15 @@ impl CreateRun {
         if let Some(sandbox) = &params.sandbox {
             crate::sandboxing::validate(sandbox)?;
         }
+        if let Some(grant) = &params.grant {
+            keel_tools::grant::Grant::parse(grant)
+                .map_err(|e| Error::InvalidRequest(format!("grant: {e}")))?;
+        }
+        if let Some(input) = &params.input
+            && serde_json::to_vec(input).map_or(0, |v| v.len()) > MAX_INPUT_BYTES
+        {
+            return bad(format!("`input` is over {MAX_INPUT_BYTES} bytes; pass large data through a volume"));
+        }
         Ok(CreateRun {
             command: params.command,
             cwd,
@@ -140,6 +161,9 @@ impl CreateRun {
             budget: params.budget,
             loop_threshold: params.loop_threshold,
             sandbox: params.sandbox.map(Box::new),
+            grant: params.grant,
+            input: params.input,
+            parent: None,
         })
     }
 
@@ -155,12 +179,48 @@ impl CreateRun {
             "budget": self.budget,
             "loop_threshold": self.loop_threshold,
             "sandbox": self.sandbox,
+            "grant": self.grant,
+            "input": self.input,
+            "parent": self.parent.as_ref().map(RunId::as_str),
         })
     }
 }
 
+impl CreateRun {
+    /// The child run of an agent called as a tool: the tool's command with the call's
+    /// arguments as input, in the caller's tenant, working directory, sandbox and grant.
+    pub(crate) fn for_agent_tool(
+        parent: &RunRecord,
+        tool: &keel_tools::AgentTool,
+        args: Value,
+    ) -> std::result::Result<CreateRun, String> {
+        let spec = RunSpec::from_value(&parent.spec).map_err(|e| e.to_string())?;
+        Ok(CreateRun {
+            command: tool.command.clone(),
+            cwd: spec.cwd,
+            env: tool.env.clone(),
+            llm_script: spec.llm_script,
+            tenant: parent.tenant.clone(),
+            stop_grace_secs: spec.stop_grace_secs,
+            model: spec.model,
+            fallback_models: spec.fallback_models,
+            budget: None,
+            loop_threshold: None,
+            sandbox: spec.sandbox.map(Box::new),
+            grant: spec.grant,
+            input: Some(args),
+            parent: Some(parent.id.clone()),
+        })
+    }
+}
+
+/// The largest `input` a run may be given, in bytes of JSON (it travels in the
+/// environment).
+const MAX_INPUT_BYTES: usize = 120 * 1024;
+
 /// Operator commands, from the HTTP API or the CLI. Each documents when it is legal.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant, reason = "one command per API request; boxing buys nothing")]
 pub enum Command {
     /// Start a new run. Always legal for a valid request.
     Create(CreateRun),
@@ -175,6 +235,8 @@ pub enum Command {
     /// Add to a run that has not ended's budget; with `continue_loop`, let a run parked
     /// by the loop detector go on.
     TopUp { run: RunId, add: keel_protocol::api::BudgetParams, continue_loop: bool },
+    /// Approve or deny a tool call parked for approval (`call` is its journal seq).
+    Decide { run: RunId, call: Seq, approve: bool, note: Option<String> },
 }
 
 /// The kernel. Cheap to clone; every clone is the same kernel.
@@ -194,6 +256,9 @@ pub(crate) struct Inner {
     pub(crate) egress: Arc<keel_sandbox::egress::EgressSettings>,
     live: Mutex<HashMap<RunId, Arc<LiveRun>>>,
     tokens: Mutex<HashMap<String, Arc<LiveRun>>>,
+    /// Tokens of `code.exec` programs running as `cpython`: their run and the seq of
+    /// their `code.exec`.
+    pub(crate) exec_tokens: Mutex<HashMap<String, (Arc<LiveRun>, Seq)>>,
     /// One lock per run, serialising its lifecycle changes so that read-decide-write
     /// never races; runs do not wait for each other.
     transitions: Mutex<HashMap<RunId, Arc<tokio::sync::Mutex<()>>>>,
@@ -203,6 +268,10 @@ pub(crate) struct Inner {
     pub(crate) mail: tokio::sync::Notify,
     /// The most undelivered messages a run's mailbox holds (`KEEL_MAILBOX_CAPACITY`).
     pub(crate) mailbox_capacity: u64,
+    /// Every tool the kernel knows (built-ins, keel.toml's, mounted MCP servers').
+    pub(crate) tools: crate::tools::Registry,
+    /// Interpreter workers for `code.exec`.
+    pub(crate) interp: Option<keel_interp::Pool>,
     /// Held for the kernel's life; dropping it releases the data directory.
     _lock: nix::fcntl::Flock<std::fs::File>,
 }
@@ -221,6 +290,22 @@ pub(crate) struct LiveRun {
     stopping: AtomicBool,
     pub(crate) ask: Mutex<Option<PendingAsk>>,
     pub(crate) budget: crate::budget::RunBudget,
+    /// The tools the run may call.
+    pub(crate) grant: keel_tools::grant::Grant,
+    /// The read-only tool calls of running `code.exec`s (by the exec's seq), journaled
+    /// together when it completes (see `exec.rs`).
+    pub(crate) exec_buffers: Mutex<HashMap<Seq, Vec<keel_store::NewEntry>>>,
+    /// Tool calls parked until an operator decides, by seq.
+    pub(crate) approvals: Mutex<BTreeMap<Seq, crate::approvals::PendingApproval>>,
+    /// Where the `fs.*` tools act on the host: the volume mounted at `/workspace`, or the
+    /// working directory of a `none`-tier run.
+    pub(crate) workspace: Option<PathBuf>,
+    /// The run's sandbox backend and profile, for the command tools it calls.
+    pub(crate) sandbox: Arc<dyn Sandbox>,
+    pub(crate) profile: keel_sandbox::Profile,
+    pub(crate) cwd: PathBuf,
+    /// `http.fetch`'s client: through the run's egress proxy, or none without egress.
+    pub(crate) fetcher: tokio::sync::OnceCell<Result<crate::tools::Fetcher, String>>,
     /// The run's egress proxy (`allowlist` runs); it stops when the run is dropped.
     _egress: Option<keel_sandbox::egress::EgressProxy>,
 }
@@ -286,11 +371,16 @@ impl Kernel {
                 egress: options.egress,
                 live: Mutex::default(),
                 tokens: Mutex::default(),
+                exec_tokens: Mutex::default(),
                 transitions: Mutex::default(),
                 events,
                 shutting_down: AtomicBool::new(false),
                 mail: tokio::sync::Notify::new(),
                 mailbox_capacity: crate::ipc::capacity_from_env(),
+                tools: crate::tools::Registry::new(options.tools),
+                interp: options
+                    .interp_worker
+                    .map(|worker| keel_interp::Pool::new(keel_interp::PoolConfig { worker, size: 2 })),
                 _lock: lock_file,
             }),
         };
@@ -332,6 +422,7 @@ impl Kernel {
             tree::kill_tree(Some(run.pid), run.id.as_str());
         }
         self.inner.sandbox.shutdown().await;
+        self.inner.tools.close().await;
         self.inner.events.flush().await;
         let _ = std::fs::remove_file(self.inner.data_dir.syscall_socket());
     }
@@ -345,6 +436,7 @@ impl Kernel {
             Command::Stop { run, grace } => self.stop(&run, grace).await,
             Command::Answer { run, text } => self.answer(&run, text).await,
             Command::TopUp { run, add, continue_loop } => self.top_up(&run, add, continue_loop).await,
+            Command::Decide { run, call, approve, note } => self.decide(&run, call, approve, note).await,
         }
     }
 
@@ -392,6 +484,10 @@ impl Kernel {
 
     pub(crate) fn live_by_token(&self, token: &str) -> Option<Arc<LiveRun>> {
         lock(&self.inner.tokens).get(token).cloned()
+    }
+
+    pub(crate) fn exec_by_token(&self, token: &str) -> Option<(Arc<LiveRun>, Seq)> {
+        lock(&self.inner.exec_tokens).get(token).cloned()
     }
 
     pub(crate) fn emit(&self, run: &RunId, kind: &str, data: Value) {
@@ -443,7 +539,13 @@ impl Kernel {
         Ok(updated)
     }
 
-    async fn create(&self, mut request: CreateRun) -> Result<RunRecord> {
+    async fn create(&self, request: CreateRun) -> Result<RunRecord> {
+        self.create_as(RunId::generate(now_ms()), request).await
+    }
+
+    /// Creates and launches a run under an id chosen before (an agent called as a tool
+    /// records its child's id durably first, so a retried call finds the same child).
+    pub(crate) async fn create_as(&self, id: RunId, mut request: CreateRun) -> Result<RunRecord> {
         if request.llm_script.is_none() {
             request.llm_script = self.inner.default_llm_script.clone();
         }
@@ -454,7 +556,6 @@ impl Kernel {
             .check(&crate::sandboxing::profile(request.sandbox.as_deref(), &self.inner.data_dir))
             .map_err(|e| Error::InvalidRequest(e.to_string()))?;
         let now = now_ms();
-        let id = RunId::generate(now);
         let record = self
             .inner
             .store
@@ -509,6 +610,12 @@ impl Kernel {
         let sandbox = crate::sandboxing::backend(&self.inner.sandbox, spec.sandbox.as_ref())?;
         let profile = crate::sandboxing::profile(spec.sandbox.as_ref(), &self.inner.data_dir);
         crate::sandboxing::prepare_volumes(&profile)?;
+        let grant = match &spec.grant {
+            Some(patterns) => keel_tools::grant::Grant::parse(patterns)
+                .map_err(|e| Error::InvalidRequest(format!("grant: {e}")))?,
+            None => keel_tools::grant::Grant::default_builtins(),
+        };
+        let workspace = crate::tools::workspace_of(&profile, sandbox.shares_host(), &spec.cwd);
         let (bridges, egress) =
             self.bridges(&record.id, sandbox.as_ref(), &profile, self.inner.gateway_addr.is_some())?;
         // Runs whose proxy may intercept TLS (to inject credentials) trust the Keel CA.
@@ -522,7 +629,8 @@ impl Kernel {
                 cwd: spec.cwd.clone(),
                 env,
                 run_marker: record.id.to_string(),
-                profile,
+                profile: profile.clone(),
+                stdin: None,
                 keel: KeelResources {
                     syscall_socket: Some(data_dir.syscall_socket()),
                     python_sdk: Some(data_dir.python_sdk()),
@@ -544,6 +652,14 @@ impl Kernel {
             stopping: AtomicBool::new(false),
             ask: Mutex::new(None),
             budget,
+            grant,
+            approvals: Mutex::default(),
+            exec_buffers: Mutex::default(),
+            workspace,
+            sandbox: sandbox.clone(),
+            profile,
+            cwd: spec.cwd.clone(),
+            fetcher: tokio::sync::OnceCell::new(),
             _egress: egress,
         });
         lock(&self.inner.live).insert(record.id.clone(), live.clone());
@@ -633,6 +749,9 @@ impl Kernel {
         env.insert("KEEL_SOCKET".into(), socket);
         env.insert("KEEL_RUN_TOKEN".into(), token.to_owned());
         env.insert("KEEL_RUN_ID".into(), run.to_string());
+        if let Some(input) = &spec.input {
+            env.insert("KEEL_INPUT".into(), input.to_string());
+        }
         // In a sandbox the gateway is a bridge to its Unix socket on a loopback port.
         let gateway = if shares_host {
             self.inner.gateway_addr.map(|addr| format!("http://{addr}"))
@@ -644,8 +763,11 @@ impl Kernel {
             // the real keys; the run token is their "API key".
             env.insert("OPENAI_BASE_URL".into(), format!("{base}/v1"));
             env.insert("OPENAI_API_KEY".into(), token.to_owned());
-            env.insert("ANTHROPIC_BASE_URL".into(), base);
+            env.insert("ANTHROPIC_BASE_URL".into(), base.clone());
             env.insert("ANTHROPIC_API_KEY".into(), token.to_owned());
+            // The run's granted tools as an MCP server (streamable HTTP; the token is
+            // the bearer).
+            env.insert("KEEL_MCP_URL".into(), format!("{base}/mcp"));
         }
         crate::sandboxing::bridge_env(bridges, ca_bundle, &mut env);
         env.into_iter().collect()
@@ -962,6 +1084,8 @@ struct RunSpec {
     llm_script: Option<Value>,
     stop_grace_secs: Option<u64>,
     sandbox: Option<keel_protocol::api::SandboxParams>,
+    grant: Option<Vec<String>>,
+    input: Option<Value>,
 }
 
 impl RunSpec {
@@ -994,7 +1118,25 @@ impl RunSpec {
             }
             None => None,
         };
-        Ok(RunSpec { model, fallback_models, command, cwd, env, llm_script, stop_grace_secs, sandbox })
+        let grant = match spec.get("grant").filter(|v| !v.is_null()) {
+            Some(value) => {
+                Some(serde_json::from_value(value.clone()).map_err(|e| corrupt(&format!("grant: {e}")))?)
+            }
+            None => None,
+        };
+        let input = spec.get("input").filter(|v| !v.is_null()).cloned();
+        Ok(RunSpec {
+            model,
+            fallback_models,
+            command,
+            cwd,
+            env,
+            llm_script,
+            stop_grace_secs,
+            sandbox,
+            grant,
+            input,
+        })
     }
 }
 

@@ -157,8 +157,8 @@ pub(crate) fn bridge_env(
 impl crate::Kernel {
     /// The bridges of a run's sandbox (the LLM gateway when the kernel serves one; the
     /// egress proxy for `allowlist`), and the run's egress proxy, which audits every
-    /// connection as an `egress` event. Tier `none` gets none: it reaches the kernel
-    /// directly.
+    /// connection as an `egress` event and an `egress` audit record. Tier `none` gets
+    /// none: it reaches the kernel directly.
     pub(crate) fn bridges(
         &self,
         run: &keel_types::RunId,
@@ -191,6 +191,8 @@ impl crate::Kernel {
             if let Some(header) = event.credential {
                 data["credential"] = json!(header);
             }
+            let outcome = if event.allowed { "allowed" } else { "denied" };
+            kernel.audit_run_any_tenant(&id, "agent", "egress", &event.host, outcome, data.clone());
             kernel.emit(&id, "egress", data);
         });
         let path = self.inner.data_dir.egress_socket(run.as_str());
@@ -198,5 +200,41 @@ impl crate::Kernel {
             .map_err(|source| Error::DataDir { dir: path.display().to_string(), source })?;
         bridges.push(Bridge { port: EGRESS_PORT, host_socket: path });
         Ok((bridges, Some(proxy)))
+    }
+}
+
+/// A loopback TCP port of the kernel's own that leads to a Unix socket: how kernel-side
+/// HTTP clients (`http.fetch`) reach a run's egress proxy. Stops when dropped.
+pub(crate) struct LoopbackBridge {
+    addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LoopbackBridge {
+    pub(crate) async fn start(socket: PathBuf) -> std::io::Result<LoopbackBridge> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let socket = socket.clone();
+                tokio::spawn(async move {
+                    let _ = tcp.set_nodelay(true);
+                    if let Ok(mut unix) = tokio::net::UnixStream::connect(&socket).await {
+                        let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
+                    }
+                });
+            }
+        });
+        Ok(LoopbackBridge { addr, task })
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for LoopbackBridge {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }

@@ -50,7 +50,9 @@ async fn serve_connection(kernel: Kernel, stream: UnixStream) {
         }
     });
     let mut reader = BufReader::new(read_half);
-    let mut run: Option<Arc<LiveRun>> = None;
+    // The run, and for a `code.exec` program's connection (`--lang cpython`) the seq of
+    // that `code.exec`: such a connection may only call tools, as the program's.
+    let mut run: Option<(Arc<LiveRun>, Option<u64>)> = None;
     let mut line = Vec::new();
     loop {
         line.clear();
@@ -77,7 +79,7 @@ async fn serve_connection(kernel: Kernel, stream: UnixStream) {
             }
         };
         let (id, method, params) = request;
-        let Some(live) = run.clone() else {
+        let Some((live, exec)) = run.clone() else {
             let response = match hello(&kernel, &method, params) {
                 Ok((live, result)) => {
                     run = Some(live);
@@ -93,6 +95,16 @@ async fn serve_connection(kernel: Kernel, stream: UnixStream) {
             let _ = tx.send(Response::err(id, error));
             continue;
         }
+        let params = match exec {
+            None => params,
+            Some(seq) => match exec_params(&method, params, seq) {
+                Ok(params) => params,
+                Err(error) => {
+                    let _ = tx.send(Response::err(id, error));
+                    continue;
+                }
+            },
+        };
         let kernel = kernel.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
@@ -144,11 +156,30 @@ fn parse_request(line: &[u8]) -> std::result::Result<Parsed, (Value, RpcError)> 
     Ok((id, request.method, params))
 }
 
+/// A connection's run, and for a `code.exec` program's the seq of that `code.exec`.
+type Authenticated = (Arc<LiveRun>, Option<u64>);
+
+/// What a `code.exec` program may send: tool calls (marked as the program's) and
+/// `tool.list` / `sys.ping`.
+fn exec_params(method: &str, mut params: Value, seq: u64) -> std::result::Result<Value, RpcError> {
+    match method {
+        "tool.call" => {
+            if let Some(map) = params.as_object_mut() {
+                map.insert("exec".into(), Value::from(seq));
+            }
+            Ok(params)
+        }
+        "tool.list" | "sys.ping" => Ok(params),
+        other => Err(ErrorKind::Denied
+            .error(format!("a code.exec program may call tools only (tool.call, tool.list), not {other}"))),
+    }
+}
+
 fn hello(
     kernel: &Kernel,
     method: &str,
     params: Value,
-) -> std::result::Result<(Arc<LiveRun>, Value), RpcError> {
+) -> std::result::Result<(Authenticated, Value), RpcError> {
     if method != "hello" {
         return Err(ErrorKind::Unauthenticated.error(format!(
             "say hello first: {{\"method\":\"hello\",\"params\":{{\"token\":\"$KEEL_RUN_TOKEN\"}}}} before calling {method}"
@@ -156,12 +187,14 @@ fn hello(
     }
     let params: HelloParams = serde_json::from_value(params)
         .map_err(|e| ErrorKind::InvalidParams.error(format!("hello takes {{\"token\": \"...\"}}: {e}")))?;
-    let live = kernel.live_by_token(&params.token).ok_or_else(|| {
+    let live = kernel.live_by_token(&params.token).map(|live| (live, None));
+    let live = live.or_else(|| kernel.exec_by_token(&params.token).map(|(live, seq)| (live, Some(seq))));
+    let live = live.ok_or_else(|| {
         ErrorKind::Unauthenticated.error(
             "unknown run token: use the KEEL_RUN_TOKEN the kernel gave this run (tokens end with their run)",
         )
     })?;
-    let result = HelloResult { run_id: live.id.to_string(), protocol: keel_protocol::PROTOCOL_VERSION };
+    let result = HelloResult { run_id: live.0.id.to_string(), protocol: keel_protocol::PROTOCOL_VERSION };
     let result = serde_json::to_value(result).map_err(|e| ErrorKind::Internal.error(e.to_string()))?;
     Ok((live, result))
 }

@@ -58,3 +58,30 @@ pub fn journal_entry(entry: &JournalEntry) -> JournalEntryView {
 pub fn event(record: &EventRecord) -> EventView {
     EventView { seq: record.seq, ts: record.ts_ms, kind: record.kind.clone(), data: record.data.clone() }
 }
+
+pub fn audit_entry(entry: &keel_store::AuditEntry) -> keel_protocol::api::AuditEntryView {
+    let record = &entry.record;
+    keel_protocol::api::AuditEntryView {
+        seq: entry.seq,
+        at: record.at_ms,
+        tenant: record.tenant.clone(),
+        run_id: record.run_id.as_ref().map(ToString::to_string),
+        actor: record.actor.clone(),
+        action: record.action.clone(),
+        subject: record.subject.clone(),
+        outcome: record.outcome.clone(),
+        detail: record.detail.clone(),
+        prev_hash: entry.prev_hash.clone(),
+        hash: entry.hash.clone(),
+    }
+}
+
+pub fn audit_verify(verified: &keel_store::AuditVerify) -> keel_protocol::api::AuditVerifyView {
+    keel_protocol::api::AuditVerifyView {
+        ok: verified.broken.is_none(),
+        entries: verified.entries,
+        head_hash: verified.head_hash.clone(),
+        broken_at: verified.broken.as_ref().map(|broken| broken.seq),
+        reason: verified.broken.as_ref().map(|broken| broken.reason.clone()),
+    }
+}

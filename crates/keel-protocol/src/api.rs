@@ -46,6 +46,16 @@ pub struct CreateRunParams {
     /// process sandbox on Linux) with its default limits.
     #[serde(default)]
     pub sandbox: Option<SandboxParams>,
+    /// The tools the run may call, as patterns: `echo`, `fs.*`, `mcp:github/*`, `*`.
+    /// Absent: the built-in tools (`echo`, `kv.*`, `fs.*`, `http.fetch`). A call outside
+    /// the grant is denied and audited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Vec<String>>,
+    /// Input for the agent, as JSON; it reads it from `KEEL_INPUT` (`keel.input()` in the
+    /// Python SDK). Agents started as tools get their call's arguments here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub input: Option<Value>,
 }
 
 /// A run's sandbox. Every field is optional; an absent limit takes the kernel's default
@@ -228,6 +238,97 @@ pub struct InspectView {
     #[serde(flatten)]
     pub run: RunView,
     pub journal: Vec<JournalEntryView>,
+    /// Tool calls parked until an operator approves or denies them.
+    #[serde(default)]
+    pub approvals: Vec<ApprovalView>,
+}
+
+/// A tool call waiting for `keel approve RUN CALL` / `keel deny RUN CALL`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApprovalView {
+    /// The call's journal seq: the CALL of `keel approve RUN CALL`.
+    pub call: u64,
+    pub tool: String,
+    #[schema(value_type = Object)]
+    pub args: Value,
+    /// `requires_approval` (the tool's policy), or `retry_after_crash` (the kernel died
+    /// while the call ran and its policy is `ask`: approving runs it again).
+    pub kind: String,
+    /// Unix milliseconds.
+    pub requested_at: u64,
+}
+
+/// `POST /v1/runs/{id}/approvals/{call}`: approve or deny a parked tool call.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionParams {
+    /// `approve` or `deny`.
+    pub decision: String,
+    /// Recorded in the audit log; a denial's note is also the agent's error message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// A tool of the kernel's registry (`GET /v1/tools`, `keel tools`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ToolView {
+    pub name: String,
+    /// builtin, command, mcp, agent.
+    pub kind: String,
+    pub description: String,
+    #[schema(value_type = Object)]
+    pub input_schema: Value,
+    pub requires_approval: bool,
+    /// What happens when the kernel dies while the tool runs: retry, ask, fail.
+    pub crash: String,
+    pub read_only: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<String>,
+    /// For an MCP server's tools: `connected`, or why it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+/// `POST /v1/exec`: run a program with tools as functions, as a run of its own.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecParams {
+    /// `python` (monty), `javascript` (QuickJS) or `cpython`.
+    pub lang: String,
+    pub code: String,
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub inputs: serde_json::Map<String, Value>,
+    /// Tool patterns the program may call; default: the built-in tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Limits: timeout_ms, memory_bytes, max_tool_calls, max_output_bytes, max_recursion.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub limits: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxParams>,
+}
+
+/// What `POST /v1/exec` answers.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExecView {
+    /// The run the execution was journaled and audited under.
+    pub run_id: String,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<Value>,
+    /// On failure: `{kind, message}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub error: Option<Value>,
+    pub stdout: String,
+    #[schema(value_type = Vec<Object>)]
+    pub tool_calls: Vec<Value>,
+    pub duration_us: u64,
 }
 
 /// One record of a run's event log; also the `data` of each server-sent event.
@@ -364,4 +465,49 @@ pub struct ThreadMessageView {
 pub struct ThreadView {
     pub thread: String,
     pub messages: Vec<ThreadMessageView>,
+}
+
+/// An entry of the audit log (`GET /v1/audit`, one line of `GET /v1/audit/export`).
+/// `hash` is sha256 over `prev_hash`, `seq` and the canonical JSON of the record fields
+/// (`keel_core::audit::entry_hash`), so a copy can be checked offline.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct AuditEntryView {
+    /// Position in the log, from 1, over all runs.
+    pub seq: u64,
+    /// When it happened, in Unix milliseconds.
+    pub at: u64,
+    pub tenant: String,
+    /// The run it concerns; null for a kernel-wide record.
+    pub run_id: Option<String>,
+    /// agent, operator or kernel.
+    pub actor: String,
+    /// e.g. tool.call, tool.denied, approval.requested, approval.granted, approval.denied,
+    /// code.exec, egress.
+    pub action: String,
+    /// The tool name or host acted on.
+    pub subject: String,
+    /// allowed, denied, ok, error or pending.
+    pub outcome: String,
+    #[schema(value_type = Object)]
+    pub detail: Value,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+/// `GET /v1/audit/verify`: whether every hash of the audit log recomputes and the log
+/// ends at its recorded head.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct AuditVerifyView {
+    pub ok: bool,
+    /// Entries checked (up to the break, when there is one).
+    pub entries: u64,
+    /// The hash of the last entry checked; keep it elsewhere to detect a rewrite of the
+    /// whole log later.
+    pub head_hash: String,
+    /// The first entry that does not verify.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broken_at: Option<u64>,
+    /// What does not hold there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }

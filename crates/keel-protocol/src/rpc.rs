@@ -32,6 +32,7 @@ pub const METHODS: &[&str] = &[
     "ipc.subscribe",
     "ipc.unsubscribe",
     "ipc.publish",
+    "code.exec",
 ];
 
 /// A request as read off the socket (after the line parsed as JSON).
@@ -244,10 +245,66 @@ pub struct ToolCallParams {
     pub name: String,
     #[serde(default = "empty_object")]
     pub args: Value,
+    /// Set by the kernel on the calls a `code.exec` program makes: the seq of that
+    /// `code.exec`, so they are journaled (and replayed) as its own. Agents leave it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<u64>,
 }
 
 fn empty_object() -> Value {
     Value::Object(Default::default())
+}
+
+/// `code.exec`: run a short program whose tool calls go through the kernel's governed
+/// dispatch; only its result comes back.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CodeExecParams {
+    /// `python` (the monty interpreter), `javascript` (QuickJS) or `cpython` (python3 in
+    /// the process sandbox).
+    pub lang: String,
+    pub code: String,
+    /// Bound as global variables of the program.
+    #[serde(default)]
+    pub inputs: serde_json::Map<String, Value>,
+    #[serde(default)]
+    pub limits: ExecLimits,
+}
+
+/// Limits of one `code.exec`; absent ones take the kernel's defaults.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExecLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tool_calls: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_recursion: Option<u32>,
+}
+
+/// One tool call a `code.exec` program made.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ExecToolCall {
+    pub name: String,
+    pub args: Value,
+    pub ok: bool,
+    pub duration_us: u64,
+}
+
+/// What a successful `code.exec` returns. A failed one is a `tool_error` whose `data`
+/// holds `kind` (syntax, runtime, timeout, memory, recursion, output_limit,
+/// tool_call_limit, not_granted, worker_crashed, invalid), `stdout` and `tool_calls`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CodeExecResult {
+    pub result: Value,
+    pub stdout: String,
+    pub tool_calls: Vec<ExecToolCall>,
+    pub duration_us: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -34,6 +34,8 @@ pub(crate) struct InitFds {
     pub stderr: OwnedFd,
     pub status: OwnedFd,
     pub control: OwnedFd,
+    /// The agent's stdin pipe (read end), used when its job asks for it.
+    pub stdin: OwnedFd,
     /// Read end of the pipe on which the zygote says "ids mapped, cgroup joined".
     pub sync: OwnedFd,
 }
@@ -48,8 +50,8 @@ fn report(status: &OwnedFd, line: &Status) {
 
 /// Runs the init in the child of the zygote's clone3. Never returns.
 pub(crate) fn run(request: SpawnRequest, fds: InitFds, templates: &Templates) -> ! {
-    let status = fds.status;
-    let result = init(request, fds.stdout, fds.stderr, fds.control, fds.sync, &status, templates);
+    let InitFds { stdout, stderr, status, control, stdin, sync } = fds;
+    let result = init(request, [stdin, stdout, stderr], control, sync, &status, templates);
     let Err(error) = result;
     report(&status, &Status::Error(error));
     sys::exit_now(1)
@@ -64,15 +66,16 @@ fn cstring(path: &Path) -> Result<CString, String> {
     CString::new(path.as_os_str().as_bytes()).map_err(|_| format!("{path:?} contains a NUL byte"))
 }
 
+/// `stdio` is the agent's stdin pipe (used when its job asks for it), stdout and stderr.
 fn init(
     request: SpawnRequest,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
+    stdio: [OwnedFd; 3],
     control: OwnedFd,
     sync: OwnedFd,
     status: &OwnedFd,
     templates: &Templates,
 ) -> Result<Infallible, String> {
+    let [stdin, stdout, stderr] = stdio;
     // getppid() is 0 in a new PID namespace, so the usual "did the parent die before
     // prctl" check cannot be made; the sync pipe covers that race: if the zygote dies,
     // the read below ends without its byte.
@@ -129,11 +132,11 @@ fn init(
     let agent = match at("fork the agent", sys::fork())? {
         Forked::Child => {
             drop(error_read);
-            start_agent(request.job, control, null.as_raw_fd(), error_write)
+            start_agent(request.job, control, stdin, null.as_raw_fd(), error_write)
         }
         Forked::Parent(pid) => pid,
     };
-    drop((control, error_write, null));
+    drop((control, stdin, error_write, null));
     if pooled {
         report(status, &Status::Ready);
     }
@@ -206,7 +209,7 @@ const NO_JOB: &str = "\0no job";
 /// In the forked agent process (confined like the init already): takes its job (given,
 /// or read from the control pipe), sets the job's resource limits and execs. Reports
 /// failure on `error` (which closes on a successful exec).
-fn start_agent(job: Option<Job>, control: OwnedFd, null: i32, error: OwnedFd) -> ! {
+fn start_agent(job: Option<Job>, control: OwnedFd, stdin: OwnedFd, null: i32, error: OwnedFd) -> ! {
     let fail = |message: String| -> ! {
         let _ = sys::write_all(error.as_fd(), message.as_bytes());
         sys::exit_now(127)
@@ -235,7 +238,8 @@ fn start_agent(job: Option<Job>, control: OwnedFd, null: i32, error: OwnedFd) ->
     // The init never installs handlers (it blocks and waits), so only the mask needs
     // undoing for the program.
     sys::unblock_signals();
-    if let Err(e) = sys::dup2(null, 0) {
+    let input = if job.stdin { stdin.as_raw_fd() } else { null };
+    if let Err(e) = sys::dup2(input, 0) {
         fail(format!("redirect stdin: {e}"));
     }
     for limit in &job.rlimits {

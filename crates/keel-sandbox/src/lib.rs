@@ -122,12 +122,17 @@ pub struct LaunchSpec {
     pub profile: Profile,
     pub keel: KeelResources,
     pub bridges: Vec<Bridge>,
+    /// Bytes for the agent's stdin: when set, stdin is a pipe that receives them and is
+    /// then closed (written in the background, so a program that reads little does not
+    /// hold up the launch); when `None`, stdin is closed (`/dev/null`).
+    pub stdin: Option<Vec<u8>>,
 }
 
 /// An agent's output stream.
 pub type Output = Pin<Box<dyn AsyncRead + Send>>;
 
-/// A started agent. stdout and stderr are streams the kernel reads; stdin is closed.
+/// A started agent. stdout and stderr are streams the kernel reads; stdin is
+/// [`LaunchSpec::stdin`] or closed.
 pub struct Child {
     pub stdout: Option<Output>,
     pub stderr: Option<Output>,

@@ -42,7 +42,7 @@ impl Sandbox for NoSandbox {
             .current_dir(&spec.cwd)
             .env_clear()
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
+            .stdin(if spec.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             // Its own process group, so a stop reaches every process the agent forks.
@@ -64,6 +64,14 @@ impl Sandbox for NoSandbox {
             program: program.clone(),
             source: std::io::Error::other("the process exited before its pid could be read"),
         })?;
+        if let (Some(bytes), Some(mut input)) = (spec.stdin, child.stdin.take()) {
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                // A program that exits without reading all of it just ends the write.
+                let _ = input.write_all(&bytes).await;
+                drop(input);
+            });
+        }
         let stdout = child.stdout.take().map(|out| crate::output::capped(out, crate::output::DEFAULT_LIMIT));
         let stderr = child.stderr.take().map(|err| crate::output::capped(err, crate::output::DEFAULT_LIMIT));
         Ok(Launched {

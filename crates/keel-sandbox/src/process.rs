@@ -22,7 +22,7 @@ use crate::host::{self, Defaults, Effective, HostFacts};
 use crate::plan::{self, HostLayout, PlanInputs, inside};
 use crate::pool::Pool;
 use crate::profile::{Profile, format_size};
-use crate::wire::{Job, Resource, Rlimit, SpawnReply, SpawnRequest, Status};
+use crate::wire::{Job, Resource, Rlimit, SPAWN_FDS, SpawnReply, SpawnRequest, Status};
 use crate::zygote::{MAX_REQUEST, ZYGOTE_ARG};
 use crate::{Child, Error, LaunchSpec, Launched, Result, Sandbox, Waiter, sys};
 
@@ -86,6 +86,8 @@ pub(crate) struct Built {
     pid: i32,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
+    /// The write end of the agent's stdin pipe (used when its job has `stdin`).
+    stdin: Option<OwnedFd>,
     status: Lines<BufReader<pipe::Receiver>>,
     control: Option<OwnedFd>,
     cgroup: Option<RunCgroup>,
@@ -240,7 +242,13 @@ impl Shared {
         if let Some(bytes) = limits.file_size_bytes {
             rlimits.push(Rlimit { resource: Resource::FileSize, value: bytes });
         }
-        let job = Job { program: resolved.program, argv: spec.command.clone(), env, rlimits };
+        let job = Job {
+            program: resolved.program,
+            argv: spec.command.clone(),
+            env,
+            rlimits,
+            stdin: spec.stdin.is_some(),
+        };
         let request = SpawnRequest {
             plan,
             cwd: spec.cwd.clone(),
@@ -297,7 +305,7 @@ impl Shared {
     }
 
     /// Sends a request to the zygote (starting it if needed) and returns its reply.
-    async fn ask_zygote(&self, request: &[u8], fds: [BorrowedFd<'_>; 4]) -> Result<SpawnReply> {
+    async fn ask_zygote(&self, request: &[u8], fds: [BorrowedFd<'_>; SPAWN_FDS]) -> Result<SpawnReply> {
         if request.len() > MAX_REQUEST {
             return Err(Error::Setup(format!(
                 "the sandbox request is {} bytes (at most {}); the run's environment is too large",
@@ -341,13 +349,20 @@ impl Shared {
         let (stderr, stderr_child) = pipe()?;
         let (status, status_child) = pipe()?;
         let (control_child, control) = pipe()?;
+        let (stdin_child, stdin) = pipe()?;
         let reply = self
             .ask_zygote(
                 &bytes,
-                [stdout_child.as_fd(), stderr_child.as_fd(), status_child.as_fd(), control_child.as_fd()],
+                [
+                    stdout_child.as_fd(),
+                    stderr_child.as_fd(),
+                    status_child.as_fd(),
+                    control_child.as_fd(),
+                    stdin_child.as_fd(),
+                ],
             )
             .await;
-        drop((stdout_child, stderr_child, status_child, control_child));
+        drop((stdout_child, stderr_child, status_child, control_child, stdin_child));
         let fail = |error: Error| {
             if let Some(group) = &cgroup {
                 group.remove();
@@ -365,6 +380,7 @@ impl Shared {
             pid,
             stdout: Some(stdout),
             stderr: Some(stderr),
+            stdin: Some(stdin),
             status: BufReader::new(status).lines(),
             control: Some(control),
             cgroup,
@@ -383,7 +399,13 @@ impl Shared {
     }
 
     /// Hands `job` to a pooled sandbox and waits until the agent runs.
-    pub(crate) async fn claim(&self, mut built: Built, job: &Job, limits: &Effective) -> Result<Launched> {
+    pub(crate) async fn claim(
+        &self,
+        mut built: Built,
+        job: &Job,
+        limits: &Effective,
+        stdin: Option<&[u8]>,
+    ) -> Result<Launched> {
         let text = serde_json::to_vec(job).map_err(|e| Error::Setup(format!("encode the job: {e}")))?;
         let control =
             built.control.take().ok_or_else(|| Error::Setup("the sandbox was claimed twice".into()))?;
@@ -393,21 +415,29 @@ impl Shared {
         drop(sender);
         // The sandbox is built and its agent process exists, waiting for this job: the
         // claim is done. Whether the exec worked is the waiter's first report.
-        self.child(built, limits, true)
+        self.child(built, limits, true, stdin)
     }
 
     /// Waits for `started` and wraps the sandbox as the run's child.
-    async fn started(&self, mut built: Built, limits: &Effective) -> Result<Launched> {
+    async fn started(&self, mut built: Built, limits: &Effective, stdin: Option<&[u8]>) -> Result<Launched> {
         match Self::next_status(&mut built).await? {
             Status::Started => {}
             Status::Error(message) => return Err(start_error(message)),
             other => return Err(Error::Setup(format!("the sandbox reported {other:?} before starting"))),
         }
-        self.child(built, limits, false)
+        self.child(built, limits, false, stdin)
     }
 
     /// Wraps a sandbox whose agent process runs (or is about to exec) as the run's child.
-    fn child(&self, mut built: Built, limits: &Effective, pooled: bool) -> Result<Launched> {
+    /// With `stdin`, the bytes are written to the agent's stdin pipe in the background and
+    /// the pipe is closed after them; without, the kernel's end closes now.
+    fn child(
+        &self,
+        mut built: Built,
+        limits: &Effective,
+        pooled: bool,
+        stdin: Option<&[u8]>,
+    ) -> Result<Launched> {
         let output = |fd: Option<OwnedFd>| -> Result<crate::Output> {
             let fd = fd.ok_or_else(|| Error::Setup("the sandbox's output was already taken".into()))?;
             let receiver =
@@ -416,6 +446,16 @@ impl Shared {
         };
         let stdout = output(built.stdout.take())?;
         let stderr = output(built.stderr.take())?;
+        let input = built.stdin.take();
+        if let (Some(bytes), Some(fd)) = (stdin, input) {
+            let mut sender =
+                pipe::Sender::from_owned_fd(fd).map_err(|e| Error::Setup(format!("write stdin: {e}")))?;
+            let bytes = bytes.to_vec();
+            tokio::spawn(async move {
+                // An agent that exits without reading all of it just ends the write.
+                let _ = sender.write_all(&bytes).await;
+            });
+        }
         let pid = built.pid;
         let waiter = SandboxWaiter {
             pid,
@@ -438,11 +478,15 @@ impl Shared {
     }
 
     /// Builds a sandbox with its job and waits until the agent runs.
-    pub(crate) async fn cold(self: &Arc<Self>, prepared: &Prepared) -> Result<Launched> {
+    pub(crate) async fn cold(
+        self: &Arc<Self>,
+        prepared: &Prepared,
+        stdin: Option<&[u8]>,
+    ) -> Result<Launched> {
         let mut request = prepared.request.clone();
         request.job = Some(prepared.job.clone());
         let built = self.build(request, &prepared.limits).await?;
-        self.started(built, &prepared.limits).await
+        self.started(built, &prepared.limits, stdin).await
     }
 
     /// Builds pooled sandboxes for `prepared` until the pool holds its size.
@@ -523,7 +567,7 @@ impl Sandbox for ProcessSandbox {
         }
         if shared.config.pool_size > 0 {
             while let Some(built) = shared.pool.take(&prepared.key) {
-                match shared.claim(built, &prepared.job, &prepared.limits).await {
+                match shared.claim(built, &prepared.job, &prepared.limits, spec.stdin.as_deref()).await {
                     Ok(launched) => {
                         Shared::refill(shared, prepared);
                         return Ok(launched);
@@ -532,7 +576,7 @@ impl Sandbox for ProcessSandbox {
                 }
             }
         }
-        let launched = shared.cold(&prepared).await;
+        let launched = shared.cold(&prepared, spec.stdin.as_deref()).await;
         if shared.config.pool_size > 0 && launched.is_ok() {
             Shared::refill(shared, prepared);
         }
@@ -642,7 +686,11 @@ impl Zygote {
         Ok(Zygote { socket, _process: process })
     }
 
-    async fn exchange(&self, request: &[u8], fds: &[BorrowedFd<'_>; 4]) -> std::io::Result<SpawnReply> {
+    async fn exchange(
+        &self,
+        request: &[u8],
+        fds: &[BorrowedFd<'_>; SPAWN_FDS],
+    ) -> std::io::Result<SpawnReply> {
         let raw: Vec<i32> = fds.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
         loop {
             let mut ready = self.socket.writable().await?;

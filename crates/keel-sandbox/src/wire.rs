@@ -14,10 +14,11 @@ use serde::{Deserialize, Serialize};
 use crate::plan::MountPlan;
 
 /// The fds passed with a [`SpawnRequest`], in this order.
-pub const SPAWN_FDS: usize = 4;
+pub const SPAWN_FDS: usize = 5;
 
 /// Build this sandbox. The fds that come with it: the agent's stdout and stderr (write
-/// ends), the status pipe (write end), the control pipe (read end).
+/// ends), the status pipe (write end), the control pipe (read end), the agent's stdin
+/// pipe (read end; used when the job has [`Job::stdin`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SpawnRequest {
     pub plan: MountPlan,
@@ -46,6 +47,10 @@ pub struct Job {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub rlimits: Vec<Rlimit>,
+    /// Whether the agent's stdin is the stdin pipe (which the kernel fills and closes)
+    /// rather than `/dev/null`.
+    #[serde(default)]
+    pub stdin: bool,
 }
 
 /// One resource limit (soft = hard).
@@ -139,5 +144,13 @@ mod tests {
         assert_eq!(Status::parse("error two\nlines"), Some(Status::Error("two\nlines".into())));
         assert_eq!(Status::parse("bogus"), None);
         assert_eq!(Status::Error("a\nb".into()).to_line(), "error a b\n");
+    }
+
+    #[test]
+    fn a_job_without_stdin_reads_as_closed_stdin() {
+        let job: Job =
+            serde_json::from_str(r#"{"program": "/bin/true", "argv": ["true"], "env": [], "rlimits": []}"#)
+                .unwrap();
+        assert!(!job.stdin);
     }
 }

@@ -169,7 +169,7 @@ fn spawn(bytes: &[u8], fds: Vec<OwnedFd>, templates: &mut TemplateCache) -> Spaw
         Err(err) => return failed(format!("the zygote got a malformed request: {err}")),
     };
     let fds: Result<[OwnedFd; SPAWN_FDS], _> = fds.try_into();
-    let Ok([stdout, stderr, status, control]) = fds else {
+    let Ok([stdout, stderr, status, control, stdin]) = fds else {
         return failed(format!("the zygote needs exactly {SPAWN_FDS} fds with a request"));
     };
     let templates = templates.prepare(&request.plan.ops);
@@ -192,6 +192,7 @@ fn spawn(bytes: &[u8], fds: Vec<OwnedFd>, templates: &mut TemplateCache) -> Spaw
                 stderr.as_raw_fd(),
                 status.as_raw_fd(),
                 control.as_raw_fd(),
+                stdin.as_raw_fd(),
                 sync_read.as_raw_fd(),
             ];
             keep.extend(templates.values().map(|fd| fd.as_raw_fd()));
@@ -199,7 +200,11 @@ fn spawn(bytes: &[u8], fds: Vec<OwnedFd>, templates: &mut TemplateCache) -> Spaw
             // The kernel's socket is closed here too; the child never returns to drop
             // the zygote's copy of it.
             sys::close_from_except(3, &keep);
-            init::run(request, InitFds { stdout, stderr, status, control, sync: sync_read }, &templates)
+            init::run(
+                request,
+                InitFds { stdout, stderr, status, control, stdin, sync: sync_read },
+                &templates,
+            )
         }
         Ok(Forked::Parent(pid)) => {
             drop(sync_read);

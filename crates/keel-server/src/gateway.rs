@@ -23,10 +23,12 @@ use tokio::sync::mpsc;
 /// The gateway's router; served on loopback for unsandboxed agents and on the data
 /// directory's gateway socket for sandboxed ones.
 pub fn router(kernel: Kernel) -> axum::Router {
+    let mcp = keel_mcp::router(kernel.mcp_host());
     axum::Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/messages", post(messages))
         .with_state(kernel)
+        .nest_service("/mcp", mcp)
 }
 
 #[derive(Clone, Copy)]

@@ -2,6 +2,7 @@
 //! records as `keel_protocol::api` views; every decision is the kernel's. All `/v1/runs`
 //! routes need `Authorization: Bearer <token>` (the token in the data directory).
 
+mod audit;
 mod gateway;
 
 pub use gateway::router as gateway_router;
@@ -34,12 +35,14 @@ use utoipa::OpenApi;
 #[openapi(
     info(title = "Keel kernel API", description = "Start, inspect and control agent runs."),
     paths(health, create_run, list_runs, inspect_run, run_events, pause_run, resume_run, stop_run, answer_run, top_up_run,
-        send_message, memory_get, memory_put, memory_delete, memory_search, thread_read),
+        send_message, decide_call, list_tools, exec_code, memory_get, memory_put, memory_delete, memory_search, thread_read),
     components(schemas(
         CreateRunParams, RunView, InspectView, JournalEntryView, UsageView, EventView, EventsPage,
         AnswerParams, StopParams, ErrorBody, ErrorDetail, HealthView, BudgetParams, BudgetView, TopUpParams,
         MemoryPutBody, MemoryRecordView, MemoryDeleteView, MemoryHitView, MemorySearchView, ThreadMessageView,
-        ThreadView, MessageParams, MessageSentView
+        ThreadView, MessageParams, MessageSentView, keel_protocol::api::ApprovalView,
+        keel_protocol::api::DecisionParams, keel_protocol::api::ToolView, keel_protocol::api::ExecParams,
+        keel_protocol::api::ExecView
     )),
     modifiers(&BearerAuth)
 )]
@@ -81,9 +84,13 @@ pub fn router(kernel: Kernel, token: String) -> Router {
         .route("/v1/runs/{id}/answer", post(answer_run))
         .route("/v1/runs/{id}/budget", post(top_up_run))
         .route("/v1/runs/{id}/messages", post(send_message))
+        .route("/v1/runs/{id}/approvals/{call}", post(decide_call))
+        .route("/v1/tools", get(list_tools))
+        .route("/v1/exec", post(exec_code))
         .route("/v1/memory/{namespace}", get(memory_search))
         .route("/v1/memory/{namespace}/{key}", put(memory_put).get(memory_get).delete(memory_delete))
         .route("/v1/threads/{id}", get(thread_read))
+        .merge(audit::routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/v1/health", get(health))
@@ -181,7 +188,9 @@ async fn not_found() -> ApiError {
 }
 
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+    let mut doc = ApiDoc::openapi();
+    doc.merge(<audit::AuditApiDoc as OpenApi>::openapi());
+    Json(doc)
 }
 
 /// Liveness, and which kernel answers.
@@ -203,7 +212,7 @@ async fn view(kernel: &Kernel, record: &keel_store::RunRecord) -> Result<RunView
     };
     let mut view = views::run(record, question);
     view.budget = kernel.budget_view(record).await?;
-    view.reason = kernel.budget_reason(&record.id);
+    view.reason = kernel.budget_reason(&record.id).or_else(|| kernel.approval_reason(&record.id));
     Ok(view)
 }
 
@@ -262,6 +271,7 @@ async fn inspect_run(
     Ok(Json(InspectView {
         run: view(&state.kernel, &record).await?,
         journal: journal.iter().map(views::journal_entry).collect(),
+        approvals: state.kernel.pending_approvals(&id),
     }))
 }
 
@@ -364,6 +374,58 @@ async fn answer_run(
     Body(params): Body<AnswerParams>,
 ) -> Result<Json<RunView>, ApiError> {
     act(&state, Command::Answer { run: run_id(&id)?, text: params.text }).await
+}
+
+/// Approve or deny a tool call parked for approval (`keel approve` / `keel deny`). The
+/// decision is stored durably and audited before the call goes on.
+#[utoipa::path(post, path = "/v1/runs/{id}/approvals/{call}",
+    params(("id" = String, Path), ("call" = u64, Path, description = "the call's journal seq")),
+    request_body = keel_protocol::api::DecisionParams,
+    responses((status = 200, body = RunView), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn decide_call(
+    State(state): State<AppState>,
+    Path((id, call)): Path<(String, String)>,
+    Body(params): Body<keel_protocol::api::DecisionParams>,
+) -> Result<Json<RunView>, ApiError> {
+    let call: u64 = call.parse().map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("call {call:?} is not a journal seq (a number)"),
+        )
+    })?;
+    let approve = match params.decision.as_str() {
+        "approve" => true,
+        "deny" => false,
+        other => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("decision {other:?} is not known; send \"approve\" or \"deny\""),
+            ));
+        }
+    };
+    act(&state, Command::Decide { run: run_id(&id)?, call, approve, note: params.note }).await
+}
+
+/// Every tool the kernel knows, with its policy (an MCP server's tools once it connected).
+#[utoipa::path(get, path = "/v1/tools",
+    responses((status = 200, body = Vec<keel_protocol::api::ToolView>)), security(("bearer" = [])))]
+async fn list_tools(State(state): State<AppState>) -> Json<Vec<keel_protocol::api::ToolView>> {
+    Json(state.kernel.tool_views().await)
+}
+
+/// Run a program whose tool calls go through the governed dispatch, as a run of its own;
+/// answers when it ends.
+#[utoipa::path(post, path = "/v1/exec", request_body = keel_protocol::api::ExecParams,
+    responses((status = 200, body = keel_protocol::api::ExecView), (status = 400, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn exec_code(
+    State(state): State<AppState>,
+    Body(params): Body<keel_protocol::api::ExecParams>,
+) -> Result<Json<keel_protocol::api::ExecView>, ApiError> {
+    Ok(Json(state.kernel.exec(params).await?))
 }
 
 /// Add to a run's budget (durably); parked calls try again at once. With `continue`, a run

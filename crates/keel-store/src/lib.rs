@@ -255,6 +255,94 @@ pub struct MailboxMessage {
     pub sent_at_ms: u64,
 }
 
+/// One audited decision or action, as the kernel records it. Plain data: the hash chain
+/// covers `canonical_json()` of it, so every field is tamper-evident.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditRecord {
+    pub tenant: String,
+    /// The run it concerns; `None` for a kernel-wide record.
+    pub run_id: Option<RunId>,
+    pub at_ms: u64,
+    /// Who acted: `agent`, `operator` or `kernel`.
+    pub actor: String,
+    /// What happened, e.g. `tool.call`, `tool.denied`, `approval.requested`,
+    /// `approval.granted`, `approval.denied`, `code.exec`, `egress`.
+    pub action: String,
+    /// What it was done to: a tool name, a host.
+    pub subject: String,
+    /// `allowed`, `denied`, `ok`, `error` or `pending`.
+    pub outcome: String,
+    pub detail: Value,
+}
+
+impl AuditRecord {
+    /// The record as a JSON object with fixed field names (`run_id` null when absent).
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "tenant": self.tenant,
+            "run_id": self.run_id.as_ref().map(RunId::as_str),
+            "at_ms": self.at_ms,
+            "actor": self.actor,
+            "action": self.action,
+            "subject": self.subject,
+            "outcome": self.outcome,
+            "detail": self.detail,
+        })
+    }
+
+    /// What an entry's hash covers: `keel_core::replay::canonical_json` of `to_json()`.
+    pub fn canonical_json(&self) -> String {
+        keel_core::replay::canonical_json(&self.to_json())
+    }
+}
+
+/// An audit record in the log: its position and its link in the hash chain
+/// (`hash = keel_core::audit::entry_hash(prev_hash, seq, record.canonical_json())`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditEntry {
+    /// Position in the log: 1 for the first entry, dense, over all tenants.
+    pub seq: Seq,
+    pub record: AuditRecord,
+    /// The hash of entry `seq - 1` (`keel_core::audit::GENESIS` for the first).
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+/// Which audit entries `audit_list` returns, in seq order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AuditFilter {
+    /// Only this tenant's entries (every tenant's when `None`).
+    pub tenant: Option<String>,
+    /// Only this run's entries.
+    pub run_id: Option<RunId>,
+    /// Only entries with a greater seq (0: from the first).
+    pub after_seq: Seq,
+    /// At most this many (no limit when `None`).
+    pub limit: Option<u32>,
+}
+
+/// What `audit_verify` found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditVerify {
+    /// How many entries were checked (up to the break, when there is one).
+    pub entries: u64,
+    /// The hash of the last entry checked (`GENESIS` for an empty log). Operators who
+    /// keep it elsewhere can later prove that the log was not rewritten from the start.
+    pub head_hash: String,
+    /// The first place the chain does not hold; `None` when the log is intact.
+    pub broken: Option<AuditBreak>,
+}
+
+/// Where and why an audit chain is broken.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditBreak {
+    /// The first entry that does not verify (for removed trailing entries: the seq the
+    /// first missing one had).
+    pub seq: Seq,
+    /// What does not hold, in words.
+    pub reason: String,
+}
+
 /// The kernel's durable state. All methods are safe to call concurrently.
 ///
 /// Payloads (`params`, `result`, `error`, `spec`, event `data`, kv values) are JSON;
@@ -408,6 +496,23 @@ pub trait Store: Send + Sync + 'static {
     /// key, a mailbox that already got the key's message is not written again (a retried
     /// publish delivers only what the first did not). Durable on return.
     async fn topic_publish(&self, topic: &str, message: NewMessage) -> Result<Vec<(RunId, Seq)>>;
+
+    /// Appends records to the audit log, in order, in one transaction, and returns their
+    /// seqs. The chain continues from the current head: entries are linear even when
+    /// appends race (a backend serializes them). The head (last seq and hash) is updated
+    /// in the same transaction. Durable on return.
+    async fn audit_append(&self, records: Vec<AuditRecord>) -> Result<Vec<Seq>>;
+
+    /// Audit entries matching `filter`, in seq order.
+    async fn audit_list(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>>;
+
+    /// Recomputes every hash of the audit log in seq order (streaming, not loading the
+    /// log at once) and compares the end with the stored head. Detects a modified record
+    /// or hash, a removed, inserted or reordered entry, and removed trailing entries.
+    /// Out of scope: someone who can rewrite the whole store consistently (entries and
+    /// head) is caught only by comparing `head_hash` with a copy kept elsewhere.
+    /// A broken chain is a result (`broken`), not an error.
+    async fn audit_verify(&self) -> Result<AuditVerify>;
 
     async fn stats(&self) -> Result<StoreStats>;
 }

@@ -8,6 +8,7 @@
 //! pool with a connection of their own (`ReadPool`); since a write is answered only after
 //! its commit, a read that starts after a write returned sees it.
 
+mod audit;
 mod queries;
 mod schema;
 mod writer;
@@ -23,9 +24,9 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{
-    Completion, Error, EventRecord, JournalEntry, MailboxMessage, MemoryHit, MemoryRecord, NewEntry,
-    NewEvent, NewMessage, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats,
-    ThreadMessage,
+    AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, Error, EventRecord, JournalEntry,
+    MailboxMessage, MemoryHit, MemoryRecord, NewEntry, NewEvent, NewMessage, NewRun, Result, RunFilter,
+    RunPatch, RunRecord, Seq, Store, StoreStats, ThreadMessage,
 };
 use writer::{Blob, EncodedCompletion, EncodedEntry, EncodedEvent, WriteCommand};
 
@@ -460,6 +461,22 @@ impl Store for SqliteStore {
         let topic = topic.to_owned();
         let text = message.message.to_string();
         self.write(|reply| WriteCommand::TopicPublish { topic, message, text, reply }).await
+    }
+
+    async fn audit_append(&self, records: Vec<AuditRecord>) -> Result<Vec<Seq>> {
+        // Canonical JSON is built here, in the caller's task; the writer only chains hashes.
+        let records = records.into_iter().map(audit::EncodedAudit::of).collect();
+        self.write(|reply| WriteCommand::AuditAppend { records, reply }).await
+    }
+
+    async fn audit_list(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>> {
+        let filter = filter.clone();
+        self.read(move |connection| audit::list(connection, &filter)).await
+    }
+
+    async fn audit_verify(&self) -> Result<AuditVerify> {
+        // One read transaction: the walk sees one snapshot, rows streamed one at a time.
+        self.read(audit::verify).await
     }
 
     async fn stats(&self) -> Result<StoreStats> {

@@ -42,6 +42,7 @@ from keel._client import (
     NotUnderKeel,
     ProtocolError,
     connect,
+    input,
 )
 
 __version__ = "0.1.0"
@@ -56,4 +57,5 @@ __all__ = [
     "NotUnderKeel",
     "ProtocolError",
     "connect",
+    "input",
 ]

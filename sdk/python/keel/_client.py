@@ -111,6 +111,13 @@ class _Pending:
         self.error: BaseException | None = None
 
 
+def input(default: Any = None) -> Any:  # noqa: A001 - the SDK's name for the run's input
+    """The run's input (``keel run --input JSON``; an agent called as a tool gets the
+    call's arguments), or `default` when it has none."""
+    text = os.environ.get("KEEL_INPUT")
+    return default if text is None else json.loads(text)
+
+
 def connect(socket_path: str | None = None, token: str | None = None) -> Client:
     """Connect to the kernel and say hello.
 
@@ -280,6 +287,28 @@ class Client:
         merged = dict(args) if args is not None else {}
         merged.update(kwargs)
         return _field(self.call("tool.call", {"name": name, "args": merged}), "result", "tool.call")
+
+    def exec(
+        self,
+        code: str,
+        *,
+        lang: str = "python",
+        inputs: Mapping[str, Any] | None = None,
+        limits: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Run a short program whose tool calls are governed, journaled syscalls.
+
+        Tools are functions inside it (``fs.read(path="a.txt")`` in Python,
+        ``fs.read({path: "a.txt"})`` in JavaScript); `inputs` are its global variables.
+        Returns ``{"result", "stdout", "tool_calls", "duration_us"}``; a failing
+        program raises `KeelError` whose ``data["exec_error"]`` says how it failed
+        (``syntax``, ``runtime``, ``timeout``, ``memory``, ``tool_call_limit``...).
+        `lang` is ``python`` (monty), ``javascript`` (QuickJS) or ``cpython``.
+        """
+        params: dict[str, Any] = {"lang": lang, "code": code, "inputs": dict(inputs or {})}
+        if limits:
+            params["limits"] = dict(limits)
+        return _object(self.call("code.exec", params), "code.exec")
 
     def list_tools(self) -> list[dict[str, Any]]:
         """The tools this run may call: ``name``, ``description``, ``input_schema``."""

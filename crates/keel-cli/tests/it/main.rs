@@ -3,6 +3,7 @@
 //! `tests/agents`.
 
 mod api;
+mod audit;
 mod bad_input;
 mod budgets;
 mod control;
@@ -10,7 +11,9 @@ mod crash;
 mod gateway;
 mod harness;
 mod ipc;
+mod mcp;
 mod memory;
 mod runs;
 mod sandbox;
 mod sandbox_escape;
+mod tools;

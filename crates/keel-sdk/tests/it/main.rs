@@ -97,6 +97,8 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
             gateway_addr: None,
             llm: keel_llm::Router::empty(),
             egress: Default::default(),
+            tools: Default::default(),
+            interp_worker: None,
         })
         .await
         .unwrap();
@@ -118,6 +120,8 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
             budget: None,
             loop_threshold: None,
             sandbox: None,
+            grant: None,
+            input: None,
         };
         let run = kernel.execute(Command::Create(CreateRun::validate(params).unwrap())).await.unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(60);

@@ -14,7 +14,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `i` brings a database from version `i` to version `i + 1`. Append only:
 /// a released migration never changes.
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// The schema this build writes and reads.
 pub(super) const SCHEMA_VERSION: usize = MIGRATIONS.len();
@@ -188,6 +188,43 @@ CREATE TABLE subscriptions (
     run_id TEXT NOT NULL REFERENCES runs (id),
     PRIMARY KEY (tenant, topic, run_id)
 ) WITHOUT ROWID;
+";
+
+/// Version 4: the audit log.
+/// - `audit` rows are the hash chain (see `keel_core::audit`), seq dense from 1 over all
+///   tenants; `detail` is JSON text. Triggers refuse UPDATE and DELETE, so the log is
+///   append-only for anything using SQL short of dropping them (verify still catches that).
+/// - `audit_head` (one row, id 0) holds the last seq and hash, written in the same
+///   transaction as each append, so verify notices trailing entries removed.
+/// - `audit_by_run` serves a run's entries; `audit_by_tenant` a tenant's.
+const V4: &str = "
+CREATE TABLE audit (
+    seq       INTEGER PRIMARY KEY,
+    tenant    TEXT NOT NULL,
+    run_id    TEXT,
+    at_ms     INTEGER NOT NULL,
+    actor     TEXT NOT NULL,
+    action    TEXT NOT NULL,
+    subject   TEXT NOT NULL,
+    outcome   TEXT NOT NULL,
+    detail    TEXT NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash      TEXT NOT NULL
+);
+CREATE INDEX audit_by_run ON audit (run_id, seq) WHERE run_id IS NOT NULL;
+CREATE INDEX audit_by_tenant ON audit (tenant, seq);
+CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit BEGIN
+    SELECT RAISE(ABORT, 'the audit log is append-only: entries cannot be changed');
+END;
+CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit BEGIN
+    SELECT RAISE(ABORT, 'the audit log is append-only: entries cannot be deleted');
+END;
+
+CREATE TABLE audit_head (
+    id   INTEGER PRIMARY KEY CHECK (id = 0),
+    seq  INTEGER NOT NULL,
+    hash TEXT NOT NULL
+);
 ";
 
 /// Settings of the one read-write connection. WAL lets readers run beside the writer;

@@ -113,6 +113,10 @@ pub(super) enum WriteCommand {
         text: String,
         reply: Reply<Vec<(RunId, Seq)>>,
     },
+    AuditAppend {
+        records: Vec<super::audit::EncodedAudit>,
+        reply: Reply<Vec<Seq>>,
+    },
 }
 
 /// A journal payload ready to store: its JSON bytes and their content address.
@@ -349,6 +353,9 @@ fn apply(connection: &Connection, command: WriteCommand) -> Box<dyn Answer> {
         WriteCommand::TopicPublish { topic, message, text, reply } => {
             answer(reply, in_savepoint(connection, |c| topic_publish(c, &topic, &message, &text)))
         }
+        WriteCommand::AuditAppend { records, reply } => {
+            answer(reply, in_savepoint(connection, |c| super::audit::append(c, records)))
+        }
     }
 }
 
@@ -372,6 +379,7 @@ impl WriteCommand {
             WriteCommand::MailboxReceive { reply, .. } => answer(reply, Err(error)),
             WriteCommand::TopicSubscribe { reply, .. } => answer(reply, Err(error)),
             WriteCommand::TopicPublish { reply, .. } => answer(reply, Err(error)),
+            WriteCommand::AuditAppend { reply, .. } => answer(reply, Err(error)),
         }
     }
 }

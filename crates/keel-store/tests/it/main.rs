@@ -1,6 +1,7 @@
 //! keel-store's integration tests: the conformance suite on SQLite files, reopening a
 //! store, acknowledged writes surviving a SIGKILL, and corrupt data read back as errors.
 
+mod audit;
 mod corrupt;
 mod crash;
 mod sqlite;

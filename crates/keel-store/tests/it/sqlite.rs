@@ -138,7 +138,7 @@ async fn a_version_1_database_is_migrated_to_memory() {
     raw.execute_batch(
         "DROP TABLE memory_fts; DROP TABLE memory; DROP TABLE memory_deletes; DROP TABLE message_chain; \
          DROP TABLE thread_messages; DROP TABLE mailbox; DROP TABLE subscriptions; \
-         PRAGMA user_version = 1;",
+         DROP TABLE audit; DROP TABLE audit_head; PRAGMA user_version = 1;",
     )
     .unwrap();
     drop(raw);
@@ -151,7 +151,7 @@ async fn a_version_1_database_is_migrated_to_memory() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 3);
+    assert_eq!(version, 4);
 }
 
 /// A version-2 database (memory, no mailboxes) is migrated to version 3.
@@ -163,7 +163,11 @@ async fn a_version_2_database_is_migrated_to_mailboxes() {
     store.thread_append("t", "th", json!("m"), None, 1).await.unwrap();
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
-    raw.execute_batch("DROP TABLE mailbox; DROP TABLE subscriptions; PRAGMA user_version = 2;").unwrap();
+    raw.execute_batch(
+        "DROP TABLE mailbox; DROP TABLE subscriptions; DROP TABLE audit; DROP TABLE audit_head; \
+         PRAGMA user_version = 2;",
+    )
+    .unwrap();
     drop(raw);
 
     let store = db.open();
@@ -184,7 +188,40 @@ async fn a_version_2_database_is_migrated_to_mailboxes() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 3);
+    assert_eq!(version, 4);
+}
+
+/// A version-3 database (mailboxes, no audit log) is migrated to version 4 and starts an
+/// empty, intact chain.
+#[tokio::test]
+async fn a_version_3_database_is_migrated_to_the_audit_log() {
+    let db = TestDb::new();
+    let store = db.open();
+    let run = store.create_run(new_run(1)).await.unwrap().id;
+    drop(store);
+    let raw = rusqlite::Connection::open(db.path()).unwrap();
+    raw.execute_batch("DROP TABLE audit; DROP TABLE audit_head; PRAGMA user_version = 3;").unwrap();
+    drop(raw);
+
+    let store = db.open();
+    assert!(store.get_run(&run).await.unwrap().is_some(), "v3 data must survive the migration");
+    let empty = store.audit_verify().await.unwrap();
+    assert_eq!((empty.entries, empty.broken, empty.head_hash.as_str()), (0, None, keel_core::audit::GENESIS));
+    let record = keel_store::AuditRecord {
+        tenant: "t".into(),
+        run_id: Some(run),
+        at_ms: 1,
+        actor: "kernel".into(),
+        action: "egress".into(),
+        subject: "example.com".into(),
+        outcome: "denied".into(),
+        detail: json!({}),
+    };
+    assert_eq!(store.audit_append(vec![record]).await.unwrap(), vec![1]);
+    drop(store);
+    let raw = rusqlite::Connection::open(db.path()).unwrap();
+    let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
+    assert_eq!(version, 4);
 }
 
 #[test]

@@ -1,0 +1,415 @@
+//! The pool of single-use worker processes: warm spares, the pipe conversation for one job,
+//! the wall-clock caps and crash reporting.
+
+use std::{
+    os::unix::process::ExitStatusExt,
+    process::Stdio,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+    process::{Child, ChildStdin, ChildStdout, Command},
+    task::JoinHandle,
+};
+
+use crate::{ExecError, ExecErrorKind, ExecOutcome, Job, PoolConfig, ToolHandler, protocol};
+
+/// Interpreter time past the job's timeout before the pool kills the worker itself.
+const KILL_GRACE: Duration = Duration::from_millis(250);
+/// The whole job, tool waits included, may take this many timeouts.
+const OVERALL_CAP_FACTOR: u32 = 10;
+/// How long a starting worker has to confine itself and say it is ready.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of a worker's stderr kept for crash reports.
+const STDERR_KEEP: usize = 8 << 10;
+
+/// Counters for monitoring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolStats {
+    /// Worker processes started, ever.
+    pub started: u64,
+    /// Workers that died or had to be killed (crash, timeout, protocol violation).
+    pub crashed: u64,
+    /// Warm workers ready now.
+    pub ready: usize,
+}
+
+/// Runs jobs in single-use worker processes, keeping `size` of them warm.
+///
+/// Cancel safety: dropping the future of [`exec`](Self::exec) SIGKILLs its worker.
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: PoolConfig,
+    ready: Mutex<Vec<Worker>>,
+    starting: AtomicUsize,
+    started: AtomicU64,
+    crashed: AtomicU64,
+}
+
+/// A started, confined worker waiting for its job.
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    stderr: JoinHandle<Vec<u8>>,
+}
+
+impl Pool {
+    /// Creates the pool; when called inside a tokio runtime it starts warming workers at once,
+    /// otherwise on the first [`exec`](Self::exec).
+    pub fn new(config: PoolConfig) -> Pool {
+        let pool = Pool {
+            inner: Arc::new(Inner {
+                config,
+                ready: Mutex::new(Vec::new()),
+                starting: AtomicUsize::new(0),
+                started: AtomicU64::new(0),
+                crashed: AtomicU64::new(0),
+            }),
+        };
+        refill(&pool.inner);
+        pool
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        PoolStats {
+            started: self.inner.started.load(Ordering::Relaxed),
+            crashed: self.inner.crashed.load(Ordering::Relaxed),
+            ready: self.inner.ready.lock().map_or(0, |ready| ready.len()),
+        }
+    }
+
+    /// Takes a warm worker that is still alive, dropping (killing) any that exited.
+    fn claim_warm(&self) -> Option<Worker> {
+        let mut ready = self.inner.ready.lock().ok()?;
+        while let Some(mut worker) = ready.pop() {
+            if matches!(worker.child.try_wait(), Ok(None)) {
+                return Some(worker);
+            }
+            self.inner.crashed.fetch_add(1, Ordering::Relaxed);
+        }
+        None
+    }
+
+    /// Runs `job` in a worker, serving its tool calls with `tools`.
+    pub async fn exec(&self, job: Job, tools: &dyn ToolHandler) -> ExecOutcome {
+        let started = Instant::now();
+        // A warm worker that died while idle fails on the job line; one retry with another.
+        for attempt in 0..2 {
+            let warm = self.claim_warm();
+            let worker = match warm {
+                Some(worker) => worker,
+                None => match start_worker(&self.inner).await {
+                    Ok(worker) => worker,
+                    Err(message) => {
+                        self.inner.crashed.fetch_add(1, Ordering::Relaxed);
+                        let error = ExecError::new(
+                            ExecErrorKind::WorkerCrashed,
+                            format!("could not start an interpreter worker: {message}"),
+                        );
+                        return ExecOutcome::failed(error, started.elapsed());
+                    }
+                },
+            };
+            let mut outcome = match drive(worker, &job, tools, &self.inner).await {
+                Driven::Stale if attempt == 0 => continue,
+                Driven::Stale => ExecOutcome::failed(
+                    ExecError::new(
+                        ExecErrorKind::WorkerCrashed,
+                        "the worker closed its pipe before taking the job",
+                    ),
+                    started.elapsed(),
+                ),
+                Driven::Done(outcome) => outcome,
+            };
+            outcome.duration = started.elapsed();
+            // Refill after the job, not before: starting a process (fork, exec, confine)
+            // costs about a millisecond of CPU that would otherwise compete with this job.
+            refill(&self.inner);
+            return outcome;
+        }
+        ExecOutcome::failed(
+            ExecError::new(ExecErrorKind::WorkerCrashed, "no worker took the job"),
+            started.elapsed(),
+        )
+    }
+}
+/// Starts workers in the background until `size` are ready or starting.
+fn refill(inner: &Arc<Inner>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let ready = inner.ready.lock().map_or(0, |ready| ready.len());
+    let wanted = inner.config.size.saturating_sub(ready + inner.starting.load(Ordering::Relaxed));
+    for _ in 0..wanted {
+        inner.starting.fetch_add(1, Ordering::Relaxed);
+        let inner = inner.clone();
+        runtime.spawn(async move {
+            let worker = start_worker(&inner).await;
+            match worker {
+                Ok(worker) => {
+                    if let Ok(mut ready) = inner.ready.lock() {
+                        ready.push(worker);
+                    }
+                }
+                Err(_) => {
+                    inner.crashed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            inner.starting.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}
+
+async fn start_worker(inner: &Inner) -> Result<Worker, String> {
+    let worker = &inner.config.worker;
+    let mut command = Command::new(&worker.program);
+    command
+        .args(&worker.args)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl, which
+    // is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child =
+        command.spawn().map_err(|error| format!("spawn {}: {error}", worker.program.display()))?;
+    inner.started.fetch_add(1, Ordering::Relaxed);
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err("the worker's pipes are missing".to_owned());
+    };
+    let stderr = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        let _ = stderr.take(STDERR_KEEP as u64).read_to_end(&mut kept).await;
+        kept
+    });
+    let mut worker = Worker { child, stdin, stdout: BufReader::new(stdout), stderr };
+    let mut line = String::new();
+    let read =
+        tokio::time::timeout(START_TIMEOUT, (&mut worker.stdout).take(64 << 10).read_line(&mut line)).await;
+    match read {
+        Ok(Ok(_)) if line.contains("\"ready\"") => Ok(worker),
+        Ok(Ok(_)) => {
+            Err(format!("the worker did not start: {} {}", line.trim(), crash_report(&mut worker).await))
+        }
+        Ok(Err(error)) => Err(format!("reading the worker: {error}")),
+        Err(_) => Err(format!("the worker did not start within {START_TIMEOUT:?}")),
+    }
+}
+
+/// What running a job on one worker came to.
+enum Driven {
+    Done(ExecOutcome),
+    /// The worker was gone before it took the job; another may.
+    Stale,
+}
+
+/// Why the conversation with a worker ended early.
+enum Ended {
+    /// Writing the job failed: the worker was dead before it started.
+    Stale,
+    Error(ExecError),
+    /// The worker closed its stdout: it died.
+    Died,
+}
+
+async fn drive(mut worker: Worker, job: &Job, tools: &dyn ToolHandler, inner: &Inner) -> Driven {
+    let started = Instant::now();
+    match converse(&mut worker, job, tools, started).await {
+        Ok(outcome) => Driven::Done(outcome),
+        Err(ended) => {
+            inner.crashed.fetch_add(1, Ordering::Relaxed);
+            let error = match ended {
+                Ended::Stale => return Driven::Stale,
+                Ended::Error(error) => {
+                    let _ = worker.child.start_kill();
+                    error
+                }
+                Ended::Died => crash_error(job, &mut worker).await,
+            };
+            Driven::Done(ExecOutcome::failed(error, started.elapsed()))
+        }
+    }
+}
+
+async fn converse(
+    worker: &mut Worker,
+    job: &Job,
+    tools: &dyn ToolHandler,
+    started: Instant,
+) -> Result<ExecOutcome, Ended> {
+    let pipe_error = |error: std::io::Error| {
+        Ended::Error(ExecError::new(ExecErrorKind::WorkerCrashed, format!("talking to the worker: {error}")))
+    };
+    let timeout = job.limits.timeout;
+    let overall_cap = timeout.saturating_mul(OVERALL_CAP_FACTOR);
+    let interpreter_cap = timeout.saturating_add(KILL_GRACE);
+    let timed_out = || {
+        Ended::Error(ExecError::new(
+            ExecErrorKind::Timeout,
+            format!(
+                "the program ran past its {timeout:?} of interpreter time and its worker was killed; make it do \
+                 less work or raise the timeout"
+            ),
+        ))
+    };
+    let overall_exceeded = |what: &str| {
+        Ended::Error(ExecError::new(
+            ExecErrorKind::Timeout,
+            format!(
+                "the job passed its overall cap of {overall_cap:?} (10 × timeout, tool waits included) {what}; \
+                 check that the tools answer, or raise the timeout"
+            ),
+        ))
+    };
+    let max_line = usize::try_from(job.limits.memory_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_add(job.limits.max_output_bytes.saturating_mul(2))
+        .saturating_add(1 << 20) as u64;
+
+    let mut line = protocol::job_to_json(job).to_string();
+    line.push('\n');
+    let sent = worker.stdin.write_all(line.as_bytes()).await;
+    if sent.is_err() || worker.stdin.flush().await.is_err() {
+        return Err(Ended::Stale);
+    }
+
+    let mut interpreter_time = Duration::ZERO;
+    let mut calls: u32 = 0;
+    loop {
+        let slice = Instant::now();
+        let overall_left = overall_cap.saturating_sub(started.elapsed());
+        let wait = interpreter_cap.saturating_sub(interpreter_time).min(overall_left);
+        line.clear();
+        let read = tokio::time::timeout(wait, (&mut worker.stdout).take(max_line).read_line(&mut line)).await;
+        interpreter_time += slice.elapsed();
+        let read = match read {
+            Ok(read) => read.map_err(pipe_error)?,
+            Err(_) if overall_left <= wait => return Err(overall_exceeded("while the program ran")),
+            Err(_) => return Err(timed_out()),
+        };
+        if read == 0 {
+            return Err(Ended::Died);
+        }
+        let mut message: Value = serde_json::from_str(&line).map_err(|error| {
+            Ended::Error(ExecError::new(
+                ExecErrorKind::WorkerCrashed,
+                format!("the worker broke the protocol ({error}); this is a bug or an escape attempt"),
+            ))
+        })?;
+        if let Some(done) = message.get_mut("done") {
+            return protocol::outcome_from_json(done.take()).map_err(|error| {
+                Ended::Error(ExecError::new(ExecErrorKind::WorkerCrashed, format!("bad outcome: {error}")))
+            });
+        }
+        if let Some(fatal) = message.get("fatal") {
+            return Err(Ended::Error(ExecError::new(
+                ExecErrorKind::WorkerCrashed,
+                format!("the worker failed: {}", fatal.as_str().unwrap_or_default()),
+            )));
+        }
+        let Some(name) = message.get("call").and_then(Value::as_str).map(str::to_owned) else {
+            return Err(Ended::Error(ExecError::new(
+                ExecErrorKind::WorkerCrashed,
+                "the worker sent an unknown message",
+            )));
+        };
+        // The worker checks grants and the budget; checking again here means a worker
+        // whose interpreter was subverted still cannot reach an ungranted tool.
+        calls += 1;
+        if !job.tools.contains(&name) || calls > job.limits.max_tool_calls {
+            return Err(Ended::Error(ExecError::new(
+                ExecErrorKind::WorkerCrashed,
+                format!("the worker asked for {name:?} past its grants or budget; it was killed"),
+            )));
+        }
+        let args = message.get_mut("args").map(Value::take).unwrap_or(Value::Null);
+        let overall_left = overall_cap.saturating_sub(started.elapsed());
+        let reply = match tokio::time::timeout(overall_left, tools.call(&name, args)).await {
+            Ok(Ok(value)) => json!({ "ok": value }),
+            Ok(Err(message)) => json!({ "err": message }),
+            Err(_) => return Err(overall_exceeded(&format!("waiting for tool {name:?}"))),
+        };
+        line.clear();
+        line.push_str(&reply.to_string());
+        line.push('\n');
+        worker.stdin.write_all(line.as_bytes()).await.map_err(pipe_error)?;
+        worker.stdin.flush().await.map_err(pipe_error)?;
+    }
+}
+
+/// Describes a worker that died mid-job, from its exit status and stderr.
+async fn crash_error(job: &Job, worker: &mut Worker) -> ExecError {
+    let report = crash_report(worker).await;
+    if report.contains("memory allocation of") {
+        return ExecError::new(
+            ExecErrorKind::Memory,
+            format!(
+                "the program needed more than its memory limit of {} bytes; use less memory or raise the limit \
+                 ({report})",
+                job.limits.memory_bytes
+            ),
+        );
+    }
+    if report.contains("SIGXCPU") {
+        return ExecError::new(
+            ExecErrorKind::Timeout,
+            format!("the program used up its CPU time ({report})"),
+        );
+    }
+    ExecError::new(
+        ExecErrorKind::WorkerCrashed,
+        format!("the interpreter worker died running the program ({report}); the pool replaced it"),
+    )
+}
+
+/// The worker's exit status and the start of its stderr, once it has exited.
+async fn crash_report(worker: &mut Worker) -> String {
+    let status = match tokio::time::timeout(Duration::from_secs(2), worker.child.wait()).await {
+        Ok(Ok(status)) => match status.signal() {
+            Some(signal) => format!("killed by {}", signal_name(signal)),
+            None => format!("exited with {}", status.code().unwrap_or(-1)),
+        },
+        _ => {
+            let _ = worker.child.start_kill();
+            "did not exit; killed".to_owned()
+        }
+    };
+    let stderr = match tokio::time::timeout(Duration::from_millis(500), &mut worker.stderr).await {
+        Ok(Ok(bytes)) => String::from_utf8_lossy(&bytes).trim().to_owned(),
+        _ => String::new(),
+    };
+    if stderr.is_empty() { status } else { format!("{status}; stderr: {stderr}") }
+}
+
+fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGSYS => "SIGSYS (a forbidden system call)",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGXCPU => "SIGXCPU",
+        _ => return format!("signal {signal}"),
+    };
+    name.to_owned()
+}

@@ -1,0 +1,377 @@
+//! The worker process: confinement (rlimits, no_new_privs, Landlock, the seccomp allowlist)
+//! and the loop that runs one job, forwarding tool calls to the pool over stdout/stdin.
+//!
+//! Raw system calls and `unsafe` for the worker live here, behind [`sys`].
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, Write},
+};
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    TargetArch,
+};
+use serde_json::{Value, json};
+
+use crate::{Job, Lang, protocol, run_in_process};
+
+/// `argv[1]` that makes the `keel` binary run [`worker_main`].
+pub const WORKER_ARG: &str = "__keel-interp-worker";
+
+/// Address space allowed above the worker's own at start, besides the job's memory limit:
+/// the interpreter's code paths, QuickJS's and monty's bookkeeping, and stacks.
+pub const INTERPRETER_HEADROOM_BYTES: u64 = 64 << 20;
+
+/// An argument condition on an allowed system call.
+#[derive(Debug, Clone, Copy)]
+pub enum ArgRule {
+    /// Any arguments.
+    Any,
+    /// Argument `index` must equal `value`.
+    Equals { index: u8, value: u64 },
+    /// Argument `index` must equal the worker's own pid (filled in at install time).
+    OwnPid { index: u8 },
+}
+
+/// One allowed system call and why the worker needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Allowed {
+    pub name: &'static str,
+    pub number: libc::c_long,
+    pub rule: ArgRule,
+    pub reason: &'static str,
+}
+
+/// The worker's seccomp allowlist. Anything else kills the worker (`SIGSYS`).
+pub const SECCOMP_POLICY: &[Allowed] = &[
+    Allowed {
+        name: "read",
+        number: libc::SYS_read,
+        rule: ArgRule::Any,
+        reason: "the job and tool replies on stdin",
+    },
+    Allowed {
+        name: "write",
+        number: libc::SYS_write,
+        rule: ArgRule::Any,
+        reason: "tool calls and the outcome on stdout; panic and abort messages on stderr",
+    },
+    Allowed { name: "mmap", number: libc::SYS_mmap, rule: ArgRule::Any, reason: "the allocator" },
+    Allowed { name: "munmap", number: libc::SYS_munmap, rule: ArgRule::Any, reason: "the allocator" },
+    Allowed {
+        name: "mremap",
+        number: libc::SYS_mremap,
+        rule: ArgRule::Any,
+        reason: "the allocator (realloc)",
+    },
+    Allowed { name: "mprotect", number: libc::SYS_mprotect, rule: ArgRule::Any, reason: "the allocator" },
+    Allowed { name: "brk", number: libc::SYS_brk, rule: ArgRule::Any, reason: "the allocator" },
+    Allowed {
+        name: "madvise",
+        number: libc::SYS_madvise,
+        rule: ArgRule::Any,
+        reason: "the allocator returns pages",
+    },
+    Allowed { name: "futex", number: libc::SYS_futex, rule: ArgRule::Any, reason: "std's locks (stdout)" },
+    Allowed {
+        name: "clock_gettime",
+        number: libc::SYS_clock_gettime,
+        rule: ArgRule::Any,
+        reason: "time limits",
+    },
+    Allowed {
+        name: "rt_sigreturn",
+        number: libc::SYS_rt_sigreturn,
+        rule: ArgRule::Any,
+        reason: "signal return",
+    },
+    Allowed {
+        name: "rt_sigprocmask",
+        number: libc::SYS_rt_sigprocmask,
+        rule: ArgRule::Any,
+        reason: "abort() blocks signals before raising SIGABRT",
+    },
+    Allowed {
+        name: "rt_sigaction",
+        number: libc::SYS_rt_sigaction,
+        rule: ArgRule::Any,
+        reason: "abort() resets the SIGABRT handler",
+    },
+    Allowed {
+        name: "sigaltstack",
+        number: libc::SYS_sigaltstack,
+        rule: ArgRule::Any,
+        reason: "std's stack-overflow handler",
+    },
+    Allowed { name: "getrandom", number: libc::SYS_getrandom, rule: ArgRule::Any, reason: "HashMap seeds" },
+    Allowed { name: "exit", number: libc::SYS_exit, rule: ArgRule::Any, reason: "exit" },
+    Allowed {
+        name: "exit_group",
+        number: libc::SYS_exit_group,
+        rule: ArgRule::Any,
+        reason: "exit after the job",
+    },
+    Allowed { name: "close", number: libc::SYS_close, rule: ArgRule::Any, reason: "closing inherited fds" },
+    Allowed { name: "sched_yield", number: libc::SYS_sched_yield, rule: ArgRule::Any, reason: "spin locks" },
+    Allowed {
+        name: "getpid",
+        number: libc::SYS_getpid,
+        rule: ArgRule::Any,
+        reason: "abort() signals itself",
+    },
+    Allowed {
+        name: "gettid",
+        number: libc::SYS_gettid,
+        rule: ArgRule::Any,
+        reason: "abort() signals itself",
+    },
+    Allowed {
+        name: "tgkill",
+        number: libc::SYS_tgkill,
+        rule: ArgRule::OwnPid { index: 0 },
+        reason: "abort() raises SIGABRT; only at itself",
+    },
+    Allowed {
+        name: "prlimit64",
+        number: libc::SYS_prlimit64,
+        rule: ArgRule::Equals { index: 0, value: 0 },
+        reason: "lowering RLIMIT_AS and RLIMIT_CPU for the job; only its own limits",
+    },
+];
+
+/// A system call that fails with an errno instead of killing the worker, and why.
+#[derive(Debug, Clone, Copy)]
+pub struct Refused {
+    pub name: &'static str,
+    pub number: libc::c_long,
+    pub errno: i32,
+    pub reason: &'static str,
+}
+
+/// Calls that std makes on ordinary paths (so killing would crash honest programs) and
+/// that have a fallback when refused. Landlock would refuse the opens anyway.
+pub const SECCOMP_REFUSED: &[Refused] = &[
+    Refused {
+        name: "openat",
+        number: libc::SYS_openat,
+        errno: libc::EACCES,
+        reason: "std::thread::available_parallelism reads /proc/self/cgroup (monty's `re`); it falls back",
+    },
+    Refused {
+        name: "sched_getaffinity",
+        number: libc::SYS_sched_getaffinity,
+        errno: libc::EPERM,
+        reason: "std::thread::available_parallelism; it falls back to 1",
+    },
+];
+
+/// Builds the filter that makes [`SECCOMP_REFUSED`] calls fail with their errno and lets
+/// everything else through to the allowlist (the kernel applies the stricter verdict).
+pub fn seccomp_refusals() -> Result<Vec<BpfProgram>, String> {
+    let arch =
+        TargetArch::try_from(std::env::consts::ARCH).map_err(|error| format!("seccomp arch: {error}"))?;
+    let mut programs = Vec::new();
+    for refused in SECCOMP_REFUSED {
+        let rules = BTreeMap::from([(refused.number, Vec::new())]);
+        let errno = u32::try_from(refused.errno).unwrap_or(1);
+        let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(errno), arch)
+            .map_err(|error| format!("seccomp filter for {}: {error}", refused.name))?;
+        programs.push(filter.try_into().map_err(|error| format!("seccomp compile: {error}"))?);
+    }
+    Ok(programs)
+}
+
+/// Builds the allowlist filter for the worker whose pid is `own_pid`.
+pub fn seccomp_program(own_pid: u32) -> Result<BpfProgram, String> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for allowed in SECCOMP_POLICY {
+        let condition = |index: u8, value: u64| {
+            SeccompCondition::new(index, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, value)
+                .and_then(|condition| SeccompRule::new(vec![condition]))
+                .map_err(|error| format!("seccomp rule for {}: {error}", allowed.name))
+        };
+        let entry = rules.entry(allowed.number).or_default();
+        match allowed.rule {
+            ArgRule::Any => {}
+            ArgRule::Equals { index, value } => entry.push(condition(index, value)?),
+            ArgRule::OwnPid { index } => entry.push(condition(index, u64::from(own_pid))?),
+        }
+    }
+    for refused in SECCOMP_REFUSED {
+        // Let them through here; the refusal filter turns them into errors.
+        rules.entry(refused.number).or_default();
+    }
+    let arch =
+        TargetArch::try_from(std::env::consts::ARCH).map_err(|error| format!("seccomp arch: {error}"))?;
+    let filter = SeccompFilter::new(rules, SeccompAction::KillProcess, SeccompAction::Allow, arch)
+        .map_err(|error| format!("seccomp filter: {error}"))?;
+    filter.try_into().map_err(|error| format!("seccomp compile: {error}"))
+}
+
+/// Confines the calling process for good: rlimits, no_new_privs, Landlock deny-all,
+/// then the seccomp allowlist. The process must be single-threaded.
+pub fn confine() -> Result<(), String> {
+    sys::set_rlimit(libc::RLIMIT_CORE, 0)?;
+    sys::set_rlimit(libc::RLIMIT_FSIZE, 0)?;
+    sys::set_rlimit(libc::RLIMIT_NPROC, 0)?;
+    sys::set_rlimit(libc::RLIMIT_NOFILE, 4)?;
+    sys::no_new_privs()?;
+    landlock_deny_all()?;
+    let program = seccomp_program(std::process::id())?;
+    let refusals = seccomp_refusals()?;
+    // The refusals go first: once the allowlist is in, `seccomp` itself is forbidden.
+    for refusal in &refusals {
+        seccompiler::apply_filter(refusal).map_err(|error| format!("install seccomp: {error}"))?;
+    }
+    seccompiler::apply_filter(&program).map_err(|error| format!("install seccomp: {error}"))
+}
+
+/// Handles every filesystem and network right and grants none; scopes signals and
+/// abstract sockets. Best effort: a kernel without Landlock leaves this a no-op.
+fn landlock_deny_all() -> Result<(), String> {
+    use landlock::{ABI, Access, AccessFs, AccessNet, Ruleset, RulesetAttr, Scope};
+    let abi = ABI::V7;
+    let error = |error: landlock::RulesetError| format!("Landlock: {error}");
+    Ruleset::default()
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(error)?
+        .handle_access(AccessNet::from_all(abi))
+        .map_err(error)?
+        .scope(Scope::from_all(abi))
+        .map_err(error)?
+        .create()
+        .map_err(error)?
+        .restrict_self()
+        .map_err(error)?;
+    Ok(())
+}
+
+/// Sets the job's own limits, after confinement (lowering only).
+fn apply_job_limits(job: &Job, base_address_space: u64) -> Result<(), String> {
+    let address_space =
+        base_address_space.saturating_add(job.limits.memory_bytes).saturating_add(INTERPRETER_HEADROOM_BYTES);
+    sys::set_rlimit(libc::RLIMIT_AS, address_space)?;
+    // A CPU backstop behind the interpreters' own clocks and the pool's wall clock.
+    let cpu_seconds = job.limits.timeout.as_secs().saturating_add(2);
+    sys::set_rlimit(libc::RLIMIT_CPU, cpu_seconds)
+}
+
+/// Runs a trivial tool-calling program in each language while the worker waits to be
+/// claimed, so the job does not pay for first-touch page faults in the interpreters.
+fn warm_up() {
+    for (lang, code) in
+        [(Lang::Python, "echo(x=1)\nprint(1)\n1"), (Lang::JavaScript, "echo({x: 1}); console.log(1); 1")]
+    {
+        let job = Job {
+            lang,
+            code: code.to_owned(),
+            inputs: serde_json::Map::new(),
+            tools: vec!["echo".to_owned()],
+            limits: crate::Limits::default(),
+        };
+        let _ = run_in_process(job, &mut |_, args| Ok(args));
+    }
+}
+
+/// The body of a worker process: confine, say ready, run one job, exit.
+pub fn worker_main() -> ! {
+    let base_address_space = sys::address_space_bytes();
+    let stdout = std::io::stdout();
+    if let Err(error) = confine() {
+        let _ = writeln!(
+            stdout.lock(),
+            "{}",
+            json!({ "fatal": format!("could not confine the worker: {error}") })
+        );
+        std::process::exit(3);
+    }
+    warm_up();
+    // Created now, used by a JavaScript job, dropped unused by a Python one.
+    let engine = crate::javascript::Engine::new();
+    let mut out = stdout.lock();
+    let _ = writeln!(out, "{}", json!({ "ready": true }));
+    let _ = out.flush();
+    let mut input = std::io::stdin().lock();
+    let mut line = String::new();
+    match input.read_line(&mut line) {
+        Ok(0) | Err(_) => std::process::exit(0),
+        Ok(_) => {}
+    }
+    let job = match serde_json::from_str::<Value>(&line)
+        .map_err(|error| error.to_string())
+        .and_then(protocol::job_from_json)
+    {
+        Ok(job) => job,
+        Err(error) => {
+            let _ = writeln!(out, "{}", json!({ "fatal": format!("bad job: {error}") }));
+            std::process::exit(4);
+        }
+    };
+    drop(line);
+    if let Err(error) = apply_job_limits(&job, base_address_space) {
+        let _ = writeln!(out, "{}", json!({ "fatal": format!("could not set the job's limits: {error}") }));
+        std::process::exit(3);
+    }
+    let mut call = |name: &str, args: Value| -> Result<Value, String> {
+        let request = json!({ "call": name, "args": args });
+        writeln!(out, "{request}").and_then(|()| out.flush()).map_err(|error| format!("pipe: {error}"))?;
+        let mut reply = String::new();
+        match input.read_line(&mut reply) {
+            Ok(0) => std::process::exit(0),
+            Ok(_) => {}
+            Err(error) => return Err(format!("pipe: {error}")),
+        }
+        let mut reply: Value =
+            serde_json::from_str(&reply).map_err(|error| format!("bad tool reply: {error}"))?;
+        if let Some(value) = reply.get_mut("ok") {
+            return Ok(value.take());
+        }
+        Err(reply.get("err").and_then(Value::as_str).unwrap_or("the tool failed").to_owned())
+    };
+    let outcome = match job.lang {
+        Lang::JavaScript => crate::javascript::run_on(engine, job, &mut call),
+        Lang::Python => run_in_process(job, &mut call),
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{}", protocol::outcome_to_json(&outcome));
+    let _ = out.flush();
+    std::process::exit(0)
+}
+
+/// The worker's raw system calls.
+pub mod sys {
+    /// Sets a resource limit's soft and hard values.
+    pub fn set_rlimit(resource: libc::__rlimit_resource_t, value: u64) -> Result<(), String> {
+        let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
+        // SAFETY: setrlimit reads the struct we pass and nothing else.
+        let result = unsafe { libc::setrlimit(resource, &limit) };
+        if result == 0 {
+            Ok(())
+        } else {
+            Err(format!("setrlimit({resource}, {value}): {}", std::io::Error::last_os_error()))
+        }
+    }
+
+    /// `PR_SET_NO_NEW_PRIVS`: nothing this process execs can gain privileges.
+    pub fn no_new_privs() -> Result<(), String> {
+        // SAFETY: prctl with integer arguments only.
+        let result = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+        if result == 0 {
+            Ok(())
+        } else {
+            Err(format!("PR_SET_NO_NEW_PRIVS: {}", std::io::Error::last_os_error()))
+        }
+    }
+
+    /// The process's current virtual address space size, from `/proc/self/statm`
+    /// (read before confinement); a conservative 256 MiB if it cannot be read.
+    pub fn address_space_bytes() -> u64 {
+        let pages = std::fs::read_to_string("/proc/self/statm")
+            .ok()
+            .and_then(|text| text.split_whitespace().next().and_then(|pages| pages.parse::<u64>().ok()));
+        // SAFETY: sysconf has no preconditions.
+        let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        pages.map_or(256 << 20, |pages| pages.saturating_mul(page_size))
+    }
+}

@@ -1,0 +1,269 @@
+//! Tool calls parked until an operator decides: tools whose policy is
+//! `requires_approval`, and calls the kernel died in the middle of whose crash policy is
+//! `ask`. The call's intent is journaled first; the decision is stored durably (the kv
+//! space `approvals:<run>`) before it takes effect, so a decision made while the kernel
+//! was down, or just before it died, is found again when the agent asks anew.
+
+use std::sync::Arc;
+
+use keel_core::lifecycle::Command as Lifecycle;
+use keel_protocol::api::ApprovalView;
+use keel_protocol::rpc::{ErrorKind, RpcError};
+use keel_store::{RunPatch, RunRecord, Seq};
+use keel_types::{EntryStatus, RunId, RunState, WaitReason};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use crate::runtime::{LiveRun, now_ms};
+use crate::{Error, Kernel, Result};
+
+/// Why a call waits for an operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ApprovalKind {
+    /// The tool's policy says a human approves each call.
+    Required,
+    /// The kernel died while the call ran, and the tool's crash policy is `ask`:
+    /// approving runs it again (with the same idempotency key), denying fails it.
+    RetryAfterCrash,
+}
+
+impl ApprovalKind {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ApprovalKind::Required => "requires_approval",
+            ApprovalKind::RetryAfterCrash => "retry_after_crash",
+        }
+    }
+}
+
+/// An operator's decision.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Decision {
+    pub(crate) approve: bool,
+    pub(crate) note: Option<String>,
+}
+
+pub(crate) struct PendingApproval {
+    pub(crate) view: ApprovalView,
+    reply: oneshot::Sender<Decision>,
+}
+
+fn scope(run: &RunId) -> String {
+    format!("approvals:{run}")
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Kernel {
+    /// The decision stored for a call, if an operator made one.
+    pub(crate) async fn stored_decision(
+        &self,
+        run: &RunId,
+        seq: Seq,
+        kind: ApprovalKind,
+    ) -> std::result::Result<Option<Decision>, RpcError> {
+        let key = format!("{}:{seq}", kind.as_str());
+        let value = self
+            .store()
+            .kv_get(&scope(run), &key)
+            .await
+            .map_err(|e| ErrorKind::Internal.error(format!("the kernel failed: {e}")))?;
+        Ok(value.map(|v| Decision {
+            approve: v.get("approve").and_then(Value::as_bool).unwrap_or(false),
+            note: v.get("note").and_then(Value::as_str).map(str::to_owned),
+        }))
+    }
+
+    /// Parks the call `seq` until an operator decides (or uses the decision already
+    /// stored). The run shows as `waiting(approval)` meanwhile.
+    pub(crate) async fn await_approval(
+        &self,
+        live: &Arc<LiveRun>,
+        seq: Seq,
+        tool: &str,
+        args: &Value,
+        kind: ApprovalKind,
+    ) -> std::result::Result<Decision, RpcError> {
+        if let Some(decision) = self.stored_decision(&live.id, seq, kind).await? {
+            return Ok(decision);
+        }
+        let (tx, rx) = oneshot::channel();
+        let view = ApprovalView {
+            call: seq,
+            tool: tool.to_owned(),
+            args: args.clone(),
+            kind: kind.as_str().to_owned(),
+            requested_at: now_ms(),
+        };
+        // Parked first, so whoever sees the call waiting also sees the run waiting.
+        if let Err(err) = self.park_for_approval(&live.id).await {
+            tracing::warn!(run = %live.id, "could not park the run for approval: {err}");
+        }
+        lock(&live.approvals).insert(seq, PendingApproval { view, reply: tx });
+        self.emit(
+            &live.id,
+            "approval",
+            json!({ "call": seq, "tool": tool, "args": args, "kind": kind.as_str() }),
+        );
+        self.audit_run(
+            &live.id,
+            &live.tenant,
+            "agent",
+            "approval.requested",
+            tool,
+            "pending",
+            json!({ "call": seq, "args": args, "kind": kind.as_str() }),
+        );
+        // A decision stored between the first look and the registration above is not lost.
+        if let Some(decision) = self.stored_decision(&live.id, seq, kind).await? {
+            lock(&live.approvals).remove(&seq);
+            self.wake_if_no_approvals(live).await;
+            return Ok(decision);
+        }
+        rx.await.map_err(|_| ErrorKind::Cancelled.error("the run is ending; the call was not approved"))
+    }
+
+    async fn park_for_approval(&self, run: &RunId) -> Result<()> {
+        // Other changes (recovery finishing, a pause) may land between reading the state
+        // and changing it; read again then.
+        for _ in 0..5 {
+            let step = match self.get(run).await?.state {
+                RunState::Recovering => Lifecycle::Recovered,
+                RunState::Running => Lifecycle::Park(WaitReason::Approval),
+                // Waiting already (another call, a question), paused, or ended.
+                _ => return Ok(()),
+            };
+            match self.transition(run, step, RunPatch::default()).await {
+                Ok(_) | Err(Error::IllegalTransition(_)) => {}
+                Err(Error::Store(keel_store::Error::StateConflict { .. })) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
+    }
+
+    async fn wake_if_no_approvals(&self, live: &Arc<LiveRun>) {
+        if !lock(&live.approvals).is_empty() {
+            return;
+        }
+        if let Ok(record) = self.get(&live.id).await
+            && record.state == RunState::Waiting
+            && record.wait_reason == Some(WaitReason::Approval)
+            && let Err(err) = self.transition(&live.id, Lifecycle::Wake, RunPatch::default()).await
+        {
+            tracing::warn!(run = %live.id, "could not wake the run after approvals: {err}");
+        }
+    }
+
+    /// Why a run waits for approval, in words (`keel ps`), while it does.
+    pub fn approval_reason(&self, run: &RunId) -> Option<String> {
+        let pending = self.pending_approvals(run);
+        let first = pending.first()?;
+        let what = match first.kind.as_str() {
+            "retry_after_crash" => "was interrupted by a kernel crash; approve to run it again",
+            _ => "needs approval",
+        };
+        let more =
+            if pending.len() > 1 { format!(" (and {} more)", pending.len() - 1) } else { String::new() };
+        Some(format!(
+            "tool {} (call {}) {what}: keel approve {run} {} or keel deny {run} {}{more}",
+            first.tool, first.call, first.call, first.call
+        ))
+    }
+
+    /// The calls of a run waiting for an operator.
+    pub fn pending_approvals(&self, run: &RunId) -> Vec<ApprovalView> {
+        self.live(run)
+            .map(|live| lock(&live.approvals).values().map(|p| p.view.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// `keel approve` / `keel deny`: stores the decision durably, audits it, then lets
+    /// the parked call go on.
+    pub(crate) async fn decide(
+        &self,
+        run: &RunId,
+        call: Seq,
+        approve: bool,
+        note: Option<String>,
+    ) -> Result<RunRecord> {
+        let record = self.get(run).await?;
+        if record.state.is_terminal() {
+            return Err(Error::Conflict(format!(
+                "run {run} has ended ({}); it has no call to approve",
+                record.state
+            )));
+        }
+        if note.as_ref().is_some_and(|n| n.len() > 4096) {
+            return Err(Error::InvalidRequest("the note is over 4096 bytes".into()));
+        }
+        let live = self.live(run);
+        let kind =
+            match live.as_ref().and_then(|l| lock(&l.approvals).get(&call).map(|p| p.view.kind.clone())) {
+                Some(kind) if kind == ApprovalKind::RetryAfterCrash.as_str() => ApprovalKind::RetryAfterCrash,
+                Some(_) => ApprovalKind::Required,
+                None => {
+                    // Not parked in this kernel (yet): the agent asks again after a restart.
+                    // The call must still be a pending tool call of the journal.
+                    let entries = self.store().journal(run, call.saturating_sub(1)).await?;
+                    let pending = entries
+                        .iter()
+                        .find(|e| e.seq == call)
+                        .is_some_and(|e| e.method == "tool.call" && e.status == EntryStatus::Pending);
+                    if !pending {
+                        let open: Vec<String> =
+                            self.pending_approvals(run).iter().map(|a| a.call.to_string()).collect();
+                        return Err(Error::Conflict(format!(
+                            "run {run} has no tool call {call} waiting for approval{}",
+                            if open.is_empty() {
+                                String::from(" (it has none; `keel inspect RUN` shows its calls)")
+                            } else {
+                                format!("; waiting: {}", open.join(", "))
+                            }
+                        )));
+                    }
+                    // Which question is open: approval of a tool that needs it and has none
+                    // yet, else whether to run an interrupted call again.
+                    let tool = entries
+                        .iter()
+                        .find(|e| e.seq == call)
+                        .and_then(|e| e.params.get("name")?.as_str().map(str::to_owned))
+                        .unwrap_or_default();
+                    let needs = self.inner.tools.policy_of(&tool).is_some_and(|p| p.requires_approval);
+                    let decided = self
+                        .stored_decision(run, call, ApprovalKind::Required)
+                        .await
+                        .map_err(|e| Error::Conflict(e.message))?
+                        .is_some();
+                    if needs && !decided { ApprovalKind::Required } else { ApprovalKind::RetryAfterCrash }
+                }
+            };
+        if self.stored_decision(run, call, kind).await.map_err(|e| Error::Conflict(e.message))?.is_some() {
+            return Err(Error::Conflict(format!("call {call} of run {run} was already decided")));
+        }
+        let key = format!("{}:{call}", kind.as_str());
+        let value = json!({ "approve": approve, "note": note, "at_ms": now_ms() });
+        self.store().kv_put(&scope(run), &key, value).await?;
+        let pending = live.as_ref().and_then(|l| lock(&l.approvals).remove(&call));
+        let tool = pending.as_ref().map(|p| p.view.tool.clone()).unwrap_or_default();
+        self.audit_run(
+            run,
+            &record.tenant,
+            "operator",
+            if approve { "approval.granted" } else { "approval.denied" },
+            &tool,
+            if approve { "allowed" } else { "denied" },
+            json!({ "call": call, "kind": kind.as_str(), "note": note }),
+        );
+        self.emit(run, "decision", json!({ "call": call, "approve": approve, "note": note }));
+        if let Some(pending) = pending {
+            let _ = pending.reply.send(Decision { approve, note });
+        }
+        if let Some(live) = &live {
+            self.wake_if_no_approvals(live).await;
+        }
+        self.get(run).await
+    }
+}

@@ -1,0 +1,255 @@
+//! The audit log at run time: one background writer batches audit records into the
+//! store's hash chain (`Store::audit_append`) off the syscall path, like the event writer,
+//! and each record of a run is also emitted as an `audit` event of that run.
+//!
+//! The writer is started with the event log (`EventLog::start`) and flushed with it
+//! (`EventLog::flush`, which `Kernel::shutdown` awaits), so a record queued before
+//! shutdown is in the store when the kernel is gone. A record is durable only once
+//! written: a kernel killed within a few milliseconds of an action can lose its record,
+//! never reorder or alter one.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_store::{AuditEntry, AuditFilter, AuditRecord, AuditVerify, Store};
+use keel_types::RunId;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::Result;
+
+/// How often a failed append is tried before its records are given up (and logged).
+const APPEND_ATTEMPTS: u32 = 3;
+
+enum Message {
+    /// With `tenant_from_run`, the writer fills `record.tenant` from the run's record
+    /// (for callers that know the run but not its tenant, like the egress proxy).
+    Record {
+        record: AuditRecord,
+        tenant_from_run: bool,
+    },
+    Flush(oneshot::Sender<()>),
+}
+
+/// Handle to the audit writer. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct AuditLog {
+    tx: mpsc::UnboundedSender<Message>,
+}
+
+impl AuditLog {
+    pub(crate) fn start(store: Arc<dyn Store>) -> AuditLog {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_loop(store, rx));
+        AuditLog { tx }
+    }
+
+    fn record(&self, record: AuditRecord, tenant_from_run: bool) {
+        // The writer only stops when the kernel is dropped; records after that are moot.
+        let _ = self.tx.send(Message::Record { record, tenant_from_run });
+    }
+
+    /// Waits until every record queued before this call is in the store (or given up).
+    pub(crate) async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Message::Flush(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+async fn write_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Message>) {
+    let mut batch: Vec<Message> = Vec::new();
+    let mut tenants: HashMap<RunId, String> = HashMap::new();
+    while rx.recv_many(&mut batch, 1024).await > 0 {
+        // Gather for a moment so a burst of decisions shares one commit.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        while batch.len() < 4096
+            && let Ok(more) = rx.try_recv()
+        {
+            batch.push(more);
+        }
+        let mut records = Vec::new();
+        let mut flushes = Vec::new();
+        for message in batch.drain(..) {
+            match message {
+                Message::Record { mut record, tenant_from_run } => {
+                    if tenant_from_run && let Some(run) = &record.run_id {
+                        record.tenant = tenant_of(&*store, &mut tenants, run).await;
+                    }
+                    records.push(record);
+                }
+                Message::Flush(done) => flushes.push(done),
+            }
+        }
+        if !records.is_empty() {
+            append(&*store, records).await;
+        }
+        for done in flushes {
+            let _ = done.send(());
+        }
+        // Runs come and go; the cache only saves lookups within bursts.
+        if tenants.len() > 4096 {
+            tenants.clear();
+        }
+    }
+}
+
+async fn append(store: &dyn Store, records: Vec<AuditRecord>) {
+    let count = records.len();
+    for attempt in 1..=APPEND_ATTEMPTS {
+        match store.audit_append(records.clone()).await {
+            Ok(_) => return,
+            Err(err) if attempt < APPEND_ATTEMPTS => {
+                tracing::warn!(attempt, "could not append {count} audit records, retrying: {err}");
+                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+            }
+            Err(err) => tracing::error!("lost {count} audit records: {err}"),
+        }
+    }
+}
+
+/// The run's tenant, from the cache or the store (`default` when the run is unknown, so
+/// the record is still kept).
+async fn tenant_of(store: &dyn Store, cache: &mut HashMap<RunId, String>, run: &RunId) -> String {
+    if let Some(tenant) = cache.get(run) {
+        return tenant.clone();
+    }
+    let tenant = match store.get_run(run).await {
+        Ok(Some(record)) => record.tenant,
+        Ok(None) => "default".to_owned(),
+        Err(err) => {
+            tracing::warn!(run = %run, "could not read the run's tenant for an audit record: {err}");
+            return "default".to_owned();
+        }
+    };
+    cache.insert(run.clone(), tenant.clone());
+    tenant
+}
+
+impl crate::Kernel {
+    /// Queues a record for the audit log (and, for a run's record, emits it as an `audit`
+    /// event of the run). Never blocks; the writer appends it within milliseconds.
+    pub(crate) fn audit(&self, record: AuditRecord) {
+        self.queue_audit(record, false);
+    }
+
+    fn queue_audit(&self, record: AuditRecord, tenant_from_run: bool) {
+        if let Some(run) = &record.run_id {
+            let data = serde_json::json!({
+                "actor": record.actor,
+                "action": record.action,
+                "subject": record.subject,
+                "outcome": record.outcome,
+                "detail": record.detail,
+            });
+            self.emit(run, "audit", data);
+        }
+        self.inner.events.audit.record(record, tenant_from_run);
+    }
+
+    /// Audits an action of a run, stamped now.
+    #[allow(clippy::too_many_arguments, reason = "the fields of one audit record")]
+    pub(crate) fn audit_run(
+        &self,
+        run: &RunId,
+        tenant: &str,
+        actor: &str,
+        action: &str,
+        subject: &str,
+        outcome: &str,
+        detail: Value,
+    ) {
+        self.audit(run_record(run, tenant, actor, action, subject, outcome, detail));
+    }
+
+    /// Like `audit_run` for a caller that does not know the run's tenant: the writer
+    /// reads it from the run's record.
+    pub(crate) fn audit_run_any_tenant(
+        &self,
+        run: &RunId,
+        actor: &str,
+        action: &str,
+        subject: &str,
+        outcome: &str,
+        detail: Value,
+    ) {
+        self.queue_audit(run_record(run, "", actor, action, subject, outcome, detail), true);
+    }
+
+    /// Audit entries matching `filter`, in seq order, including every record queued
+    /// before the call.
+    pub async fn audit_list(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>> {
+        self.inner.events.audit.flush().await;
+        Ok(self.store().audit_list(filter).await?)
+    }
+
+    /// Verifies the whole audit chain (see `Store::audit_verify`), after writing what is
+    /// queued.
+    pub async fn audit_verify(&self) -> Result<AuditVerify> {
+        self.inner.events.audit.flush().await;
+        Ok(self.store().audit_verify().await?)
+    }
+}
+
+fn run_record(
+    run: &RunId,
+    tenant: &str,
+    actor: &str,
+    action: &str,
+    subject: &str,
+    outcome: &str,
+    detail: Value,
+) -> AuditRecord {
+    AuditRecord {
+        tenant: tenant.to_owned(),
+        run_id: Some(run.clone()),
+        at_ms: crate::runtime::now_ms(),
+        actor: actor.to_owned(),
+        action: action.to_owned(),
+        subject: subject.to_owned(),
+        outcome: outcome.to_owned(),
+        detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use keel_store::{NewRun, SqliteStore};
+    use keel_types::RunState;
+    use serde_json::json;
+
+    use super::*;
+
+    /// Records queued before a flush are in the store after it, in order, in one chain,
+    /// and a record queued without a tenant gets its run's.
+    #[tokio::test]
+    async fn flush_writes_queued_records_and_resolves_tenants() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("keel.db")).unwrap());
+        let run = RunId::generate(1);
+        let new_run = NewRun {
+            id: run.clone(),
+            tenant: "acme".into(),
+            spec: json!({}),
+            state: RunState::Created,
+            created_at_ms: 1,
+        };
+        store.create_run(new_run).await.unwrap();
+        let log = AuditLog::start(store.clone());
+        let denied = run_record(&run, "", "agent", "egress", "evil.example", "denied", json!({"port": 443}));
+        log.record(denied, true);
+        log.record(
+            run_record(&run, "other", "operator", "approval.granted", "fs.write", "allowed", json!(null)),
+            false,
+        );
+        log.flush().await;
+
+        let entries = store.audit_list(&AuditFilter::default()).await.unwrap();
+        let summary: Vec<(u64, &str, &str)> =
+            entries.iter().map(|e| (e.seq, e.record.tenant.as_str(), e.record.action.as_str())).collect();
+        assert_eq!(summary, vec![(1, "acme", "egress"), (2, "other", "approval.granted")]);
+        assert_eq!(store.audit_verify().await.unwrap().broken, None);
+    }
+}

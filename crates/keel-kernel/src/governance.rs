@@ -1,0 +1,262 @@
+//! Governed tool calls (DESIGN section 7). Before anything is journaled a call must be
+//! granted to the run (else it is denied and audited), name a known tool and carry
+//! arguments valid against the tool's JSON schema. Then: its rate limit, a worst-case
+//! budget reservation, the journaled intent, approval when the tool requires it, and the
+//! tool's crash-window policy when the intent was left without a result by a crash
+//! (`retry` with the same idempotency key, `ask` an operator, or `fail`). Read-only tools
+//! have no effect to protect, so they are journaled complete at once, in one commit.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use keel_protocol::rpc::{ErrorKind, RpcError, ToolCallParams};
+use keel_store::Seq;
+use keel_tools::CrashPolicy;
+use keel_types::Usage;
+use serde_json::{Value, json};
+
+use crate::Kernel;
+use crate::approvals::ApprovalKind;
+use crate::dispatch::{Reply, ToolCall};
+use crate::runtime::LiveRun;
+
+/// Arguments larger than this are audited by digest, not in full.
+const AUDIT_ARGS_BYTES: usize = 4096;
+
+fn audit_args(args: &Value) -> Value {
+    let text = args.to_string();
+    if text.len() <= AUDIT_ARGS_BYTES {
+        return args.clone();
+    }
+    use sha2::Digest;
+    json!({ "sha256": hex::encode(sha2::Sha256::digest(text.as_bytes())), "bytes": text.len() })
+}
+
+fn tool_error(name: &str, err: String) -> RpcError {
+    ErrorKind::ToolError.error(format!("tool {name} failed: {err}"))
+}
+
+impl Kernel {
+    /// Grant, existence and schema: a call that fails any is refused before it is
+    /// journaled (a denial is audited).
+    pub(crate) async fn govern(&self, live: &Arc<LiveRun>, params: &Value) -> Result<ToolCall, RpcError> {
+        let p: ToolCallParams = serde_json::from_value(params.clone()).map_err(|e| {
+            ErrorKind::InvalidParams
+                .error(format!("tool.call: {e}; expected params {{\"name\":\"echo\",\"args\":{{...}}}}"))
+        })?;
+        if !p.args.is_object() {
+            return Err(ErrorKind::InvalidParams
+                .error(format!("tool.call: `args` of {} must be a JSON object", p.name)));
+        }
+        // The grant is checked before the name is looked up, so a run learns nothing of
+        // the tools outside its grant.
+        if !live.grant.allows(&p.name) {
+            self.audit_run(
+                &live.id,
+                &live.tenant,
+                "agent",
+                "tool.denied",
+                &p.name,
+                "denied",
+                json!({ "args": audit_args(&p.args), "exec": p.exec, "grant": live.grant.patterns() }),
+            );
+            self.emit(&live.id, "denied", json!({ "tool": p.name }));
+            return Err(ErrorKind::Denied.error(format!(
+                "tool {} is not granted to this run (its grant: {}); an operator can start the run with `--grant {}`",
+                p.name,
+                live.grant.patterns().join(", "),
+                p.name
+            )));
+        }
+        let def = self.inner.tools.resolve(&p.name).await.map_err(|e| {
+            ErrorKind::NotFound.error(format!("{e}; `tool.list` shows the tools this run may call"))
+        })?;
+        keel_tools::schema::validate(&def.input_schema, &p.args)
+            .map_err(|e| ErrorKind::InvalidParams.error(format!("{}: {e}", p.name)))?;
+        Ok(ToolCall { def, args: p.args, exec: p.exec })
+    }
+
+    pub(crate) async fn perform_tool(
+        &self,
+        live: &Arc<LiveRun>,
+        method: &str,
+        call: ToolCall,
+        params: Value,
+        hash: String,
+        reuse: Option<Seq>,
+    ) -> Reply {
+        let ToolCall { def, args, exec } = call;
+        let name = def.name.clone();
+        if reuse.is_none() {
+            self.inner.tools.rate_limit(&def).await.map_err(|e| ErrorKind::ToolError.error(e))?;
+        }
+        let reservation = self.reserve(live, Usage { tool_calls: 1, ..Usage::default() }).await?;
+        let usage = Usage { tool_calls: 1, ..Usage::default() };
+        let started = Instant::now();
+        if def.policy.read_only && !def.policy.requires_approval {
+            // No effect to protect: run it, then journal what it answered.
+            let key = format!("{}:read", live.id);
+            let outcome = self
+                .run_tool(live, &def, args.clone(), &key)
+                .await
+                .map(|r| json!({ "result": r }))
+                .map_err(|e| tool_error(&name, e));
+            self.settle_budget(live, reservation, usage);
+            if let Some(exec) = exec
+                && self.buffer_exec_read(live, exec, method, &params, &hash, &outcome, usage)
+            {
+                self.audit_call(live, 0, &name, &args, Some(exec), &outcome, started);
+                return outcome;
+            }
+            let extra = json!({ "tool": name, "duration_ms": started.elapsed().as_millis() as u64 });
+            let seq = self.record_outcome(live, method, params, hash, &outcome, usage, extra).await?;
+            self.audit_call(live, seq, &name, &args, exec, &outcome, started);
+            return outcome;
+        }
+        let seq = self
+            .intend_unless_retry(live, reuse, method, params, hash)
+            .await
+            .inspect_err(|_| self.release_budget(live, reservation))?;
+        let outcome = match self.gate(live, &def, &args, seq, reuse.is_some()).await {
+            Ok(()) => {
+                // The key ties the effect to this journal entry: a retry after a crash
+                // passes the same one, so a tool can make its effect happen once.
+                let key = format!("{}:{seq}", live.id);
+                self.run_tool(live, &def, args.clone(), &key)
+                    .await
+                    .map(|r| json!({ "result": r }))
+                    .map_err(|e| tool_error(&name, e))
+            }
+            Err(err) if err.code == ErrorKind::Cancelled.code() => {
+                // The run is ending while the call waited for an operator: leave the
+                // intent pending; a relaunched agent asking again waits again.
+                self.release_budget(live, reservation);
+                return Err(err);
+            }
+            Err(err) => Err(err),
+        };
+        self.settle_budget(live, reservation, usage);
+        let record = outcome.clone().unwrap_or(Value::Null);
+        let extra = json!({ "tool": name, "duration_ms": started.elapsed().as_millis() as u64 });
+        self.complete(live, seq, method, &outcome, record, usage, false, extra).await?;
+        self.audit_call(live, seq, &name, &args, exec, &outcome, started);
+        outcome
+    }
+
+    /// A read-only call made by a running `code.exec` program is journaled with the
+    /// `code.exec`'s result, in the same commit: until then nothing depends on it (a
+    /// crash makes the `code.exec` run again, and a read is safe to redo). False when the
+    /// exec has no buffer (its program runs outside this kernel's workers).
+    #[allow(clippy::too_many_arguments, reason = "the parts of one journal entry")]
+    fn buffer_exec_read(
+        &self,
+        live: &Arc<LiveRun>,
+        exec: u64,
+        method: &str,
+        params: &Value,
+        hash: &str,
+        outcome: &Reply,
+        usage: Usage,
+    ) -> bool {
+        let mut buffers = live.exec_buffers.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(buffer) = buffers.get_mut(&exec) else { return false };
+        let now = crate::runtime::now_ms();
+        let (status, result, error) = match outcome {
+            Ok(result) => (keel_types::EntryStatus::Ok, Some(result.clone()), None),
+            Err(err) => (keel_types::EntryStatus::Error, None, serde_json::to_value(err).ok()),
+        };
+        buffer.push(keel_store::NewEntry {
+            method: method.to_owned(),
+            params: params.clone(),
+            params_hash: hash.to_owned(),
+            status,
+            result,
+            error,
+            attempt: live.attempt,
+            started_at_ms: now,
+            finished_at_ms: Some(now),
+            usage,
+        });
+        true
+    }
+
+    /// Approval, and after a crash the tool's crash-window policy. `Ok` means: run it.
+    async fn gate(
+        &self,
+        live: &Arc<LiveRun>,
+        def: &keel_tools::ToolDef,
+        args: &Value,
+        seq: Seq,
+        retried: bool,
+    ) -> Result<(), RpcError> {
+        let name = &def.name;
+        if def.policy.requires_approval {
+            // Decided before the crash: the tool may have started. Decided only now: it
+            // never ran, so there is no crash window to resolve.
+            let decided_before = self.stored_decision(&live.id, seq, ApprovalKind::Required).await?.is_some();
+            let decision = self.await_approval(live, seq, name, args, ApprovalKind::Required).await?;
+            if !decision.approve {
+                return Err(ErrorKind::Denied.error(format!(
+                    "tool {name} (call {seq}) was denied by an operator{}",
+                    decision.note.map(|n| format!(": {n}")).unwrap_or_default()
+                )));
+            }
+            if !(retried && decided_before) {
+                return Ok(());
+            }
+        } else if !retried {
+            return Ok(());
+        }
+        self.emit(
+            &live.id,
+            "interrupted",
+            json!({ "call": seq, "tool": name, "policy": def.policy.crash.as_str() }),
+        );
+        match def.policy.crash {
+            CrashPolicy::Retry => Ok(()),
+            CrashPolicy::Ask => {
+                let decision = self.await_approval(live, seq, name, args, ApprovalKind::RetryAfterCrash).await?;
+                if decision.approve {
+                    Ok(())
+                } else {
+                    Err(ErrorKind::ToolError.error(format!(
+                        "tool {name} (call {seq}) was interrupted by a kernel crash and an operator chose not to run it again{}",
+                        decision.note.map(|n| format!(": {n}")).unwrap_or_default()
+                    )))
+                }
+            }
+            CrashPolicy::Fail => Err(ErrorKind::ToolError.error(format!(
+                "tool {name} (call {seq}) was interrupted by a kernel crash and its crash policy is `fail`: its effect is unknown, so it is not run again"
+            ))),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments, reason = "the parts of one audited call")]
+    fn audit_call(
+        &self,
+        live: &Arc<LiveRun>,
+        seq: Seq,
+        name: &str,
+        args: &Value,
+        exec: Option<u64>,
+        outcome: &Reply,
+        started: Instant,
+    ) {
+        let mut detail = json!({
+            "call": seq,
+            "args": audit_args(args),
+            "duration_us": started.elapsed().as_micros() as u64,
+        });
+        if let Some(exec) = exec {
+            detail["exec"] = json!(exec);
+        }
+        let result = match outcome {
+            Ok(_) => "ok",
+            Err(err) => {
+                detail["error"] = json!(err.message);
+                if err.code == ErrorKind::Denied.code() { "denied" } else { "error" }
+            }
+        };
+        self.audit_run(&live.id, &live.tenant, "agent", "tool.call", name, result, detail);
+    }
+}

@@ -1,0 +1,144 @@
+//! `/v1/audit...`: the audit log as JSON pages, its verification, and an NDJSON export.
+//! Entries are the API tenant's; verification covers the whole chain (it is one chain).
+
+use axum::Json;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use keel_kernel::views;
+use keel_protocol::api::{AuditEntryView, AuditVerifyView, ErrorBody};
+use keel_store::AuditFilter;
+use serde::Deserialize;
+
+use crate::{API_TENANT, ApiError, AppState, run_id};
+
+/// The most entries one page returns (and the default).
+const MAX_PAGE: u32 = 10_000;
+
+/// Entries per database read while exporting.
+const EXPORT_PAGE: u32 = 1_000;
+
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/audit", get(audit_list))
+        .route("/v1/audit/verify", get(audit_verify))
+        .route("/v1/audit/export", get(audit_export))
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    paths(audit_list, audit_verify, audit_export),
+    components(schemas(AuditEntryView, AuditVerifyView))
+)]
+pub(crate) struct AuditApiDoc;
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+struct AuditQuery {
+    /// Only this run's entries.
+    run: Option<String>,
+    /// Only entries after this seq (0 for all).
+    after: Option<u64>,
+    /// At most this many (1 to 10000; default 10000).
+    limit: Option<u32>,
+}
+
+fn bad_query(rejection: QueryRejection) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", rejection.body_text())
+}
+
+/// The filter a query asks for, with the API tenant.
+fn filter(run: Option<&str>, after: Option<u64>, limit: Option<u32>) -> Result<AuditFilter, ApiError> {
+    let run_id = run.map(run_id).transpose()?;
+    let limit = limit.unwrap_or(MAX_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("`limit` must be between 1 and {MAX_PAGE}, not {limit}"),
+        ));
+    }
+    Ok(AuditFilter {
+        tenant: Some(API_TENANT.to_owned()),
+        run_id,
+        after_seq: after.unwrap_or(0),
+        limit: Some(limit),
+    })
+}
+
+/// Audit entries in seq order; page with `after` (the last seq seen).
+#[utoipa::path(get, path = "/v1/audit", params(AuditQuery),
+    responses((status = 200, body = Vec<AuditEntryView>), (status = 400, body = ErrorBody)), security(("bearer" = [])))]
+async fn audit_list(
+    State(state): State<AppState>,
+    query: Result<Query<AuditQuery>, QueryRejection>,
+) -> Result<Json<Vec<AuditEntryView>>, ApiError> {
+    let Query(query) = query.map_err(bad_query)?;
+    let filter = filter(query.run.as_deref(), query.after, query.limit)?;
+    let entries = state.kernel.audit_list(&filter).await?;
+    Ok(Json(entries.iter().map(views::audit_entry).collect()))
+}
+
+/// Recomputes every hash of the audit log; `ok` is false, with the first broken entry and
+/// the reason, when it was tampered with.
+#[utoipa::path(get, path = "/v1/audit/verify",
+    responses((status = 200, body = AuditVerifyView)), security(("bearer" = [])))]
+async fn audit_verify(State(state): State<AppState>) -> Result<Json<AuditVerifyView>, ApiError> {
+    let verified = state.kernel.audit_verify().await?;
+    Ok(Json(views::audit_verify(&verified)))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+struct ExportQuery {
+    /// Only this run's entries.
+    run: Option<String>,
+}
+
+/// The audit log as NDJSON (`application/x-ndjson`): one `AuditEntryView` per line, in
+/// seq order, streamed page by page.
+#[utoipa::path(get, path = "/v1/audit/export", params(ExportQuery),
+    responses((status = 200, content_type = "application/x-ndjson", body = AuditEntryView),
+        (status = 400, body = ErrorBody)), security(("bearer" = [])))]
+async fn audit_export(
+    State(state): State<AppState>,
+    query: Result<Query<ExportQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(bad_query)?;
+    let first = filter(query.run.as_deref(), None, Some(EXPORT_PAGE))?;
+    // The first page is read before answering, so a failure is still a proper error.
+    let page = state.kernel.audit_list(&first).await?;
+    let pages = futures_util::stream::unfold(Some((state.kernel, first, Ok(page))), |next| async move {
+        let (kernel, mut filter, page) = next?;
+        let page = match page {
+            Ok(page) => page,
+            // The status line is already sent: failing the body aborts the transfer, so
+            // the client sees an error rather than a silently short export.
+            Err(err) => {
+                return Some((Err(std::io::Error::other(format!("reading the audit log: {err}"))), None));
+            }
+        };
+        let last = page.last()?.seq;
+        let mut text = String::new();
+        for entry in &page {
+            // A view of strings, numbers and JSON values always serializes.
+            text.push_str(&serde_json::to_string(&views::audit_entry(entry)).unwrap_or_default());
+            text.push('\n');
+        }
+        let next = (page.len() >= EXPORT_PAGE as usize).then(|| {
+            filter.after_seq = last;
+            filter
+        });
+        let next = match next {
+            Some(filter) => {
+                let page = kernel.audit_list(&filter).await;
+                Some((kernel, filter, page))
+            }
+            None => None,
+        };
+        Some((Ok(text), next))
+    });
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(pages)).into_response())
+}
