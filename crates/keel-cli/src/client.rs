@@ -38,13 +38,21 @@ pub struct Embedded {
     server: tokio::task::JoinHandle<()>,
 }
 
-/// Reads the API token, creating it (mode 0600) if this is the first kernel here.
+/// The token requests carry: `KEEL_API_TOKEN` when set (a tenant's token acts as that
+/// tenant), else the operator's token of the data directory.
 pub fn api_token(dir: &DataDir) -> Result<String> {
     if let Ok(token) = std::env::var("KEEL_API_TOKEN")
         && !token.is_empty()
     {
         return Ok(token);
     }
+    admin_token(dir)
+}
+
+/// Reads the operator's token, creating it (mode 0600) if this is the first kernel here.
+/// A kernel this process starts takes it as its operator token, whatever
+/// `KEEL_API_TOKEN` says (that may be a tenant's).
+pub fn admin_token(dir: &DataDir) -> Result<String> {
     let path = dir.api_token();
     if let Ok(token) = std::fs::read_to_string(&path) {
         return Ok(token.trim().to_owned());
@@ -108,15 +116,22 @@ impl Client {
 
     /// Starts a kernel inside this process (no recovery of other runs: it ends with us).
     pub async fn embed(dir: DataDir) -> Result<Client> {
+        let admin = admin_token(&dir)?;
         let token = api_token(&dir)?;
         // The process sandbox, without a pool: this kernel serves one run.
-        let kernel =
-            start_kernel(dir.clone(), false, None, crate::doctor::sandbox_backend("process", 0)).await?;
+        let kernel = start_kernel(
+            dir.clone(),
+            false,
+            None,
+            crate::doctor::sandbox_backend("process", 0),
+            swap_after_from_env(),
+        )
+        .await?;
         let listener =
             tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding a loopback port")?;
         let addr = listener.local_addr()?;
         write_info(&dir, &addr.to_string(), "embedded")?;
-        let router = keel_server::router(kernel.clone(), token.clone());
+        let router = keel_server::router(kernel.clone(), admin);
         let server = tokio::spawn(async move {
             if let Err(err) = axum::serve(no_delay(listener), router).await {
                 tracing::error!("embedded API server failed: {err}");
@@ -303,6 +318,33 @@ impl Client {
         self.send(self.http.get(self.url("/v1/audit")).query(&query)).await
     }
 
+    pub async fn create_tenant(
+        &self,
+        body: &keel_protocol::api::CreateTenantParams,
+    ) -> Result<keel_protocol::api::TenantView> {
+        self.send(self.http.post(self.url("/v1/tenants")).json(body)).await
+    }
+
+    pub async fn tenants(&self) -> Result<Vec<keel_protocol::api::TenantView>> {
+        self.send(self.http.get(self.url("/v1/tenants"))).await
+    }
+
+    pub async fn create_token(
+        &self,
+        tenant: &str,
+        body: &keel_protocol::api::TokenParams,
+    ) -> Result<keel_protocol::api::TokenCreatedView> {
+        self.send(self.http.post(self.segments_url(&["tenants", tenant, "tokens"])?).json(body)).await
+    }
+
+    pub async fn revoke_token(
+        &self,
+        tenant: &str,
+        prefix: &str,
+    ) -> Result<keel_protocol::api::TokenRevokedView> {
+        self.send(self.http.delete(self.segments_url(&["tenants", tenant, "tokens", prefix])?)).await
+    }
+
     pub async fn audit_verify(&self) -> Result<keel_protocol::api::AuditVerifyView> {
         self.send(self.http.get(self.url("/v1/audit/verify"))).await
     }
@@ -463,11 +505,19 @@ fn load_egress(
         .with_context(context)
 }
 
+/// `KEEL_SWAP_AFTER_SECS` for the kernel embedded in `keel run` (`keel serve` has a flag).
+fn swap_after_from_env() -> Option<Duration> {
+    let secs =
+        std::env::var("KEEL_SWAP_AFTER_SECS").ok().and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(60.0);
+    (secs > 0.0).then(|| Duration::from_secs_f64(secs))
+}
+
 pub async fn start_kernel(
     dir: DataDir,
     recover: bool,
     default_llm_script: Option<serde_json::Value>,
     sandbox: Arc<dyn keel_sandbox::Sandbox>,
+    swap_after: Option<Duration>,
 ) -> Result<Kernel> {
     // The provider-compatible gateway: loopback TCP for agents outside a sandbox, and a
     // Unix socket in the data directory that sandboxes bridge to.
@@ -494,6 +544,7 @@ pub async fn start_kernel(
         egress: Arc::new(egress),
         tools,
         interp_worker,
+        swap_after,
     };
     let kernel = Kernel::start(options).await?;
     // Safe to replace: we hold the data directory's lock, so a socket here is stale.

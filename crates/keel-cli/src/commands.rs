@@ -23,7 +23,7 @@ pub struct Context {
 
 impl Context {
     /// The daemon if one runs, else a kernel embedded in this process.
-    async fn client(&self) -> Result<Client> {
+    pub(crate) async fn client(&self) -> Result<Client> {
         Client::find_or_embed(&self.data_dir, self.addr.as_deref()).await
     }
 }
@@ -44,16 +44,23 @@ pub struct ServeArgs {
     /// only hands over the job (0: build each sandbox when its run starts).
     #[arg(long, default_value_t = 2, value_name = "N")]
     sandbox_pool: usize,
+    /// Stop the agent process of a run that has waited this many seconds for something
+    /// durable (an answer, a message, a child, an approval, a timer); it is relaunched by
+    /// replay when the wait ends (0: never).
+    #[arg(long, env = "KEEL_SWAP_AFTER_SECS", default_value_t = 60.0, value_name = "SECS")]
+    swap_after: f64,
 }
 
 pub async fn serve(ctx: Context, args: ServeArgs) -> Result<ExitCode> {
-    let token = client::api_token(&ctx.data_dir)?;
+    let token = client::admin_token(&ctx.data_dir)?;
     let default_script = args.llm_script.as_ref().map(read_script).transpose()?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}; pick another with --listen HOST:PORT", args.listen))?;
     let sandbox = crate::doctor::sandbox_backend(&args.sandbox, args.sandbox_pool);
-    let kernel = client::start_kernel(ctx.data_dir.clone(), true, default_script, sandbox).await?;
+    let swap_after = (args.swap_after > 0.0).then(|| Duration::from_secs_f64(args.swap_after));
+    let kernel =
+        client::start_kernel(ctx.data_dir.clone(), true, default_script, sandbox, swap_after).await?;
     let addr = listener.local_addr()?;
     client::write_info(&ctx.data_dir, &addr.to_string(), "daemon")?;
     eprintln!(
@@ -122,6 +129,9 @@ pub struct RunArgs {
     /// Input for the agent, as JSON (it reads KEEL_INPUT, or keel.input() in Python).
     #[arg(long, value_name = "JSON")]
     input: Option<String>,
+    /// The run's priority class.
+    #[arg(long, value_name = "CLASS", value_parser = ["high", "normal", "low"])]
+    priority: Option<String>,
     /// The agent's command, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -171,6 +181,7 @@ pub async fn run(ctx: Context, args: RunArgs) -> Result<ExitCode> {
         loop_threshold: args.loop_threshold,
         sandbox: args.sandbox.to_params(&cwd)?,
         grant: (!args.grant.is_empty()).then(|| args.grant.clone()),
+        priority: args.priority.clone(),
         input: args
             .input
             .as_deref()
@@ -276,6 +287,9 @@ pub struct PsArgs {
     /// Print a JSON array of runs.
     #[arg(long)]
     json: bool,
+    /// Show runs as trees: each child (proc.spawn, agents called as tools) under its parent.
+    #[arg(long)]
+    tree: bool,
 }
 
 pub async fn ps(ctx: Context, args: PsArgs) -> Result<ExitCode> {
@@ -283,6 +297,8 @@ pub async fn ps(ctx: Context, args: PsArgs) -> Result<ExitCode> {
     let runs = client.list_runs(args.state.as_deref(), Some(args.limit)).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&runs)?);
+    } else if args.tree {
+        print!("{}", render::runs_tree(&runs, render::now_ms()));
     } else {
         print!("{}", render::runs_table(&runs, render::now_ms()));
     }

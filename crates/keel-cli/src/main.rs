@@ -6,6 +6,7 @@ mod client;
 mod commands;
 mod doctor;
 mod render;
+mod tenant;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -71,7 +72,8 @@ enum Command {
     /// Answer a run's open question (human.ask).
     #[command(after_help = "Example:\n  keel answer run_01jd... --text \"yes, go ahead\"")]
     Answer(commands::AnswerArgs),
-    /// Long-term memory and conversation threads (tenant `default`).
+    /// Long-term memory and conversation threads (the token's tenant; `default` for the
+    /// operator).
     #[command(
         after_help = "Examples:\n  keel mem put notes cat '{\"name\":\"Tom\"}' --text \"the cat is called Tom\"\n  keel mem get notes cat\n  keel mem search notes \"cat name\"\n  keel mem delete notes cat\n  keel mem thread chat-42 --last 10"
     )]
@@ -105,6 +107,12 @@ enum Command {
         after_help = "Examples:\n  keel audit run_01jd...\n  keel audit run_01jd... --json\n  keel audit verify\n  keel audit export --run run_01jd... -o audit.jsonl\n\nExit codes of `keel audit verify`: 0 intact, 3 tampered with, 1 could not check."
     )]
     Audit(audit::AuditArgs),
+    /// Tenants and their API tokens: a tenant's token sees and controls only its own
+    /// runs, memory, mailboxes and audit entries.
+    #[command(
+        after_help = "Examples:\n  keel tenant create acme --max-runs 10 --max-usd-per-run 0.50\n  keel tenant token acme --label ci\n  KEEL_API_TOKEN=kt_... keel ps\n  keel tenant list\n  keel tenant revoke acme kt_3f9a1c0d"
+    )]
+    Tenant(tenant::TenantArgs),
 }
 
 fn main() -> ExitCode {
@@ -144,6 +152,7 @@ fn main() -> ExitCode {
             Command::Mem(args) => commands::mem(ctx, args).await,
             Command::Send(args) => commands::send(ctx, args).await,
             Command::Audit(args) => audit::audit(ctx, args).await,
+            Command::Tenant(args) => tenant::tenant(ctx, args).await,
             Command::Approve(args) => commands::decide(ctx, args, true).await,
             Command::Deny(args) => commands::decide(ctx, args, false).await,
             Command::Tools(args) => commands::tools(ctx, args).await,

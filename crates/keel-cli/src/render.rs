@@ -186,6 +186,63 @@ pub fn budget(view: &RunView) -> String {
     out
 }
 
+/// `keel ps --tree`: the table, with each run's children indented under it (a child whose
+/// parent is not listed starts a tree of its own).
+pub fn runs_tree(runs: &[RunView], now: u64) -> String {
+    if runs.is_empty() {
+        return runs_table(runs, now);
+    }
+    let listed: std::collections::HashSet<&str> = runs.iter().map(|r| r.run_id.as_str()).collect();
+    let mut children: std::collections::HashMap<&str, Vec<&RunView>> = std::collections::HashMap::new();
+    let mut roots = Vec::new();
+    // Oldest first within a tree reads like a process listing.
+    let mut ordered: Vec<&RunView> = runs.iter().collect();
+    ordered.sort_by_key(|r| (r.created_at, r.run_id.clone()));
+    for run in ordered {
+        match run.parent.as_deref().filter(|p| listed.contains(p)) {
+            Some(parent) => children.entry(parent).or_default().push(run),
+            None => roots.push(run),
+        }
+    }
+    let mut out =
+        format!("{:<40} {:<14} {:>5} {:>4} {:>8}  {}\n", "RUN", "STATE", "AGE", "LLM", "TOKENS", "COMMAND");
+    fn walk<'a>(
+        out: &mut String,
+        run: &'a RunView,
+        depth: usize,
+        children: &std::collections::HashMap<&str, Vec<&'a RunView>>,
+        now: u64,
+    ) {
+        let state = match &run.wait_reason {
+            Some(reason) if run.state == "waiting" && run.swapped => format!("swapped:{reason}"),
+            Some(reason) if run.state == "waiting" => format!("waiting:{reason}"),
+            _ => run.state.clone(),
+        };
+        let name = if depth == 0 {
+            run.run_id.clone()
+        } else {
+            format!("{}└─ {}", "   ".repeat(depth - 1), run.run_id)
+        };
+        let _ = writeln!(
+            out,
+            "{:<40} {:<14} {:>5} {:>4} {:>8}  {}",
+            name,
+            state,
+            age(now.saturating_sub(run.created_at)),
+            run.usage.llm_calls,
+            tokens(run),
+            short(&Value::String(run.command.join(" ")), 50)
+        );
+        for child in children.get(run.run_id.as_str()).into_iter().flatten() {
+            walk(out, child, depth + 1, children, now);
+        }
+    }
+    for root in roots {
+        walk(&mut out, root, 0, &children, now);
+    }
+    out
+}
+
 pub fn runs_table(runs: &[RunView], now: u64) -> String {
     if runs.is_empty() {
         return "no runs yet; start one with `keel run -- COMMAND`\n".into();
@@ -196,6 +253,7 @@ pub fn runs_table(runs: &[RunView], now: u64) -> String {
     );
     for run in runs {
         let state = match &run.wait_reason {
+            Some(reason) if run.state == "waiting" && run.swapped => format!("swapped:{reason}"),
             Some(reason) if run.state == "waiting" => format!("waiting:{reason}"),
             _ => run.state.clone(),
         };
@@ -354,6 +412,35 @@ pub fn tools(tools: &[keel_protocol::api::ToolView]) {
     }
 }
 
+/// A tenant's quotas in words.
+pub fn quota(quota: &keel_protocol::api::QuotaParams) -> String {
+    let runs = quota.max_runs.map_or("no run limit".to_owned(), |n| format!("at most {n} live runs"));
+    let usd =
+        quota.max_usd_per_run.map_or("no default budget".to_owned(), |usd| format!("${usd:.2} per run"));
+    format!("{runs}, {usd}")
+}
+
+/// `keel tenant list`: one line per tenant, then its tokens indented.
+pub fn tenants_table(tenants: &[keel_protocol::api::TenantView]) -> String {
+    if tenants.is_empty() {
+        return "no tenants; create one with `keel tenant create NAME`\n".to_owned();
+    }
+    let mut out = String::new();
+    for tenant in tenants {
+        out.push_str(&format!("{}  ({})\n", tenant.name, quota(&tenant.quota)));
+        for token in &tenant.tokens {
+            let state = if token.revoked { "revoked" } else { "active" };
+            let label = token.label.as_deref().map(|l| format!("  {l}")).unwrap_or_default();
+            out.push_str(&format!(
+                "  {}  {state}  {}{label}\n",
+                token.prefix,
+                age(now_ms().saturating_sub(token.created_at))
+            ));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use keel_protocol::api::UsageView;
@@ -387,6 +474,8 @@ mod tests {
             question: None,
             budget: None,
             reason: None,
+            parent: None,
+            swapped: false,
         }
     }
 

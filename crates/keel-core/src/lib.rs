@@ -1,5 +1,6 @@
-//! Keel's pure decisions: the run lifecycle state machine, the replay matcher and the
-//! audit log's hash chain.
+//! Keel's pure decisions: the run lifecycle state machine, the replay matcher, budget
+//! accounting, scheduling policy (admission and LLM call order) and the audit log's hash
+//! chain.
 //!
 //! Nothing in this crate does IO, awaits, reads a clock or draws randomness. Every function
 //! maps (state, event) to a new state or a decision, so the kernel's effectful loop stays
@@ -9,3 +10,4 @@ pub mod audit;
 pub mod budget;
 pub mod lifecycle;
 pub mod replay;
+pub mod sched;

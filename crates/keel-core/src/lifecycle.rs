@@ -219,13 +219,14 @@ mod tests {
             Command::Park(WaitReason::Message) => 7,
             Command::Park(WaitReason::Approval) => 8,
             Command::Park(WaitReason::Budget) => 9,
-            Command::Wake => 10,
-            Command::KernelRestart => 11,
-            Command::Recovered => 12,
-            Command::Exit { success: true } => 13,
-            Command::Exit { success: false } => 14,
-            Command::Fail => 15,
-            Command::Cancel => 16,
+            Command::Park(WaitReason::Timer) => 10,
+            Command::Wake => 11,
+            Command::KernelRestart => 12,
+            Command::Recovered => 13,
+            Command::Exit { success: true } => 14,
+            Command::Exit { success: false } => 15,
+            Command::Fail => 16,
+            Command::Cancel => 17,
         }
     }
 
@@ -243,21 +244,21 @@ mod tests {
     /// The whole machine. Columns, in `table_commands` order:
     ///
     /// enq = Enqueue, sta = Start, pau = Pause, r-f / r-w = Resume{waiting: false / true},
-    /// p-h p-c p-m p-a p-b = Park(human / child / message / approval / budget),
+    /// p-h p-c p-m p-a p-b p-t = Park(human / child / message / approval / budget / timer),
     /// wak = Wake, kre = KernelRestart, rcd = Recovered, e-s / e-f = Exit{success: true /
     /// false}, fai = Fail, can = Cancel.
     #[rustfmt::skip]
-    const TABLE: &[(RunState, [Option<RunState>; 17])] = &[
-        //            enq  sta  pau  r-f  r-w  p-h  p-c  p-m  p-a  p-b  wak  kre  rcd  e-s  e-f  fai  can
-        (Created,    [QUE, RUN, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, FAI, CAN]),
-        (Queued,     [___, RUN, PAU, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, FAI, CAN]),
-        (Running,    [___, ___, PAU, ___, ___, WAI, WAI, WAI, WAI, WAI, ___, REC, ___, SUC, FAI, FAI, CAN]),
-        (Paused,     [___, ___, ___, RUN, WAI, ___, ___, ___, ___, ___, ___, ___, ___, SUC, FAI, FAI, CAN]),
-        (Waiting,    [___, ___, PAU, ___, ___, ___, ___, ___, ___, ___, RUN, REC, ___, SUC, FAI, FAI, CAN]),
-        (Recovering, [___, ___, PAU, ___, ___, ___, ___, ___, ___, ___, ___, REC, RUN, SUC, FAI, FAI, CAN]),
-        (Succeeded,  [___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___]),
-        (Failed,     [___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___]),
-        (Cancelled,  [___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___]),
+    const TABLE: &[(RunState, [Option<RunState>; 18])] = &[
+        //            enq  sta  pau  r-f  r-w  p-h  p-c  p-m  p-a  p-b  p-t  wak  kre  rcd  e-s  e-f  fai  can
+        (Created,    [QUE, RUN, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, FAI, CAN]),
+        (Queued,     [___, RUN, PAU, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, FAI, CAN]),
+        (Running,    [___, ___, PAU, ___, ___, WAI, WAI, WAI, WAI, WAI, WAI, ___, REC, ___, SUC, FAI, FAI, CAN]),
+        (Paused,     [___, ___, ___, RUN, WAI, ___, ___, ___, ___, ___, ___, ___, ___, ___, SUC, FAI, FAI, CAN]),
+        (Waiting,    [___, ___, PAU, ___, ___, ___, ___, ___, ___, ___, ___, RUN, REC, ___, SUC, FAI, FAI, CAN]),
+        (Recovering, [___, ___, PAU, ___, ___, ___, ___, ___, ___, ___, ___, ___, REC, RUN, SUC, FAI, FAI, CAN]),
+        (Succeeded,  [___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___]),
+        (Failed,     [___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___]),
+        (Cancelled,  [___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___, ___]),
     ];
 
     #[test]
@@ -265,7 +266,7 @@ mod tests {
         let states: Vec<RunState> = TABLE.iter().map(|(state, _)| *state).collect();
         assert_eq!(states, RunState::ALL, "one row per state, in RunState::ALL order");
         let commands = table_commands();
-        assert_eq!(commands.len(), 17);
+        assert_eq!(commands.len(), 18);
         for (index, command) in commands.iter().enumerate() {
             assert_eq!(column_of(*command), index, "{command:?} is in the wrong column");
         }
@@ -289,7 +290,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, RunState::ALL.len() * 17);
+        assert_eq!(checked, RunState::ALL.len() * 18);
     }
 
     #[test]

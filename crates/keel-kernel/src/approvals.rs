@@ -122,6 +122,7 @@ impl Kernel {
             self.wake_if_no_approvals(live).await;
             return Ok(decision);
         }
+        let _waiting = crate::swap::Busy::new(&live.waiting_calls);
         rx.await.map_err(|_| ErrorKind::Cancelled.error("the run is ending; the call was not approved"))
     }
 
@@ -261,8 +262,9 @@ impl Kernel {
         if let Some(pending) = pending {
             let _ = pending.reply.send(Decision { approve, note });
         }
-        if let Some(live) = &live {
-            self.wake_if_no_approvals(live).await;
+        match &live {
+            Some(live) => self.wake_if_no_approvals(live).await,
+            None => self.request_wake(run),
         }
         self.get(run).await
     }

@@ -38,6 +38,7 @@ enum Call {
     Exit(Value),
     Mem(memory::MemCall),
     Ipc(IpcCall),
+    Proc(crate::procs::ProcCall),
 }
 
 fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -123,6 +124,7 @@ fn check(method: &str, params: &Value) -> Result<Call, RpcError> {
         m if ipc::is_ipc_method(m) && keel_protocol::rpc::METHODS.contains(&m) => {
             Call::Ipc(ipc::check(method, params)?)
         }
+        m if crate::procs::is_proc_method(m) => Call::Proc(crate::procs::check(method, params)?),
         other => {
             return Err(ErrorKind::UnknownMethod.error(format!(
                 "unknown method {other:?}; protocol 1 has: {}",
@@ -180,6 +182,7 @@ impl Kernel {
         params: Value,
         stream: Option<DeltaSink>,
     ) -> Reply {
+        let _busy = crate::swap::Busy::new(&live.inflight);
         if live.exited.load(Ordering::SeqCst) {
             return Err(ErrorKind::RunExited.error(format!(
                 "{method}: this run already called run.exit; the agent should end its process now"
@@ -492,6 +495,36 @@ impl Kernel {
                 outcome
             }
             Call::Tool(call) => self.perform_tool(live, method, call, params, hash, reuse).await,
+            Call::Proc(crate::procs::ProcCall::Signal { child, signal }) => {
+                // Stop, pause and resume are idempotent: journaled once done.
+                let result = self.proc_signal(live, &child, &signal).await?;
+                self.record(live, method, params, hash, result.clone()).await?;
+                Ok(result)
+            }
+            Call::Proc(call) => {
+                let started = match reuse {
+                    Some(seq) => live.replay.lock().await.recorded.get(&seq).map(|e| e.started_at_ms),
+                    None => None,
+                }
+                .unwrap_or_else(now_ms);
+                let seq = self.intend_unless_retry(live, reuse, method, params, hash).await?;
+                let key = format!("{}:{seq}", live.id);
+                let outcome = match call {
+                    crate::procs::ProcCall::Spawn(spawn) => self.proc_spawn(live, spawn, &key).await,
+                    crate::procs::ProcCall::Wait { child, timeout_ms } => {
+                        self.proc_wait(live, &child, timeout_ms).await
+                    }
+                    crate::procs::ProcCall::Sleep { ms } => self.sys_sleep(live, ms, started).await,
+                    crate::procs::ProcCall::Signal { .. } => Err(internal("signal is handled above")),
+                };
+                if matches!(&outcome, Err(err) if err.code == ErrorKind::Cancelled.code()) {
+                    return outcome; // Left pending: a relaunched agent asking again waits again.
+                }
+                let record = outcome.clone().unwrap_or(Value::Null);
+                self.complete(live, seq, method, &outcome, record, Usage::default(), false, json!({}))
+                    .await?;
+                outcome
+            }
             Call::Exec(exec) => {
                 let seq = self.intend_unless_retry(live, reuse, method, params, hash).await?;
                 let started = std::time::Instant::now();
@@ -582,6 +615,7 @@ impl Kernel {
             Call::Ask(question) => {
                 let seq = self.intend_unless_retry(live, reuse, method, params, hash).await?;
                 let answer = self.park_for_answer(live, seq, question).await.map_err(internal)?;
+                let _waiting = crate::swap::Busy::new(&live.waiting_calls);
                 match answer.await {
                     Ok(text) => Ok(json!({ "answer": text })),
                     Err(_) => {

@@ -17,6 +17,15 @@ pub enum Error {
     Conflict(String),
     #[error(transparent)]
     IllegalTransition(#[from] keel_core::lifecycle::IllegalTransition),
+    /// The caller's token may not do this (e.g. a tenant's token managing tenants).
+    #[error("{0}")]
+    Forbidden(String),
+    /// Something other than a run does not exist (a tenant, a token); the message names it.
+    #[error("{0}")]
+    NotFound(String),
+    /// A tenant's quota refuses the request for now; try again after `retry_after_secs`.
+    #[error("{message}")]
+    QuotaExceeded { message: String, retry_after_secs: u64 },
     #[error("another kernel is already using {dir}: {detail}")]
     DataDirLocked { dir: String, detail: String },
     #[error("could not prepare the data directory {dir}: {source}")]

@@ -174,19 +174,26 @@ impl Kernel {
             let mut notified = pin!(self.inner.mail.notified());
             notified.as_mut().enable();
             let outcome = match (&to, &topic) {
-                (Some(to), _) => {
-                    self.store().mailbox_send(to, new.clone()).await.map(|seq| json!({ "seq": seq }))
-                }
-                (None, Some(topic)) => self
+                (Some(to), _) => self
                     .store()
-                    .topic_publish(topic, new.clone())
+                    .mailbox_send(to, new.clone())
                     .await
-                    .map(|delivered| json!({ "delivered": delivered.len() })),
+                    .map(|seq| (json!({ "seq": seq }), vec![to.clone()])),
+                (None, Some(topic)) => {
+                    self.store().topic_publish(topic, new.clone()).await.map(|delivered| {
+                        let receivers = delivered.iter().map(|(run, _)| run.clone()).collect();
+                        (json!({ "delivered": delivered.len() }), receivers)
+                    })
+                }
                 (None, None) => return Err(internal("a send without a target")),
             };
             match outcome {
-                Ok(result) => {
+                Ok((result, receivers)) => {
                     self.inner.mail.notify_waiters();
+                    // A receiver swapped out while waiting comes back for it.
+                    for run in &receivers {
+                        self.request_wake(run);
+                    }
                     return Ok(result);
                 }
                 Err(StoreError::RunNotFound(run)) => return Err(not_found(&run)),
@@ -215,11 +222,23 @@ impl Kernel {
         idempotency_key: &str,
     ) -> Result<Value, RpcError> {
         let deadline = timeout_ms.map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+        let _waiting = crate::swap::Busy::new(&live.waiting_calls);
+        // A long wait shows as `waiting(message)` (and may be swapped out).
+        let long = timeout_ms.is_none_or(|ms| ms >= 1000);
+        let mut parked = false;
         loop {
             let mut notified = pin!(self.inner.mail.notified());
             notified.as_mut().enable();
             let received =
                 self.store().mailbox_receive(&live.id, Some(idempotency_key)).await.map_err(internal)?;
+            if received.is_some() || !long || parked {
+                if parked && received.is_some() {
+                    self.wake_run(live, keel_types::WaitReason::Message).await;
+                }
+            } else {
+                self.park_run(live, keel_types::WaitReason::Message).await;
+                parked = true;
+            }
             if let Some(message) = received {
                 self.inner.mail.notify_waiters();
                 let message = IpcMessage {
@@ -237,6 +256,9 @@ impl Kernel {
             let mut wake = tokio::time::Instant::now() + POLL;
             if let Some(deadline) = deadline {
                 if tokio::time::Instant::now() >= deadline {
+                    if parked {
+                        self.wake_run(live, keel_types::WaitReason::Message).await;
+                    }
                     return Ok(json!({ "message": null }));
                 }
                 wake = wake.min(deadline);

@@ -18,10 +18,13 @@ mod governance;
 mod ipc;
 mod memory;
 mod paths;
+mod procs;
 mod runtime;
 mod sandboxing;
 mod sdk;
+mod swap;
 mod syscall;
+mod tenants;
 mod tools;
 pub mod views;
 
@@ -30,3 +33,4 @@ pub use events::EventStream;
 pub use gateway::RunHandle;
 pub use paths::DataDir;
 pub use runtime::{Command, CreateRun, Kernel, KernelOptions};
+pub use tenants::{DEFAULT_TENANT, Principal};

@@ -55,6 +55,9 @@ pub struct KernelOptions {
     /// How to start an interpreter worker (`keel` itself with a hidden argument); `None`
     /// leaves `code.exec` for python/javascript unavailable, saying so.
     pub interp_worker: Option<keel_interp::WorkerCommand>,
+    /// Swap out runs that have waited this long for something durable (see `swap.rs`);
+    /// `None` keeps every waiting agent resident.
+    pub swap_after: Option<Duration>,
 }
 
 /// A request to start a run, validated (see [`CreateRun::validate`]).
@@ -78,6 +81,8 @@ pub struct CreateRun {
     pub input: Option<Value>,
     /// The run that started this one (an agent called as a tool).
     pub parent: Option<RunId>,
+    /// `high`, `normal` or `low` (default normal).
+    pub priority: Option<String>,
 }
 
 impl CreateRun {
@@ -140,6 +145,11 @@ impl CreateRun {
         if let Some(sandbox) = &params.sandbox {
             crate::sandboxing::validate(sandbox)?;
         }
+        if let Some(priority) = &params.priority
+            && !matches!(priority.as_str(), "high" | "normal" | "low")
+        {
+            return bad(format!("priority {priority:?} is not known; use high, normal or low"));
+        }
         if let Some(grant) = &params.grant {
             keel_tools::grant::Grant::parse(grant)
                 .map_err(|e| Error::InvalidRequest(format!("grant: {e}")))?;
@@ -164,6 +174,7 @@ impl CreateRun {
             grant: params.grant,
             input: params.input,
             parent: None,
+            priority: params.priority,
         })
     }
 
@@ -182,6 +193,7 @@ impl CreateRun {
             "grant": self.grant,
             "input": self.input,
             "parent": self.parent.as_ref().map(RunId::as_str),
+            "priority": self.priority,
         })
     }
 }
@@ -210,7 +222,21 @@ impl CreateRun {
             grant: spec.grant,
             input: Some(args),
             parent: Some(parent.id.clone()),
+            priority: parent.spec.get("priority").and_then(Value::as_str).map(str::to_owned),
         })
+    }
+
+    /// A child run started by `proc.spawn`: `command` in the parent's tenant, working
+    /// directory, sandbox, model and grant.
+    pub(crate) fn child_of(
+        parent: &RunRecord,
+        command: Vec<String>,
+        input: Option<Value>,
+    ) -> std::result::Result<CreateRun, String> {
+        let tool = keel_tools::AgentTool { command, env: BTreeMap::new() };
+        let mut request = CreateRun::for_agent_tool(parent, &tool, Value::Null)?;
+        request.input = input;
+        Ok(request)
     }
 }
 
@@ -263,9 +289,15 @@ pub(crate) struct Inner {
     /// never races; runs do not wait for each other.
     transitions: Mutex<HashMap<RunId, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) events: EventLog,
-    shutting_down: AtomicBool,
+    pub(crate) shutting_down: AtomicBool,
     /// Fired on every mailbox send and receive; mailbox waiters listen to it.
     pub(crate) mail: tokio::sync::Notify,
+    /// Swapped-out runs to bring back (served by one background task).
+    wakeups: tokio::sync::mpsc::UnboundedSender<RunId>,
+    /// Runs whose descendants are to be stopped (served by one background task).
+    stop_trees: tokio::sync::mpsc::UnboundedSender<(RunId, Option<Duration>)>,
+    /// Fired whenever a run ends; `proc.wait` listens to it.
+    pub(crate) run_ended: tokio::sync::Notify,
     /// The most undelivered messages a run's mailbox holds (`KEEL_MAILBOX_CAPACITY`).
     pub(crate) mailbox_capacity: u64,
     /// Every tool the kernel knows (built-ins, keel.toml's, mounted MCP servers').
@@ -306,6 +338,14 @@ pub(crate) struct LiveRun {
     pub(crate) cwd: PathBuf,
     /// `http.fetch`'s client: through the run's egress proxy, or none without egress.
     pub(crate) fetcher: tokio::sync::OnceCell<Result<crate::tools::Fetcher, String>>,
+    /// Set when the agent is gone: syscalls still in flight are dropped (an LLM stream
+    /// closes, a tool's process tree is killed, an MCP call is cancelled).
+    pub(crate) ended: tokio::sync::watch::Sender<bool>,
+    /// Syscalls in flight, and how many of them are durable waits (see `swap.rs`).
+    pub(crate) inflight: std::sync::atomic::AtomicUsize,
+    pub(crate) waiting_calls: std::sync::atomic::AtomicUsize,
+    /// Set when the kernel stops the agent to swap the run out.
+    pub(crate) swapping: AtomicBool,
     /// The run's egress proxy (`allowlist` runs); it stops when the run is dropped.
     _egress: Option<keel_sandbox::egress::EgressProxy>,
 }
@@ -359,6 +399,9 @@ impl Kernel {
             })??,
         );
         let events = EventLog::start(store.clone());
+        let (stop_trees, mut stop_requests) = tokio::sync::mpsc::unbounded_channel();
+        let (wakeups, mut wake_requests) = tokio::sync::mpsc::unbounded_channel::<RunId>();
+        let swap_after = options.swap_after;
         let kernel = Kernel {
             inner: Arc::new(Inner {
                 store,
@@ -376,6 +419,9 @@ impl Kernel {
                 events,
                 shutting_down: AtomicBool::new(false),
                 mail: tokio::sync::Notify::new(),
+                run_ended: tokio::sync::Notify::new(),
+                stop_trees,
+                wakeups,
                 mailbox_capacity: crate::ipc::capacity_from_env(),
                 tools: crate::tools::Registry::new(options.tools),
                 interp: options
@@ -385,6 +431,21 @@ impl Kernel {
             }),
         };
         crate::syscall::listen(kernel.clone())?;
+        let waker = kernel.clone();
+        tokio::spawn(async move {
+            while let Some(run) = wake_requests.recv().await {
+                waker.wake_swapped(&run).await;
+            }
+        });
+        if let Some(threshold) = swap_after {
+            kernel.spawn_swapper(threshold);
+        }
+        let stopper = kernel.clone();
+        tokio::spawn(async move {
+            while let Some((run, grace)) = stop_requests.recv().await {
+                stopper.stop_descendants(&run, grace).await;
+            }
+        });
         Ok(kernel)
     }
 
@@ -486,6 +547,21 @@ impl Kernel {
         lock(&self.inner.tokens).get(token).cloned()
     }
 
+    /// Every run with an agent process of this kernel.
+    pub(crate) fn live_runs(&self) -> Vec<Arc<LiveRun>> {
+        lock(&self.inner.live).values().cloned().collect()
+    }
+
+    /// Asks for a swapped-out run to be brought back (a no-op for any other run).
+    pub(crate) fn request_wake(&self, run: &RunId) {
+        let _ = self.inner.wakeups.send(run.clone());
+    }
+
+    /// Relaunches a run by replay; it is in `recovering`.
+    pub(crate) async fn relaunch(&self, record: RunRecord) -> Result<RunRecord> {
+        self.launch(record, true).await
+    }
+
     pub(crate) fn exec_by_token(&self, token: &str) -> Option<(Arc<LiveRun>, Seq)> {
         lock(&self.inner.exec_tokens).get(token).cloned()
     }
@@ -522,6 +598,13 @@ impl Kernel {
         let updated = self.inner.store.update_run(run, Some(current.state), patch).await?;
         if next.is_terminal() {
             lock(&self.inner.transitions).remove(run); // An ended run never changes again.
+            self.inner.run_ended.notify_waiters();
+            // A parent swapped out while waiting for its children comes back.
+            if let Some(parent) =
+                updated.spec.get("parent").and_then(Value::as_str).and_then(|p| RunId::parse(p).ok())
+            {
+                self.request_wake(&parent);
+            }
         }
         let mut data = json!({ "state": next.as_str(), "from": current.state.as_str() });
         if let Some(reason) = updated.wait_reason {
@@ -660,6 +743,10 @@ impl Kernel {
             profile,
             cwd: spec.cwd.clone(),
             fetcher: tokio::sync::OnceCell::new(),
+            ended: tokio::sync::watch::Sender::new(false),
+            inflight: Default::default(),
+            waiting_calls: Default::default(),
+            swapping: AtomicBool::new(false),
             _egress: egress,
         });
         lock(&self.inner.live).insert(record.id.clone(), live.clone());
@@ -828,8 +915,12 @@ impl Kernel {
     ) {
         lock(&self.inner.live).remove(&live.id);
         lock(&self.inner.tokens).retain(|_, run| !Arc::ptr_eq(run, live));
+        live.ended.send_replace(true);
         if self.inner.shutting_down.load(Ordering::SeqCst) {
             return; // The next kernel recovers the run.
+        }
+        if live.swapping.load(Ordering::SeqCst) && !live.stopping.load(Ordering::SeqCst) {
+            return self.settle_swapped(live).await;
         }
         self.abandon_replay_tail(live).await;
         use std::os::unix::process::ExitStatusExt;
@@ -911,6 +1002,8 @@ impl Kernel {
     async fn stop(&self, run: &RunId, grace: Option<Duration>) -> Result<RunRecord> {
         let record = self.get(run).await?;
         lifecycle::transition(record.state, Lifecycle::Cancel)?;
+        // Descendants go too (in the background: each has its own grace period).
+        let _ = self.inner.stop_trees.send((run.clone(), grace));
         let Some(live) = self.live(run) else {
             return self
                 .transition(run, Lifecycle::Cancel, RunPatch { pid: Some(None), ..RunPatch::default() })
@@ -968,8 +1061,12 @@ impl Kernel {
         };
         self.inner.store.complete_entry(run, seq, completion).await?;
         self.emit(run, "answer", json!({ "seq": seq, "text": text }));
-        if let Some(ask) = pending {
-            let _ = ask.reply.send(text);
+        match pending {
+            Some(ask) => {
+                let _ = ask.reply.send(text);
+            }
+            // Swapped out (or not relaunched yet): the answer brings it back.
+            None => self.request_wake(run),
         }
         match self.get(run).await?.state {
             RunState::Waiting => self.transition(run, Lifecycle::Wake, RunPatch::default()).await,
@@ -1021,9 +1118,18 @@ impl Kernel {
                 RunState::Recovering,
             ],
             limit: None,
+            tenant: None,
         };
         let mut runs = self.inner.store.list_runs(&filter).await?;
         runs.reverse(); // Oldest first.
+        // Swapped-out runs stay swapped out until what they wait for happens.
+        let mut resident = Vec::with_capacity(runs.len());
+        for run in runs {
+            if !self.recover_swapped(&run).await {
+                resident.push(run);
+            }
+        }
+        let runs = resident;
         // Agents of the previous kernel die with it (PDEATHSIG), but descendants that
         // escaped may linger; they must not race the relaunched agents. One scan of /proc
         // serves every run.

@@ -108,7 +108,14 @@ async fn serve_connection(kernel: Kernel, stream: UnixStream) {
         let kernel = kernel.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
-            let response = match kernel.syscall(&live, &method, params).await {
+            // When the agent is gone, what it asked for is dropped mid-flight: an LLM
+            // stream closes, a tool's processes are killed, an MCP call is cancelled.
+            let mut ended = live.ended.subscribe();
+            let reply = tokio::select! {
+                reply = kernel.syscall(&live, &method, params) => reply,
+                _ = ended.wait_for(|ended| *ended) => return,
+            };
+            let response = match reply {
                 Ok(result) => Response::ok(id, result),
                 Err(error) => Response::err(id, error),
             };

@@ -35,6 +35,8 @@ pub fn run(record: &RunRecord, question: Option<String>) -> RunView {
         // Filled in by callers that can afford the lookups (see `Kernel::budget_view`).
         budget: None,
         reason: None,
+        parent: record.spec.get("parent").and_then(serde_json::Value::as_str).map(str::to_owned),
+        swapped: crate::swap::is_swapped(record),
     }
 }
 

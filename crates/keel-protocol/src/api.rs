@@ -51,6 +51,9 @@ pub struct CreateRunParams {
     /// the grant is denied and audited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<Vec<String>>,
+    /// `high`, `normal` (the default) or `low`: the run's priority class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
     /// Input for the agent, as JSON; it reads it from `KEEL_INPUT` (`keel.input()` in the
     /// Python SDK). Agents started as tools get their call's arguments here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -204,6 +207,13 @@ pub struct RunView {
     /// request of a loop).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The run that started this one (`proc.spawn`, or an agent called as a tool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// A waiting run whose agent process was stopped to save memory; it is relaunched by
+    /// replay when what it waits for happens.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub swapped: bool,
 }
 
 /// One journal entry, as `keel inspect` shows it.
@@ -510,4 +520,70 @@ pub struct AuditVerifyView {
     /// What does not hold there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+/// A tenant's quotas. Absent fields are unlimited.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaParams {
+    /// The most runs of the tenant that may be live (not ended) at once; creating one
+    /// more answers 429 with `Retry-After`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_runs: Option<u32>,
+    /// The USD budget a run of the tenant gets when it brings none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_usd_per_run: Option<f64>,
+}
+
+/// `POST /v1/tenants` (operator only): create a tenant.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTenantParams {
+    /// 1-64 letters, digits, '-' or '_'.
+    pub name: String,
+    #[serde(default)]
+    pub quota: Option<QuotaParams>,
+}
+
+/// A tenant, with its tokens (never the tokens themselves).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TenantView {
+    pub name: String,
+    /// Unix milliseconds.
+    pub created_at: u64,
+    pub quota: QuotaParams,
+    pub tokens: Vec<TokenView>,
+}
+
+/// An API token of a tenant, named by its public prefix.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TokenView {
+    pub prefix: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// Unix milliseconds.
+    pub created_at: u64,
+    pub revoked: bool,
+}
+
+/// `POST /v1/tenants/{name}/tokens`: mint an API token for the tenant.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenParams {
+    #[serde(default)]
+    pub label: Option<String>,
+}
+
+/// A freshly minted token: the only time it is shown (the kernel keeps its hash).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TokenCreatedView {
+    pub tenant: String,
+    pub prefix: String,
+    pub token: String,
+}
+
+/// `DELETE /v1/tenants/{name}/tokens/{prefix}`: how many tokens were revoked.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TokenRevokedView {
+    pub revoked: u64,
 }

@@ -33,6 +33,10 @@ pub const METHODS: &[&str] = &[
     "ipc.unsubscribe",
     "ipc.publish",
     "code.exec",
+    "proc.spawn",
+    "proc.wait",
+    "proc.signal",
+    "sys.sleep",
 ];
 
 /// A request as read off the socket (after the line parsed as JSON).
@@ -253,6 +257,57 @@ pub struct ToolCallParams {
 
 fn empty_object() -> Value {
     Value::Object(Default::default())
+}
+
+/// `proc.spawn`: start a child run (in the caller's tenant, working directory and
+/// sandbox; with the caller's grant unless it names a narrower one).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcSpawnParams {
+    /// The child's program and arguments; or name an agent tool with `agent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// An agent declared under `[[tools.agent]]` in keel.toml.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The child's input (`KEEL_INPUT`, `keel.input()`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Tool patterns, each within the caller's grant; default: the caller's grant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Vec<String>>,
+    /// `high`, `normal` or `low`; default: the caller's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
+    /// The child's own budget (`max_usd`, `max_tokens`, ...), the same shape as a run's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Value>,
+}
+
+/// `proc.wait`: until a child run ends (or `timeout_ms` passes) → its outcome.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcWaitParams {
+    pub run_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// `proc.signal`: `stop`, `pause` or `resume` a descendant run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcSignalParams {
+    pub run_id: String,
+    pub signal: String,
+}
+
+/// `sys.sleep`: a durable timer; after a crash the run sleeps only what was left.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SysSleepParams {
+    pub ms: u64,
 }
 
 /// `code.exec`: run a short program whose tool calls go through the kernel's governed

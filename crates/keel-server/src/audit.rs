@@ -1,6 +1,8 @@
 //! `/v1/audit...`: the audit log as JSON pages, its verification, and an NDJSON export.
-//! Entries are the API tenant's; verification covers the whole chain (it is one chain).
+//! A tenant's token sees its tenant's entries, the operator's every tenant's; verifying
+//! walks the whole chain (it is one chain over all tenants), so it is the operator's.
 
+use axum::Extension;
 use axum::Json;
 use axum::Router;
 use axum::body::Body;
@@ -14,7 +16,9 @@ use keel_protocol::api::{AuditEntryView, AuditVerifyView, ErrorBody};
 use keel_store::AuditFilter;
 use serde::Deserialize;
 
-use crate::{API_TENANT, ApiError, AppState, run_id};
+use keel_kernel::Principal;
+
+use crate::{ApiError, AppState, run_id};
 
 /// The most entries one page returns (and the default).
 const MAX_PAGE: u32 = 10_000;
@@ -50,8 +54,13 @@ fn bad_query(rejection: QueryRejection) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", rejection.body_text())
 }
 
-/// The filter a query asks for, with the API tenant.
-fn filter(run: Option<&str>, after: Option<u64>, limit: Option<u32>) -> Result<AuditFilter, ApiError> {
+/// The filter a query asks for, within the principal's tenant.
+fn filter(
+    principal: &Principal,
+    run: Option<&str>,
+    after: Option<u64>,
+    limit: Option<u32>,
+) -> Result<AuditFilter, ApiError> {
     let run_id = run.map(run_id).transpose()?;
     let limit = limit.unwrap_or(MAX_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
@@ -62,7 +71,7 @@ fn filter(run: Option<&str>, after: Option<u64>, limit: Option<u32>) -> Result<A
         ));
     }
     Ok(AuditFilter {
-        tenant: Some(API_TENANT.to_owned()),
+        tenant: principal.listing(None)?,
         run_id,
         after_seq: after.unwrap_or(0),
         limit: Some(limit),
@@ -74,10 +83,11 @@ fn filter(run: Option<&str>, after: Option<u64>, limit: Option<u32>) -> Result<A
     responses((status = 200, body = Vec<AuditEntryView>), (status = 400, body = ErrorBody)), security(("bearer" = [])))]
 async fn audit_list(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     query: Result<Query<AuditQuery>, QueryRejection>,
 ) -> Result<Json<Vec<AuditEntryView>>, ApiError> {
     let Query(query) = query.map_err(bad_query)?;
-    let filter = filter(query.run.as_deref(), query.after, query.limit)?;
+    let filter = filter(&principal, query.run.as_deref(), query.after, query.limit)?;
     let entries = state.kernel.audit_list(&filter).await?;
     Ok(Json(entries.iter().map(views::audit_entry).collect()))
 }
@@ -86,7 +96,11 @@ async fn audit_list(
 /// the reason, when it was tampered with.
 #[utoipa::path(get, path = "/v1/audit/verify",
     responses((status = 200, body = AuditVerifyView)), security(("bearer" = [])))]
-async fn audit_verify(State(state): State<AppState>) -> Result<Json<AuditVerifyView>, ApiError> {
+async fn audit_verify(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+) -> Result<Json<AuditVerifyView>, ApiError> {
+    principal.require_admin("verifying the audit log (one chain over every tenant)")?;
     let verified = state.kernel.audit_verify().await?;
     Ok(Json(views::audit_verify(&verified)))
 }
@@ -104,10 +118,11 @@ struct ExportQuery {
         (status = 400, body = ErrorBody)), security(("bearer" = [])))]
 async fn audit_export(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     query: Result<Query<ExportQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(bad_query)?;
-    let first = filter(query.run.as_deref(), None, Some(EXPORT_PAGE))?;
+    let first = filter(&principal, query.run.as_deref(), None, Some(EXPORT_PAGE))?;
     // The first page is read before answering, so a failure is still a proper error.
     let page = state.kernel.audit_list(&first).await?;
     let pages = futures_util::stream::unfold(Some((state.kernel, first, Ok(page))), |next| async move {

@@ -1,9 +1,12 @@
 //! Keel's HTTP API. Handlers only parse requests into kernel commands and render kernel
 //! records as `keel_protocol::api` views; every decision is the kernel's. All `/v1/runs`
-//! routes need `Authorization: Bearer <token>` (the token in the data directory).
+//! routes need `Authorization: Bearer <token>`: the operator's token in the data
+//! directory, or a tenant's token, which confines the request to that tenant (see
+//! `keel_kernel::Principal`).
 
 mod audit;
 mod gateway;
+mod tenants;
 
 pub use gateway::router as gateway_router;
 
@@ -17,8 +20,8 @@ use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::{Json, Router};
-use keel_kernel::{Command, CreateRun, Error as KernelError, Kernel, views};
+use axum::{Extension, Json, Router};
+use keel_kernel::{Command, Error as KernelError, Kernel, Principal, views};
 use keel_protocol::api::{
     AnswerParams, BudgetParams, BudgetView, CreateRunParams, ErrorBody, ErrorDetail, EventView, EventsPage,
     HealthView, InspectView, JournalEntryView, MemoryDeleteView, MemoryHitView, MemoryPutBody,
@@ -67,11 +70,8 @@ struct AppState {
     token: String,
 }
 
-/// The tenant of every API request until tokens belong to tenants.
-const API_TENANT: &str = "default";
-
-/// The API's router. `token` is the bearer token every `/v1/runs`, `/v1/memory` and
-/// `/v1/threads` request must carry.
+/// The API's router. `token` is the operator's bearer token; tenants' tokens (minted
+/// through `/v1/tenants`) are accepted too, each confined to its tenant.
 pub fn router(kernel: Kernel, token: String) -> Router {
     let state = AppState { kernel, token };
     let protected = Router::new()
@@ -91,6 +91,7 @@ pub fn router(kernel: Kernel, token: String) -> Router {
         .route("/v1/memory/{namespace}/{key}", put(memory_put).get(memory_get).delete(memory_delete))
         .route("/v1/threads/{id}", get(thread_read))
         .merge(audit::routes())
+        .merge(tenants::routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/v1/health", get(health))
@@ -100,25 +101,41 @@ pub fn router(kernel: Kernel, token: String) -> Router {
         .with_state(state)
 }
 
-/// An API error: a status and an [`ErrorBody`].
-pub struct ApiError(StatusCode, ErrorBody);
+/// An API error: a status and an [`ErrorBody`], and for a 429 the seconds to wait
+/// (`Retry-After`).
+pub struct ApiError(StatusCode, ErrorBody, Option<u64>);
 
 impl ApiError {
     fn new(status: StatusCode, kind: &str, message: impl Into<String>) -> ApiError {
-        ApiError(status, ErrorBody { error: ErrorDetail { kind: kind.into(), message: message.into() } })
+        ApiError(
+            status,
+            ErrorBody { error: ErrorDetail { kind: kind.into(), message: message.into() } },
+            None,
+        )
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, Json(self.1)).into_response()
+        match self.2 {
+            Some(secs) => (self.0, [(header::RETRY_AFTER, secs.to_string())], Json(self.1)).into_response(),
+            None => (self.0, Json(self.1)).into_response(),
+        }
     }
 }
 
 impl From<KernelError> for ApiError {
     fn from(err: KernelError) -> ApiError {
         let (status, kind) = match &err {
-            KernelError::RunNotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            KernelError::RunNotFound(_) | KernelError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            KernelError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            KernelError::QuotaExceeded { retry_after_secs, .. } => {
+                let retry_after = Some(*retry_after_secs);
+                let mut error =
+                    ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", err.to_string());
+                error.2 = retry_after;
+                return error;
+            }
             KernelError::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
             KernelError::Conflict(_) | KernelError::IllegalTransition(_) => {
                 (StatusCode::CONFLICT, "conflict")
@@ -156,10 +173,12 @@ fn run_id(text: &str) -> Result<RunId, ApiError> {
     RunId::parse(text).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()))
 }
 
+/// Resolves the bearer token to a [`Principal`] (the operator's token, else a tenant's
+/// live token) and hands it to the handler in the request's extensions.
 async fn require_token(
     State(state): State<AppState>,
     headers: HeaderMap,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     let presented = headers
@@ -167,13 +186,25 @@ async fn require_token(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    if constant_time_eq(presented.as_bytes(), state.token.as_bytes()) {
+    let principal = if constant_time_eq(presented.as_bytes(), state.token.as_bytes()) {
+        Some(Principal::Admin)
+    } else {
+        // The lookup is by sha256 of the token, so its timing says nothing about the
+        // stored tokens.
+        match state.kernel.authenticate_api_token(presented).await {
+            Ok(tenant) => tenant.map(Principal::Tenant),
+            Err(err) => return ApiError::from(err).into_response(),
+        }
+    };
+    if let Some(principal) = principal {
+        request.extensions_mut().insert(principal);
         next.run(request).await
     } else {
         ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthenticated",
-            "missing or wrong bearer token; the CLI reads it from <data dir>/api-token (or KEEL_API_TOKEN)",
+            "missing, wrong or revoked bearer token; the CLI reads it from KEEL_API_TOKEN, else \
+             <data dir>/api-token",
         )
         .into_response()
     }
@@ -190,6 +221,7 @@ async fn not_found() -> ApiError {
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {
     let mut doc = ApiDoc::openapi();
     doc.merge(<audit::AuditApiDoc as OpenApi>::openapi());
+    doc.merge(<tenants::TenantsApiDoc as OpenApi>::openapi());
     Json(doc)
 }
 
@@ -221,10 +253,10 @@ async fn view(kernel: &Kernel, record: &keel_store::RunRecord) -> Result<RunView
     responses((status = 201, body = RunView), (status = 400, body = ErrorBody)), security(("bearer" = [])))]
 async fn create_run(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Body(params): Body<CreateRunParams>,
 ) -> Result<(StatusCode, Json<RunView>), ApiError> {
-    let request = CreateRun::validate(params)?;
-    let record = state.kernel.execute(Command::Create(request)).await?;
+    let record = state.kernel.create_run_for(&principal, params).await?;
     Ok((StatusCode::CREATED, Json(view(&state.kernel, &record).await?)))
 }
 
@@ -233,6 +265,8 @@ struct ListQuery {
     /// Comma-separated states to include, e.g. `running,waiting`.
     state: Option<String>,
     limit: Option<usize>,
+    /// Only this tenant's runs (the operator's token; a tenant's sees only its own).
+    tenant: Option<String>,
 }
 
 /// List runs, newest first.
@@ -240,6 +274,7 @@ struct ListQuery {
     responses((status = 200, body = Vec<RunView>)), security(("bearer" = [])))]
 async fn list_runs(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Query(query): Query<ListQuery>,
 ) -> Result<Json<Vec<RunView>>, ApiError> {
     let states = match query.state.as_deref().filter(|s| !s.is_empty()) {
@@ -250,7 +285,8 @@ async fn list_runs(
             .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()))?,
         None => Vec::new(),
     };
-    let records = state.kernel.list(&RunFilter { states, limit: query.limit }).await?;
+    let tenant = principal.listing(query.tenant.as_deref())?;
+    let records = state.kernel.list(&RunFilter { states, limit: query.limit, tenant }).await?;
     let mut runs = Vec::with_capacity(records.len());
     for record in &records {
         runs.push(view(&state.kernel, record).await?);
@@ -263,10 +299,11 @@ async fn list_runs(
     responses((status = 200, body = InspectView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 async fn inspect_run(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<InspectView>, ApiError> {
     let id = run_id(&id)?;
-    let record = state.kernel.get(&id).await?;
+    let record = state.kernel.run_for(&principal, &id).await?;
     let journal = state.kernel.journal(&id).await?;
     Ok(Json(InspectView {
         run: view(&state.kernel, &record).await?,
@@ -289,10 +326,12 @@ struct EventsQuery {
     responses((status = 200, body = EventsPage)), security(("bearer" = [])))]
 async fn run_events(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     Query(query): Query<EventsQuery>,
 ) -> Result<Response, ApiError> {
     let id = run_id(&id)?;
+    state.kernel.run_for(&principal, &id).await?;
     let after = query.after.unwrap_or(0);
     if !query.follow.unwrap_or(false) {
         let events = state.kernel.events_page(&id, after, 10_000).await?;
@@ -322,6 +361,14 @@ async fn run_events(
     Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
 }
 
+/// The run named in the path, if the principal may act on it (another tenant's run is
+/// 404 like a missing one).
+async fn own_run(state: &AppState, principal: &Principal, id: &str) -> Result<keel_types::RunId, ApiError> {
+    let id = run_id(id)?;
+    state.kernel.run_for(principal, &id).await?;
+    Ok(id)
+}
+
 async fn act(state: &AppState, command: Command) -> Result<Json<RunView>, ApiError> {
     let record = state.kernel.execute(command).await?;
     Ok(Json(view(&state.kernel, &record).await?))
@@ -330,8 +377,12 @@ async fn act(state: &AppState, command: Command) -> Result<Json<RunView>, ApiErr
 /// Pause a run (its processes are frozen).
 #[utoipa::path(post, path = "/v1/runs/{id}/pause", params(("id" = String, Path)),
     responses((status = 200, body = RunView), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
-async fn pause_run(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<RunView>, ApiError> {
-    act(&state, Command::Pause(run_id(&id)?)).await
+async fn pause_run(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<RunView>, ApiError> {
+    act(&state, Command::Pause(own_run(&state, &principal, &id).await?)).await
 }
 
 /// Resume a paused run.
@@ -339,9 +390,10 @@ async fn pause_run(State(state): State<AppState>, Path(id): Path<String>) -> Res
     responses((status = 200, body = RunView), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 async fn resume_run(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<RunView>, ApiError> {
-    act(&state, Command::Resume(run_id(&id)?)).await
+    act(&state, Command::Resume(own_run(&state, &principal, &id).await?)).await
 }
 
 /// Stop a run: SIGTERM to its process tree, SIGKILL after the grace period. Returns at
@@ -350,9 +402,11 @@ async fn resume_run(
     responses((status = 200, body = RunView), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 async fn stop_run(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<RunView>, ApiError> {
+    let run = own_run(&state, &principal, &id).await?;
     // The body is optional: an empty one means "the run's own grace period".
     let params: StopParams = if body.iter().all(u8::is_ascii_whitespace) {
         StopParams::default()
@@ -362,7 +416,7 @@ async fn stop_run(
         })?
     };
     let grace = params.grace_secs.map(Duration::from_secs);
-    act(&state, Command::Stop { run: run_id(&id)?, grace }).await
+    act(&state, Command::Stop { run, grace }).await
 }
 
 /// Answer the run's open `human.ask`.
@@ -370,10 +424,11 @@ async fn stop_run(
     responses((status = 200, body = RunView), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 async fn answer_run(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     Body(params): Body<AnswerParams>,
 ) -> Result<Json<RunView>, ApiError> {
-    act(&state, Command::Answer { run: run_id(&id)?, text: params.text }).await
+    act(&state, Command::Answer { run: own_run(&state, &principal, &id).await?, text: params.text }).await
 }
 
 /// Approve or deny a tool call parked for approval (`keel approve` / `keel deny`). The
@@ -385,9 +440,11 @@ async fn answer_run(
     security(("bearer" = [])))]
 async fn decide_call(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path((id, call)): Path<(String, String)>,
     Body(params): Body<keel_protocol::api::DecisionParams>,
 ) -> Result<Json<RunView>, ApiError> {
+    let run = own_run(&state, &principal, &id).await?;
     let call: u64 = call.parse().map_err(|_| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -406,7 +463,7 @@ async fn decide_call(
             ));
         }
     };
-    act(&state, Command::Decide { run: run_id(&id)?, call, approve, note: params.note }).await
+    act(&state, Command::Decide { run, call, approve, note: params.note }).await
 }
 
 /// Every tool the kernel knows, with its policy (an MCP server's tools once it connected).
@@ -423,8 +480,12 @@ async fn list_tools(State(state): State<AppState>) -> Json<Vec<keel_protocol::ap
     security(("bearer" = [])))]
 async fn exec_code(
     State(state): State<AppState>,
-    Body(params): Body<keel_protocol::api::ExecParams>,
+    Extension(principal): Extension<Principal>,
+    Body(mut params): Body<keel_protocol::api::ExecParams>,
 ) -> Result<Json<keel_protocol::api::ExecView>, ApiError> {
+    let tenant = principal.run_tenant(params.tenant.as_deref())?;
+    state.kernel.admit_run(&tenant).await?;
+    params.tenant = Some(tenant);
     Ok(Json(state.kernel.exec(params).await?))
 }
 
@@ -434,11 +495,12 @@ async fn exec_code(
     responses((status = 200, body = RunView), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 async fn top_up_run(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     Body(params): Body<TopUpParams>,
 ) -> Result<Json<RunView>, ApiError> {
-    act(&state, Command::TopUp { run: run_id(&id)?, add: params.add, continue_loop: params.continue_loop })
-        .await
+    let run = own_run(&state, &principal, &id).await?;
+    act(&state, Command::TopUp { run, add: params.add, continue_loop: params.continue_loop }).await
 }
 
 /// Put a message in the run's mailbox, as a run's `ipc.send` does (from: null).
@@ -447,6 +509,7 @@ async fn top_up_run(
     security(("bearer" = [])))]
 async fn send_message(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     Body(params): Body<MessageParams>,
 ) -> Result<Json<MessageSentView>, ApiError> {
@@ -455,7 +518,13 @@ async fn send_message(
     if let Some(correlation_id) = params.correlation_id {
         send["correlation_id"] = serde_json::Value::String(correlation_id);
     }
-    let result = state.kernel.send_message(API_TENANT, send).await?;
+    // The operator's message goes to any run (as the run's own tenant); a tenant's only to
+    // its own runs (the store answers another tenant's run as missing).
+    let tenant = match &principal {
+        Principal::Admin => state.kernel.get(&to).await?.tenant,
+        Principal::Tenant(name) => name.clone(),
+    };
+    let result = state.kernel.send_message(&tenant, send).await?;
     Ok(Json(MessageSentView { seq: result["seq"].as_u64().unwrap_or(0) }))
 }
 
@@ -477,14 +546,15 @@ impl From<RpcError> for ApiError {
     }
 }
 
-/// A long-term memory record of the `default` tenant.
+/// A long-term memory record of the token's tenant (`default` for the operator).
 #[utoipa::path(get, path = "/v1/memory/{namespace}/{key}", params(("namespace" = String, Path), ("key" = String, Path)),
     responses((status = 200, body = MemoryRecordView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 async fn memory_get(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path((namespace, key)): Path<(String, String)>,
 ) -> Result<Json<MemoryRecordView>, ApiError> {
-    match state.kernel.memory_record(API_TENANT, &namespace, &key).await? {
+    match state.kernel.memory_record(principal.tenant(), &namespace, &key).await? {
         Some(record) => Ok(Json(MemoryRecordView {
             namespace: record.namespace,
             key: record.key,
@@ -506,6 +576,7 @@ async fn memory_get(
     security(("bearer" = [])))]
 async fn memory_put(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path((namespace, key)): Path<(String, String)>,
     Body(body): Body<MemoryPutBody>,
 ) -> Result<Json<MemoryRecordView>, ApiError> {
@@ -513,8 +584,8 @@ async fn memory_put(
     if let Some(text) = body.text {
         params["text"] = serde_json::Value::String(text);
     }
-    state.kernel.memory(API_TENANT, "mem.put", params).await?;
-    memory_get(State(state), Path((namespace, key))).await
+    state.kernel.memory(principal.tenant(), "mem.put", params).await?;
+    memory_get(State(state), Extension(principal), Path((namespace, key))).await
 }
 
 /// Delete a long-term record.
@@ -522,10 +593,11 @@ async fn memory_put(
     responses((status = 200, body = MemoryDeleteView)), security(("bearer" = [])))]
 async fn memory_delete(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path((namespace, key)): Path<(String, String)>,
 ) -> Result<Json<MemoryDeleteView>, ApiError> {
     let params = serde_json::json!({ "namespace": namespace, "key": key });
-    let result = state.kernel.memory(API_TENANT, "mem.delete", params).await?;
+    let result = state.kernel.memory(principal.tenant(), "mem.delete", params).await?;
     Ok(Json(MemoryDeleteView { deleted: result["deleted"].as_bool().unwrap_or(false) }))
 }
 
@@ -542,6 +614,7 @@ struct SearchQuery {
     responses((status = 200, body = MemorySearchView)), security(("bearer" = [])))]
 async fn memory_search(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(namespace): Path<String>,
     query: Result<Query<SearchQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<MemorySearchView>, ApiError> {
@@ -551,7 +624,7 @@ async fn memory_search(
     if let Some(limit) = query.limit {
         params["limit"] = serde_json::json!(limit);
     }
-    let result = state.kernel.memory(API_TENANT, "mem.search", params).await?;
+    let result = state.kernel.memory(principal.tenant(), "mem.search", params).await?;
     serde_json::from_value(result)
         .map(Json)
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
@@ -570,6 +643,7 @@ struct ThreadQuery {
     responses((status = 200, body = ThreadView)), security(("bearer" = [])))]
 async fn thread_read(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     query: Result<Query<ThreadQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<ThreadView>, ApiError> {
@@ -582,7 +656,7 @@ async fn thread_read(
     if let Some(max_tokens) = query.max_tokens {
         params["max_tokens"] = serde_json::json!(max_tokens);
     }
-    let result = state.kernel.memory(API_TENANT, "mem.thread.read", params).await?;
+    let result = state.kernel.memory(principal.tenant(), "mem.thread.read", params).await?;
     let messages = serde_json::from_value(result["messages"].clone())
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok(Json(ThreadView { thread: id, messages }))

@@ -65,6 +65,9 @@ pub async fn run_all(store: Arc<dyn Store>) {
     topics_publish_to_live_subscribers_all_or_nothing(&*store).await;
     audit_append_list_filter_and_verify(&*store).await;
     concurrent_audit_appends_form_one_chain(Arc::clone(&store)).await;
+    tenants_create_get_list(&*store).await;
+    tokens_create_lookup_list_revoke(&*store).await;
+    runs_list_by_tenant(&*store).await;
     concurrent_thread_appends(Arc::clone(&store)).await;
     concurrent_mailbox_receives(Arc::clone(&store)).await;
     concurrent_appends_to_one_run(Arc::clone(&store)).await;
@@ -130,7 +133,7 @@ pub async fn runs_create_get_list(store: &dyn Store) {
     assert!(list_ids(store, &[], Some(0)).await.is_empty(), "list_runs with limit 0 must return nothing");
 
     let paused = store
-        .list_runs(&RunFilter { states: vec![RunState::Paused], limit: None })
+        .list_runs(&RunFilter { states: vec![RunState::Paused], limit: None, tenant: None })
         .await
         .must("list_runs of paused runs");
     assert!(paused.iter().any(|run| &run.id == c), "list_runs must include every paused run");
@@ -1428,6 +1431,109 @@ pub async fn concurrent_audit_appends_form_one_chain(store: Arc<dyn Store>) {
     assert_eq!(verified.broken, None, "store conformance: concurrent audit appends form one chain");
 }
 
+/// Tenants are created once (a second create is `TenantExists`), read back exactly, and
+/// listed by name.
+pub async fn tenants_create_get_list(store: &dyn Store) {
+    let name = format!("tenant-{}", RunId::generate(now_ms()));
+    let tenant = crate::TenantRecord {
+        name: name.clone(),
+        created_at_ms: 7,
+        quota: json!({"max_runs": 2, "max_usd_per_run": 0.5}),
+    };
+    store.tenant_create(tenant.clone()).await.must("tenant_create");
+    expect_error!(
+        store.tenant_create(tenant.clone()).await,
+        Error::TenantExists(taken) if taken == name,
+        "tenant_create of a taken name"
+    );
+    assert_eq!(
+        store.tenant_get(&name).await.must("tenant_get"),
+        Some(tenant.clone()),
+        "store conformance: a tenant reads back exactly"
+    );
+    assert_eq!(store.tenant_get("no-such-tenant").await.must("tenant_get (unknown)"), None);
+    let listed = store.tenant_list().await.must("tenant_list");
+    assert!(listed.contains(&tenant), "store conformance: tenant_list includes a created tenant");
+    assert!(
+        listed.windows(2).all(|pair| pair[0].name < pair[1].name),
+        "store conformance: tenant_list is ordered by name"
+    );
+}
+
+/// Tokens are stored by hash for an existing tenant only, looked up by hash, listed per
+/// tenant, and revoked by prefix within their tenant only.
+pub async fn tokens_create_lookup_list_revoke(store: &dyn Store) {
+    let name = format!("tokens-{}", RunId::generate(now_ms()));
+    let other = format!("tokens-other-{}", RunId::generate(now_ms()));
+    for tenant in [&name, &other] {
+        let record = crate::TenantRecord { name: tenant.clone(), created_at_ms: 1, quota: json!({}) };
+        store.tenant_create(record).await.must("tenant_create");
+    }
+    let token = |hash: &str, prefix: &str, tenant: &str, label: Option<&str>| crate::ApiTokenRecord {
+        hash: hash.to_owned(),
+        prefix: prefix.to_owned(),
+        tenant: tenant.to_owned(),
+        created_at_ms: 3,
+        label: label.map(str::to_owned),
+        revoked: false,
+    };
+    let first = token(&format!("{name}-h1"), "kt_aaaa", &name, Some("ci"));
+    let second = token(&format!("{name}-h2"), "kt_bbbb", &name, None);
+    let foreign = token(&format!("{name}-h3"), "kt_aaaa", &other, None);
+    for record in [&first, &second, &foreign] {
+        store.token_create(record.clone()).await.must("token_create");
+    }
+    expect_error!(
+        store.token_create(token("orphan-hash", "kt_cccc", "no-such-tenant", None)).await,
+        Error::TenantNotFound(_),
+        "token_create for an unknown tenant"
+    );
+    assert_eq!(store.token_lookup(&first.hash).await.must("token_lookup"), Some(first.clone()));
+    assert_eq!(store.token_lookup("unknown").await.must("token_lookup (unknown)"), None);
+    assert_eq!(
+        store.token_list(&name).await.must("token_list"),
+        vec![first.clone(), second.clone()],
+        "store conformance: token_list lists the tenant's tokens only"
+    );
+
+    assert_eq!(store.token_revoke(&name, "kt_aaaa").await.must("token_revoke"), 1);
+    assert_eq!(store.token_revoke(&name, "kt_aaaa").await.must("token_revoke (again)"), 0);
+    assert_eq!(store.token_revoke(&name, "kt_none").await.must("token_revoke (unknown)"), 0);
+    let revoked = store.token_lookup(&first.hash).await.must("token_lookup (revoked)");
+    assert_eq!(revoked.map(|t| t.revoked), Some(true), "store conformance: a revoked token reads as revoked");
+    let untouched = store.token_lookup(&foreign.hash).await.must("token_lookup (other tenant)");
+    assert_eq!(
+        untouched.map(|t| t.revoked),
+        Some(false),
+        "store conformance: revoking by prefix touches only the named tenant's tokens"
+    );
+}
+
+/// `RunFilter::tenant` lists one tenant's runs, with the state filter and limit.
+pub async fn runs_list_by_tenant(store: &dyn Store) {
+    let tenant = format!("runs-{}", RunId::generate(now_ms()));
+    let mut mine = Vec::new();
+    let start = now_ms();
+    for (i, state) in [RunState::Running, RunState::Succeeded, RunState::Running].into_iter().enumerate() {
+        let run = NewRun { tenant: tenant.clone(), ..new_run(start + i as u64, state) };
+        mine.push(store.create_run(run).await.must("create_run").id);
+    }
+    store.create_run(new_run(now_ms(), RunState::Running)).await.must("create_run (another tenant)");
+    let filter = RunFilter { tenant: Some(tenant.clone()), ..RunFilter::default() };
+    let listed: Vec<RunId> =
+        store.list_runs(&filter).await.must("list_runs by tenant").into_iter().map(|r| r.id).collect();
+    assert_eq!(listed, vec![mine[2].clone(), mine[1].clone(), mine[0].clone()]);
+    let running = RunFilter { states: vec![RunState::Running], limit: Some(1), tenant: Some(tenant) };
+    let listed: Vec<RunId> = store
+        .list_runs(&running)
+        .await
+        .must("list_runs by tenant and state")
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(listed, vec![mine[2].clone()], "store conformance: tenant, state and limit combine");
+}
+
 fn new_run(created_at_ms: u64, state: RunState) -> NewRun {
     NewRun {
         id: RunId::generate(created_at_ms),
@@ -1521,7 +1627,7 @@ fn assert_entry_matches(stored: &crate::JournalEntry, appended: &NewEntry) {
 }
 
 async fn list_ids(store: &dyn Store, states: &[RunState], limit: Option<usize>) -> Vec<RunId> {
-    let filter = RunFilter { states: states.to_vec(), limit };
+    let filter = RunFilter { states: states.to_vec(), limit, tenant: None };
     store.list_runs(&filter).await.must("list_runs").into_iter().map(|run| run.id).collect()
 }
 

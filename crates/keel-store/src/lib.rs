@@ -51,6 +51,10 @@ pub enum Error {
     /// nothing was written (flow control: the sender waits or gives up, nothing is lost).
     #[error("the mailbox of run {run} is full ({capacity} undelivered messages)")]
     MailboxFull { run: RunId, capacity: u64 },
+    #[error("tenant {0} already exists")]
+    TenantExists(String),
+    #[error("tenant {0} does not exist")]
+    TenantNotFound(String),
 }
 
 /// A run as first written.
@@ -112,6 +116,8 @@ pub struct RunFilter {
     pub states: Vec<RunState>,
     /// At most this many (no limit when `None`).
     pub limit: Option<usize>,
+    /// Only runs of this tenant (every tenant's when `None`).
+    pub tenant: Option<String>,
 }
 
 /// A journal entry as first appended: an intent (`Pending`) or, for a syscall that has
@@ -343,6 +349,28 @@ pub struct AuditBreak {
     pub reason: String,
 }
 
+/// A tenant as stored. `quota` is the kernel's JSON (opaque here).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantRecord {
+    pub name: String,
+    pub created_at_ms: u64,
+    pub quota: Value,
+}
+
+/// An API token as stored: never the token itself, only its hash and a short public
+/// prefix that names it (for listing and revoking).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiTokenRecord {
+    /// Hex sha256 of the whole token; the lookup key.
+    pub hash: String,
+    /// The token's first characters, which carry no secret (e.g. `kt_3f9a1c0d`).
+    pub prefix: String,
+    pub tenant: String,
+    pub created_at_ms: u64,
+    pub label: Option<String>,
+    pub revoked: bool,
+}
+
 /// The kernel's durable state. All methods are safe to call concurrently.
 ///
 /// Payloads (`params`, `result`, `error`, `spec`, event `data`, kv values) are JSON;
@@ -513,6 +541,29 @@ pub trait Store: Send + Sync + 'static {
     /// head) is caught only by comparing `head_hash` with a copy kept elsewhere.
     /// A broken chain is a result (`broken`), not an error.
     async fn audit_verify(&self) -> Result<AuditVerify>;
+
+    /// Creates a tenant. Fails with `TenantExists` when the name is taken. Durable on return.
+    async fn tenant_create(&self, tenant: TenantRecord) -> Result<()>;
+
+    async fn tenant_get(&self, name: &str) -> Result<Option<TenantRecord>>;
+
+    /// Every tenant, by name.
+    async fn tenant_list(&self) -> Result<Vec<TenantRecord>>;
+
+    /// Stores a token (its hash) for an existing tenant; `TenantNotFound` otherwise. A
+    /// hash already stored is a `Backend` error (tokens are random). Durable on return.
+    async fn token_create(&self, token: ApiTokenRecord) -> Result<()>;
+
+    /// The token with this hash, revoked or not.
+    async fn token_lookup(&self, hash: &str) -> Result<Option<ApiTokenRecord>>;
+
+    /// A tenant's tokens, oldest first.
+    async fn token_list(&self, tenant: &str) -> Result<Vec<ApiTokenRecord>>;
+
+    /// Marks the tenant's tokens whose prefix is `prefix` revoked; how many were not
+    /// revoked before (0 when none matched). A revoked token stays revoked. Durable on
+    /// return.
+    async fn token_revoke(&self, tenant: &str, prefix: &str) -> Result<u64>;
 
     async fn stats(&self) -> Result<StoreStats>;
 }

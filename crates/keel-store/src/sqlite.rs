@@ -11,6 +11,7 @@
 mod audit;
 mod queries;
 mod schema;
+mod tenants;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -24,9 +25,9 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{
-    AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, Error, EventRecord, JournalEntry,
-    MailboxMessage, MemoryHit, MemoryRecord, NewEntry, NewEvent, NewMessage, NewRun, Result, RunFilter,
-    RunPatch, RunRecord, Seq, Store, StoreStats, ThreadMessage,
+    ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, Error, EventRecord,
+    JournalEntry, MailboxMessage, MemoryHit, MemoryRecord, NewEntry, NewEvent, NewMessage, NewRun, Result,
+    RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats, TenantRecord, ThreadMessage,
 };
 use writer::{Blob, EncodedCompletion, EncodedEntry, EncodedEvent, WriteCommand};
 
@@ -477,6 +478,40 @@ impl Store for SqliteStore {
     async fn audit_verify(&self) -> Result<AuditVerify> {
         // One read transaction: the walk sees one snapshot, rows streamed one at a time.
         self.read(audit::verify).await
+    }
+
+    async fn tenant_create(&self, tenant: TenantRecord) -> Result<()> {
+        let quota = tenant.quota.to_string();
+        self.write(|reply| WriteCommand::TenantCreate { tenant, quota, reply }).await
+    }
+
+    async fn tenant_get(&self, name: &str) -> Result<Option<TenantRecord>> {
+        let name = name.to_owned();
+        self.read(move |connection| tenants::get_tenant(connection, &name)).await
+    }
+
+    async fn tenant_list(&self) -> Result<Vec<TenantRecord>> {
+        self.read(tenants::list_tenants).await
+    }
+
+    async fn token_create(&self, token: ApiTokenRecord) -> Result<()> {
+        self.write(|reply| WriteCommand::TokenCreate { token, reply }).await
+    }
+
+    async fn token_lookup(&self, hash: &str) -> Result<Option<ApiTokenRecord>> {
+        let hash = hash.to_owned();
+        self.read(move |connection| tenants::lookup_token(connection, &hash)).await
+    }
+
+    async fn token_list(&self, tenant: &str) -> Result<Vec<ApiTokenRecord>> {
+        let tenant = tenant.to_owned();
+        self.read(move |connection| tenants::list_tokens(connection, &tenant)).await
+    }
+
+    async fn token_revoke(&self, tenant: &str, prefix: &str) -> Result<u64> {
+        let tenant = tenant.to_owned();
+        let prefix = prefix.to_owned();
+        self.write(|reply| WriteCommand::TokenRevoke { tenant, prefix, reply }).await
     }
 
     async fn stats(&self) -> Result<StoreStats> {

@@ -153,6 +153,7 @@ string_enum! {
         Message => "message",
         Approval => "approval",
         Budget => "budget",
+        Timer => "timer",
     }
 }
 

@@ -310,6 +310,58 @@ class Client:
             params["limits"] = dict(limits)
         return _object(self.call("code.exec", params), "code.exec")
 
+    def spawn(
+        self,
+        command: Sequence[str] | None = None,
+        *,
+        agent: str | None = None,
+        input: Any = None,  # noqa: A002 - the child's input, as `keel.input()` returns it
+        env: Mapping[str, str] | None = None,
+        grant: Sequence[str] | None = None,
+        priority: str | None = None,
+        budget: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Start a child run (`proc.spawn`) and return its run id.
+
+        Give a `command` (run in this run's working directory and sandbox) or the name of
+        an `agent` tool. The child gets `input` as `keel.input()`, this run's grant unless
+        a narrower `grant` is given, and its own `budget` if one is given. Retried after a
+        crash, the call returns the same child. Stopping this run stops its children.
+        """
+        params: dict[str, Any] = {}
+        if command is not None:
+            params["command"] = list(command)
+        if agent is not None:
+            params["agent"] = agent
+        if input is not None:
+            params["input"] = input
+        if env:
+            params["env"] = dict(env)
+        if grant is not None:
+            params["grant"] = list(grant)
+        if priority is not None:
+            params["priority"] = priority
+        if budget is not None:
+            params["budget"] = dict(budget)
+        return str(_field(self.call("proc.spawn", params), "run_id", "proc.spawn"))
+
+    def wait(self, run_id: str, *, timeout_ms: int | None = None) -> dict[str, Any]:
+        """Wait for a child run to end: ``{"run_id", "state", "output", "error",
+        "exit_code"}``, or ``{"timed_out": True, ...}`` after `timeout_ms`. Journaled: after a
+        crash the wait answers the same."""
+        params: dict[str, Any] = {"run_id": run_id}
+        if timeout_ms is not None:
+            params["timeout_ms"] = timeout_ms
+        return _object(self.call("proc.wait", params), "proc.wait")
+
+    def signal(self, run_id: str, signal: str) -> dict[str, Any]:
+        """``stop``, ``pause`` or ``resume`` a descendant run."""
+        return _object(self.call("proc.signal", {"run_id": run_id, "signal": signal}), "proc.signal")
+
+    def sleep(self, ms: int) -> None:
+        """A durable timer: after a crash the run sleeps only what was left (`sys.sleep`)."""
+        self.call("sys.sleep", {"ms": int(ms)})
+
     def list_tools(self) -> list[dict[str, Any]]:
         """The tools this run may call: ``name``, ``description``, ``input_schema``."""
         tools: list[dict[str, Any]] = _field(self.call("tool.list", {}), "tools", "tool.list")

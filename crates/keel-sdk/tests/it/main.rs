@@ -24,7 +24,9 @@ fn agent() -> keel_sdk::Result<()> {
     assert_eq!(keel.restore()?, json!({"step": 1}));
     assert!(keel.now_ms()? > 0);
     keel.random()?;
-    match keel.tool("no.such.tool", json!({})) {
+    // Within the grant (the default grants `kv.*`) but not a tool: not_found. Outside the
+    // grant every name is `denied`, so a run learns nothing of tools it may not call.
+    match keel.tool("kv.nope", json!({})) {
         Err(keel_sdk::Error::Kernel { kind, code, .. }) => {
             assert_eq!((kind.as_str(), code), ("not_found", 1002))
         }
@@ -99,6 +101,7 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
             egress: Default::default(),
             tools: Default::default(),
             interp_worker: None,
+            swap_after: None,
         })
         .await
         .unwrap();
@@ -122,6 +125,7 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
             sandbox: None,
             grant: None,
             input: None,
+            priority: None,
         };
         let run = kernel.execute(Command::Create(CreateRun::validate(params).unwrap())).await.unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(60);

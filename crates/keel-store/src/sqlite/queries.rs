@@ -47,12 +47,16 @@ pub(super) fn load_run(connection: &Connection, id: &RunId) -> Result<Option<Run
 }
 
 pub(super) fn list_runs(connection: &Connection, filter: &RunFilter) -> Result<Vec<RunRecord>> {
-    let states = if filter.states.is_empty() {
-        String::new()
-    } else {
+    let mut conditions = Vec::new();
+    if !filter.states.is_empty() {
         let placeholders = vec!["?"; filter.states.len()].join(", ");
-        format!("WHERE state IN ({placeholders})")
-    };
+        conditions.push(format!("state IN ({placeholders})"));
+    }
+    if filter.tenant.is_some() {
+        conditions.push("tenant = ?".to_owned());
+    }
+    let states =
+        if conditions.is_empty() { String::new() } else { format!("WHERE {}", conditions.join(" AND ")) };
     // SQLite reads a negative LIMIT as "no limit".
     let limit = match filter.limit {
         Some(limit) => i64::try_from(limit).unwrap_or(i64::MAX),
@@ -64,7 +68,7 @@ pub(super) fn list_runs(connection: &Connection, filter: &RunFilter) -> Result<V
         connection,
         "listing runs",
         &sql,
-        params_from_iter(filter.states.iter().map(|state| state.as_str())),
+        params_from_iter(filter.states.iter().map(|state| state.as_str()).chain(filter.tenant.as_deref())),
         decode_run,
     )
 }

@@ -14,7 +14,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `i` brings a database from version `i` to version `i + 1`. Append only:
 /// a released migration never changes.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// The schema this build writes and reads.
 pub(super) const SCHEMA_VERSION: usize = MIGRATIONS.len();
@@ -225,6 +225,32 @@ CREATE TABLE audit_head (
     seq  INTEGER NOT NULL,
     hash TEXT NOT NULL
 );
+";
+
+/// Version 5: tenants and their API tokens.
+/// - `tenants.quota` is the kernel's JSON (`max_runs`, `max_usd_per_run`).
+/// - `api_tokens` never holds a token: `hash` is the hex sha256 of it (the lookup key on
+///   every request), `prefix` its public first characters (what listing and revoking
+///   name). A revoked row stays, so the token never resolves again.
+/// - `runs_by_tenant` serves a tenant's `keel ps` and the `max_runs` quota check.
+const V5: &str = "
+CREATE TABLE tenants (
+    name          TEXT PRIMARY KEY NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    quota         TEXT NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE api_tokens (
+    hash          TEXT PRIMARY KEY NOT NULL,
+    prefix        TEXT NOT NULL,
+    tenant        TEXT NOT NULL REFERENCES tenants (name),
+    created_at_ms INTEGER NOT NULL,
+    label         TEXT,
+    revoked       INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE INDEX api_tokens_by_tenant ON api_tokens (tenant, prefix);
+
+CREATE INDEX runs_by_tenant ON runs (tenant, created_at_ms, id);
 ";
 
 /// Settings of the one read-write connection. WAL lets readers run beside the writer;

@@ -117,6 +117,21 @@ pub(super) enum WriteCommand {
         records: Vec<super::audit::EncodedAudit>,
         reply: Reply<Vec<Seq>>,
     },
+    TenantCreate {
+        tenant: crate::TenantRecord,
+        /// `tenant.quota` as JSON text.
+        quota: String,
+        reply: Reply<()>,
+    },
+    TokenCreate {
+        token: crate::ApiTokenRecord,
+        reply: Reply<()>,
+    },
+    TokenRevoke {
+        tenant: String,
+        prefix: String,
+        reply: Reply<u64>,
+    },
 }
 
 /// A journal payload ready to store: its JSON bytes and their content address.
@@ -356,6 +371,15 @@ fn apply(connection: &Connection, command: WriteCommand) -> Box<dyn Answer> {
         WriteCommand::AuditAppend { records, reply } => {
             answer(reply, in_savepoint(connection, |c| super::audit::append(c, records)))
         }
+        WriteCommand::TenantCreate { tenant, quota, reply } => {
+            answer(reply, in_savepoint(connection, |c| super::tenants::create_tenant(c, &tenant, &quota)))
+        }
+        WriteCommand::TokenCreate { token, reply } => {
+            answer(reply, in_savepoint(connection, |c| super::tenants::create_token(c, &token)))
+        }
+        WriteCommand::TokenRevoke { tenant, prefix, reply } => {
+            answer(reply, in_savepoint(connection, |c| super::tenants::revoke_tokens(c, &tenant, &prefix)))
+        }
     }
 }
 
@@ -380,6 +404,10 @@ impl WriteCommand {
             WriteCommand::TopicSubscribe { reply, .. } => answer(reply, Err(error)),
             WriteCommand::TopicPublish { reply, .. } => answer(reply, Err(error)),
             WriteCommand::AuditAppend { reply, .. } => answer(reply, Err(error)),
+            WriteCommand::TenantCreate { reply, .. } | WriteCommand::TokenCreate { reply, .. } => {
+                answer(reply, Err(error))
+            }
+            WriteCommand::TokenRevoke { reply, .. } => answer(reply, Err(error)),
         }
     }
 }

@@ -138,7 +138,8 @@ async fn a_version_1_database_is_migrated_to_memory() {
     raw.execute_batch(
         "DROP TABLE memory_fts; DROP TABLE memory; DROP TABLE memory_deletes; DROP TABLE message_chain; \
          DROP TABLE thread_messages; DROP TABLE mailbox; DROP TABLE subscriptions; \
-         DROP TABLE audit; DROP TABLE audit_head; PRAGMA user_version = 1;",
+         DROP TABLE audit; DROP TABLE audit_head; DROP TABLE api_tokens; DROP TABLE tenants; \
+         DROP INDEX runs_by_tenant; PRAGMA user_version = 1;",
     )
     .unwrap();
     drop(raw);
@@ -151,7 +152,7 @@ async fn a_version_1_database_is_migrated_to_memory() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
 }
 
 /// A version-2 database (memory, no mailboxes) is migrated to version 3.
@@ -165,7 +166,7 @@ async fn a_version_2_database_is_migrated_to_mailboxes() {
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     raw.execute_batch(
         "DROP TABLE mailbox; DROP TABLE subscriptions; DROP TABLE audit; DROP TABLE audit_head; \
-         PRAGMA user_version = 2;",
+         DROP TABLE api_tokens; DROP TABLE tenants; DROP INDEX runs_by_tenant; PRAGMA user_version = 2;",
     )
     .unwrap();
     drop(raw);
@@ -188,7 +189,7 @@ async fn a_version_2_database_is_migrated_to_mailboxes() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
 }
 
 /// A version-3 database (mailboxes, no audit log) is migrated to version 4 and starts an
@@ -200,7 +201,11 @@ async fn a_version_3_database_is_migrated_to_the_audit_log() {
     let run = store.create_run(new_run(1)).await.unwrap().id;
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
-    raw.execute_batch("DROP TABLE audit; DROP TABLE audit_head; PRAGMA user_version = 3;").unwrap();
+    raw.execute_batch(
+        "DROP TABLE audit; DROP TABLE audit_head; DROP TABLE api_tokens; DROP TABLE tenants; \
+         DROP INDEX runs_by_tenant; PRAGMA user_version = 3;",
+    )
+    .unwrap();
     drop(raw);
 
     let store = db.open();
@@ -221,7 +226,43 @@ async fn a_version_3_database_is_migrated_to_the_audit_log() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
+}
+
+/// A version-4 database (audit log, no tenants) is migrated to version 5: its runs keep
+/// their tenant and can be listed by it, and tenants and tokens can be created.
+#[tokio::test]
+async fn a_version_4_database_is_migrated_to_tenants() {
+    let db = TestDb::new();
+    let store = db.open();
+    let run = store.create_run(new_run(1)).await.unwrap();
+    drop(store);
+    let raw = rusqlite::Connection::open(db.path()).unwrap();
+    raw.execute_batch(
+        "DROP TABLE api_tokens; DROP TABLE tenants; DROP INDEX runs_by_tenant; PRAGMA user_version = 4;",
+    )
+    .unwrap();
+    drop(raw);
+
+    let store = db.open();
+    let filter = keel_store::RunFilter { tenant: Some(run.tenant.clone()), ..Default::default() };
+    assert_eq!(store.list_runs(&filter).await.unwrap().len(), 1, "v4 runs must survive, with their tenant");
+    let tenant = keel_store::TenantRecord { name: "acme".into(), created_at_ms: 1, quota: json!({}) };
+    store.tenant_create(tenant).await.unwrap();
+    let token = keel_store::ApiTokenRecord {
+        hash: "h".into(),
+        prefix: "kt_1".into(),
+        tenant: "acme".into(),
+        created_at_ms: 1,
+        label: None,
+        revoked: false,
+    };
+    store.token_create(token.clone()).await.unwrap();
+    assert_eq!(store.token_lookup("h").await.unwrap(), Some(token));
+    drop(store);
+    let raw = rusqlite::Connection::open(db.path()).unwrap();
+    let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
+    assert_eq!(version, 5);
 }
 
 #[test]
