@@ -252,10 +252,14 @@ impl Client {
         namespace: &str,
         query: &str,
         limit: Option<u64>,
+        mode: Option<&str>,
     ) -> Result<MemorySearchView> {
         let mut params = vec![("q", query.to_owned())];
         if let Some(limit) = limit {
             params.push(("limit", limit.to_string()));
+        }
+        if let Some(mode) = mode {
+            params.push(("mode", mode.to_owned()));
         }
         self.send(self.http.get(self.segments_url(&["memory", namespace])?).query(&params)).await
     }
@@ -287,6 +291,14 @@ impl Client {
             note,
         };
         self.send(self.http.post(self.url(&format!("/v1/runs/{run}/approvals/{call}"))).json(&body)).await
+    }
+
+    pub async fn signal(
+        &self,
+        run: &str,
+        body: &keel_protocol::api::SignalParams,
+    ) -> Result<keel_protocol::api::MessageSentView> {
+        self.send(self.http.post(self.url(&format!("/v1/runs/{run}/signal"))).json(body)).await
     }
 
     pub async fn tools(&self) -> Result<Vec<keel_protocol::api::ToolView>> {
@@ -529,6 +541,9 @@ pub async fn start_kernel(
     let tools = keel_tools::config::ToolsConfig::from_keel_toml(config_text.as_deref().unwrap_or(""))
         .map_err(|e| anyhow!("{e}"))
         .with_context(|| format!("kernel config {}", config_path.display()))?;
+    let scheduler = keel_kernel::SchedulerConfig::from_keel_toml(config_text.as_deref().unwrap_or(""))
+        .map_err(|e| anyhow!("{e}"))
+        .with_context(|| format!("kernel config {}", config_path.display()))?;
     // Interpreter workers are this binary, started with a hidden argument.
     let interp_worker = std::env::current_exe().ok().map(|program| keel_interp::WorkerCommand {
         program,
@@ -545,6 +560,7 @@ pub async fn start_kernel(
         tools,
         interp_worker,
         swap_after,
+        scheduler,
     };
     let kernel = Kernel::start(options).await?;
     // Safe to replace: we hold the data directory's lock, so a socket here is stale.

@@ -690,13 +690,16 @@ enum MemCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Full-text search of a namespace, best hits first.
+    /// Search a namespace, best hits first.
     Search {
         namespace: String,
         query: String,
         /// At most this many hits (1 to 100).
         #[arg(long)]
         limit: Option<u64>,
+        /// text (full-text, the default), semantic (embeddings) or hybrid (both, fused).
+        #[arg(long, value_parser = ["text", "semantic", "hybrid"])]
+        mode: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -751,8 +754,8 @@ async fn mem_command(client: &Client, command: MemCommand) -> Result<ExitCode> {
                 println!("no record {namespace}/{key}");
             }
         }
-        MemCommand::Search { namespace, query, limit, json } => {
-            let view = client.memory_search(&namespace, &query, limit).await?;
+        MemCommand::Search { namespace, query, limit, mode, json } => {
+            let view = client.memory_search(&namespace, &query, limit, mode.as_deref()).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&view)?);
             } else if view.hits.is_empty() {
@@ -945,4 +948,30 @@ pub async fn exec(ctx: Context, args: ExecArgs) -> Result<ExitCode> {
         ));
     }
     Ok(if outcome.ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+#[derive(Debug, Args)]
+pub struct SignalArgs {
+    /// The run id (see `keel ps`).
+    run: String,
+    /// The signal's name (custom; `keel pause`/`resume`/`stop` control the process).
+    signal: String,
+    /// Data that goes with it, as JSON.
+    #[arg(long = "json", value_name = "JSON")]
+    data: Option<String>,
+}
+
+pub async fn signal(ctx: Context, args: SignalArgs) -> Result<ExitCode> {
+    let data = args
+        .data
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .context("--json must be JSON, e.g. --json '{\"reason\":\"deploy\"}'")?;
+    let client = ctx.client().await?;
+    let body = keel_protocol::api::SignalParams { signal: args.signal.clone(), data };
+    let sent = client.signal(&args.run, &body).await?;
+    render::kernel_line(&format!("signal {} sent to {} (message {})", args.signal, args.run, sent.seq));
+    client.close().await;
+    Ok(ExitCode::SUCCESS)
 }

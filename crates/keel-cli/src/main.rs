@@ -101,6 +101,11 @@ enum Command {
         after_help = "Examples:\n  keel send run_01jd... --json '{\"task\":\"summarise\"}'\n  keel send run_01jd... --json '\"hi\"' --correlation-id req-1 --wait"
     )]
     Send(commands::SendArgs),
+    /// Send a run a named signal: an event it receives with ipc.recv (topic "signal").
+    #[command(
+        after_help = "Examples:\n  keel signal run_01jd... reload\n  keel signal run_01jd... checkpoint-now --json '{\"why\":\"deploy\"}'"
+    )]
+    Signal(commands::SignalArgs),
     /// The audit log: a run's entries, verification of the hash chain, export as JSONL.
     /// `keel audit verify` exits 0 when the log is intact, 3 when it was tampered with.
     #[command(
@@ -151,6 +156,7 @@ fn main() -> ExitCode {
             Command::Budget(args) => commands::budget(ctx, args).await,
             Command::Mem(args) => commands::mem(ctx, args).await,
             Command::Send(args) => commands::send(ctx, args).await,
+            Command::Signal(args) => commands::signal(ctx, args).await,
             Command::Audit(args) => audit::audit(ctx, args).await,
             Command::Tenant(args) => tenant::tenant(ctx, args).await,
             Command::Approve(args) => commands::decide(ctx, args, true).await,

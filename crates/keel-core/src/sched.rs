@@ -565,6 +565,14 @@ impl CallQueue {
         }
     }
 
+    /// The call `pop` would return at `now_ms`, left in place.
+    pub fn peek(&self, now_ms: u64) -> Option<&Call> {
+        match &self.policy {
+            Policy::Fifo(calls) => calls.front(),
+            Policy::Fair(fair) => fair.peek(now_ms),
+        }
+    }
+
     /// Drops a waiting call (it was cancelled). Returns whether it was waiting. Linear in
     /// the queue length; cancellation is rare next to push and pop.
     pub fn remove(&mut self, id: u64) -> bool {
@@ -634,7 +642,24 @@ impl FairQueue {
     }
 
     fn pop(&mut self, now_ms: u64) -> Option<Call> {
-        // (effective rank, start tag, seq) of the best candidate, with where it sits.
+        let ((_, start, _), tenant, lane) = self.best(now_ms)?;
+        let (name, lanes) = &mut self.tenants[tenant];
+        let queued = lanes.lanes[lane].pop_front()?;
+        let weight = self.weights.weight(name);
+        lanes.finish = start + u128::from(queued.call.cost) * VIRTUAL_SCALE / u128::from(weight);
+        self.virtual_time = start;
+        self.len -= 1;
+        Some(queued.call)
+    }
+
+    fn peek(&self, now_ms: u64) -> Option<&Call> {
+        let (_, tenant, lane) = self.best(now_ms)?;
+        self.tenants[tenant].1.lanes[lane].front().map(|queued| &queued.call)
+    }
+
+    /// The next call: (effective rank, start tag, seq) of the best candidate, with where
+    /// it sits (tenant, lane).
+    fn best(&self, now_ms: u64) -> Option<((u64, u128, u64), usize, usize)> {
         let mut best: Option<((u64, u128, u64), usize, usize)> = None;
         for (tenant, (_, lanes)) in self.tenants.iter().enumerate() {
             // The tenant's head of line: its best effective class, earliest pushed within.
@@ -657,14 +682,7 @@ impl FairQueue {
                 }
             }
         }
-        let ((_, start, _), tenant, lane) = best?;
-        let (name, lanes) = &mut self.tenants[tenant];
-        let queued = lanes.lanes[lane].pop_front()?;
-        let weight = self.weights.weight(name);
-        lanes.finish = start + u128::from(queued.call.cost) * VIRTUAL_SCALE / u128::from(weight);
-        self.virtual_time = start;
-        self.len -= 1;
-        Some(queued.call)
+        best
     }
 
     fn contains(&self, id: u64) -> bool {

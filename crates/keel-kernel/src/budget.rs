@@ -37,7 +37,14 @@ pub(crate) struct RunBudget {
     pub(crate) reason: Mutex<Option<String>>,
     /// Serialises parking and waking, which many calls in flight may attempt at once.
     parking: tokio::sync::Mutex<()>,
+    /// The slices carved for children still running (by child id), returned when each
+    /// ends; and a lock serialising updates of the durable slice table.
+    slices: Mutex<std::collections::HashMap<String, ReservationId>>,
+    pub(crate) slice_table: tokio::sync::Mutex<()>,
 }
+
+/// The kv space of children's budget slices: key = parent run id, value = {child: budget}.
+const SLICE_SCOPE: &str = "kernel:budget-slices";
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Plain data behind these locks; a panic elsewhere leaves it consistent.
@@ -125,6 +132,7 @@ impl Kernel {
         let (limits, wall_secs) = limits_of(&params);
         let mut account = Account::new(limits);
         account.record(record.usage);
+        let slices = self.charge_children(&mut account, &record.id).await?;
         let threshold = record
             .spec
             .get("loop_threshold")
@@ -140,7 +148,81 @@ impl Kernel {
             ),
             reason: Mutex::new(None),
             parking: tokio::sync::Mutex::new(()),
+            slices: Mutex::new(slices),
+            slice_table: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// A parent's children count against its budget: a child still running holds its
+    /// whole slice, one that ended is charged what it spent (the rest of its slice came
+    /// back). Read from the durable slice table and the children's records, so it holds
+    /// across restarts. Returns the reservations of the running children.
+    async fn charge_children(
+        &self,
+        account: &mut Account,
+        run: &RunId,
+    ) -> Result<std::collections::HashMap<String, ReservationId>> {
+        let mut held = std::collections::HashMap::new();
+        let Some(Value::Object(table)) = self.store().kv_get(SLICE_SCOPE, run.as_str()).await? else {
+            return Ok(held);
+        };
+        for (child, slice) in table {
+            let Ok(params) = serde_json::from_value::<BudgetParams>(slice) else { continue };
+            let Ok(child_id) = RunId::parse(&child) else { continue };
+            match self.store().get_run(&child_id).await? {
+                Some(record) if record.state.is_terminal() => account.record(record.usage),
+                Some(_) => {
+                    // Carving cannot fail here in a way that matters: the slice was carved
+                    // before; a top-up since only makes room.
+                    if let Ok(id) = account.carve(limits_of(&params).0) {
+                        held.insert(child, id);
+                    }
+                }
+                None => {}
+            }
+        }
+        Ok(held)
+    }
+
+    /// Carves a child's budget out of its parent's and records it durably before the
+    /// child exists. Fails (nothing carved) when the slice does not fit.
+    pub(crate) async fn carve_slice(
+        &self,
+        live: &Arc<LiveRun>,
+        child: &RunId,
+        slice: &BudgetParams,
+    ) -> std::result::Result<(), RpcError> {
+        let _table = live.budget.slice_table.lock().await;
+        let id = lock(&live.budget.account).carve(limits_of(slice).0).map_err(|exhausted| {
+            keel_protocol::rpc::ErrorKind::BudgetExhausted.error(format!(
+                "proc.spawn: the child's budget does not fit in what is left of this run's: {exhausted}"
+            ))
+        })?;
+        let store = self.store();
+        let mut table = match store.kv_get(SLICE_SCOPE, live.id.as_str()).await {
+            Ok(Some(Value::Object(table))) => table,
+            Ok(_) => serde_json::Map::new(),
+            Err(err) => {
+                self.release_budget(live, id);
+                return Err(keel_protocol::rpc::ErrorKind::Internal.error(err.to_string()));
+            }
+        };
+        table.insert(child.to_string(), json!(slice));
+        if let Err(err) = store.kv_put(SLICE_SCOPE, live.id.as_str(), Value::Object(table)).await {
+            self.release_budget(live, id);
+            return Err(keel_protocol::rpc::ErrorKind::Internal.error(err.to_string()));
+        }
+        lock(&live.budget.slices).insert(child.to_string(), id);
+        Ok(())
+    }
+
+    /// A child ended: what it spent is charged to its parent and the rest of its slice
+    /// returns. A parent not live now is charged when it is next launched.
+    pub(crate) fn return_slice(&self, parent: &RunId, child: &RunRecord) {
+        let Some(live) = self.live(parent) else { return };
+        let Some(id) = lock(&live.budget.slices).remove(child.id.as_str()) else { return };
+        lock(&live.budget.account).return_slice(id, child.usage);
+        live.budget.changed.notify_waiters();
     }
 
     /// What `keel ps` / `inspect` show: limits and what is left, from durable state.

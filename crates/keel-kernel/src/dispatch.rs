@@ -41,6 +41,34 @@ enum Call {
     Proc(crate::procs::ProcCall),
 }
 
+/// A journal entry complete at once: the call's outcome as it came out.
+pub(crate) fn completed_entry(
+    attempt: u32,
+    method: &str,
+    params: Value,
+    hash: String,
+    outcome: &Reply,
+    usage: Usage,
+) -> NewEntry {
+    let now = now_ms();
+    let (status, result, error) = match outcome {
+        Ok(result) => (EntryStatus::Ok, Some(result.clone()), None),
+        Err(err) => (EntryStatus::Error, None, serde_json::to_value(err).ok()),
+    };
+    NewEntry {
+        method: method.to_owned(),
+        params,
+        params_hash: hash,
+        status,
+        result,
+        error,
+        attempt,
+        started_at_ms: now,
+        finished_at_ms: Some(now),
+        usage,
+    }
+}
+
 fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -273,23 +301,8 @@ impl Kernel {
         usage: Usage,
         extra: Value,
     ) -> Result<Seq, RpcError> {
-        let now = now_ms();
-        let (status, result, error) = match outcome {
-            Ok(result) => (EntryStatus::Ok, Some(result.clone()), None),
-            Err(err) => (EntryStatus::Error, None, Some(serde_json::to_value(err).map_err(internal)?)),
-        };
-        let entry = NewEntry {
-            method: method.to_owned(),
-            params,
-            params_hash: hash,
-            status,
-            result,
-            error,
-            attempt: live.attempt,
-            started_at_ms: now,
-            finished_at_ms: Some(now),
-            usage,
-        };
+        let entry = completed_entry(live.attempt, method, params, hash, outcome, usage);
+        let status = entry.status;
         let seq = self.store().append_entry(&live.id, entry).await.map_err(internal)?;
         let mut event = json!({ "seq": seq, "method": method, "status": status.as_str() });
         if let (Some(event), Value::Object(extra)) = (event.as_object_mut(), extra) {
@@ -308,22 +321,20 @@ impl Kernel {
         hash: String,
         result: Value,
     ) -> Result<Seq, RpcError> {
-        let now = now_ms();
-        let entry = NewEntry {
-            method: method.to_owned(),
-            params,
-            params_hash: hash,
-            status: EntryStatus::Ok,
-            result: Some(result),
-            error: None,
-            attempt: live.attempt,
-            started_at_ms: now,
-            finished_at_ms: Some(now),
-            usage: Usage::default(),
-        };
-        let seq = self.store().append_entry(&live.id, entry).await.map_err(internal)?;
-        self.emit(&live.id, "syscall", json!({ "seq": seq, "method": method, "status": "ok" }));
-        Ok(seq)
+        self.record_with_usage(live, method, params, hash, result, Usage::default()).await
+    }
+
+    /// [`Kernel::record`] for a read that used something (a memory search's embedding).
+    pub(crate) async fn record_with_usage(
+        &self,
+        live: &Arc<LiveRun>,
+        method: &str,
+        params: Value,
+        hash: String,
+        result: Value,
+        usage: Usage,
+    ) -> Result<Seq, RpcError> {
+        self.record_outcome(live, method, params, hash, &Ok(result), usage, json!({})).await
     }
 
     /// The seq of a call with an outside effect: the journaled intent being retried after
@@ -466,26 +477,32 @@ impl Kernel {
                     .await
                     .inspect_err(|_| self.release_budget(live, reservation))?;
                 let started = std::time::Instant::now();
-                let (outcome, record, usage, served) = match provider.chat(&request, stream.as_ref()).await {
-                    Ok(served) => {
-                        let response = serde_json::to_value(&served.response).map_err(internal)?;
-                        let usage = Usage {
-                            input_tokens: served.response.usage.input_tokens,
-                            output_tokens: served.response.usage.output_tokens,
-                            llm_calls: 1,
-                            tool_calls: 0,
-                            cost_micro_usd: (served.response.cost_usd * 1_000_000.0).round() as u64,
-                        };
-                        let record = json!({ "response": response, "provider": served.meta });
-                        (Ok(response), record, usage, true)
-                    }
-                    Err(err) => (
-                        Err(provider_error(&err)),
-                        Value::Null,
-                        Usage { llm_calls: 1, ..Usage::default() },
-                        false,
-                    ),
-                };
+                // Calls waiting for the provider's capacity go in priority and fair-share
+                // order between tenants.
+                let caller =
+                    keel_llm::ratelimit::Caller { tenant: live.tenant.clone(), priority: live.priority };
+                let chat = provider.chat(&request, stream.as_ref());
+                let (outcome, record, usage, served) =
+                    match keel_llm::ratelimit::CALLER.scope(caller, chat).await {
+                        Ok(served) => {
+                            let response = serde_json::to_value(&served.response).map_err(internal)?;
+                            let usage = Usage {
+                                input_tokens: served.response.usage.input_tokens,
+                                output_tokens: served.response.usage.output_tokens,
+                                llm_calls: 1,
+                                tool_calls: 0,
+                                cost_micro_usd: (served.response.cost_usd * 1_000_000.0).round() as u64,
+                            };
+                            let record = json!({ "response": response, "provider": served.meta });
+                            (Ok(response), record, usage, true)
+                        }
+                        Err(err) => (
+                            Err(provider_error(&err)),
+                            Value::Null,
+                            Usage { llm_calls: 1, ..Usage::default() },
+                            false,
+                        ),
+                    };
                 self.settle_budget(live, reservation, usage);
                 let extra = json!({
                     "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
@@ -551,26 +568,41 @@ impl Kernel {
             }
             Call::Mem(call) => {
                 let tenant = live.tenant.clone();
+                let embedder = self.embedder();
                 if !call.is_write() {
                     // A read has no effect to protect; journaling what it read makes the
-                    // replay answer the same however memory changed since.
-                    // A read that failed left nothing to replay: the agent may ask again.
-                    let result = memory::perform(self.store().as_ref(), &tenant, call, None).await?;
-                    self.record(live, method, params, hash, result.clone()).await?;
+                    // replay answer the same however memory changed since (and never
+                    // embeds a query again). A read that failed left nothing to replay.
+                    let performed =
+                        memory::perform(self.store().as_ref(), embedder.as_ref(), &tenant, call, None)
+                            .await?;
+                    let result = performed.result;
+                    self.record_with_usage(live, method, params, hash, result.clone(), performed.usage)
+                        .await?;
                     return Ok(result);
                 }
                 let seq = self.intend_unless_retry(live, reuse, method, params, hash).await?;
                 // The key ties the write to its journal entry: retried after a crash
                 // (`reuse`), an append or delete answers what it answered the first time.
                 let key = format!("{}:{seq}", live.id);
-                let outcome = memory::perform(self.store().as_ref(), &tenant, call, Some(&key)).await;
+                let performed =
+                    memory::perform(self.store().as_ref(), embedder.as_ref(), &tenant, call, Some(&key))
+                        .await;
+                let usage = performed.as_ref().map(|p| p.usage).unwrap_or_default();
+                let outcome = performed.map(|p| p.result);
                 let record = outcome.clone().unwrap_or(Value::Null);
-                self.complete(live, seq, method, &outcome, record, Usage::default(), false, json!({}))
-                    .await?;
+                self.complete(live, seq, method, &outcome, record, usage, false, json!({})).await?;
                 outcome
             }
             Call::Ipc(call) => {
                 let tenant = live.tenant.clone();
+                // A name resolves to the run holding it now; the journal keeps the name.
+                let call = self.resolve_send(&tenant, call).await?;
+                if let IpcCall::Register { name } = &call {
+                    let result = self.register_name(&tenant, &live.id, name).await?;
+                    self.record(live, method, params, hash, result.clone()).await?;
+                    return Ok(result);
+                }
                 if let IpcCall::Send { to, .. } = &call {
                     // An unknown target (or another tenant's run) leaves nothing to replay.
                     let target = self.store().get_run(to).await.map_err(internal)?;
@@ -600,6 +632,9 @@ impl Kernel {
                     send @ (IpcCall::Send { .. } | IpcCall::Publish { .. }) => {
                         self.mailbox_send(&tenant, Some(&live.id), send, Some(key), || self.is_current(live))
                             .await
+                    }
+                    IpcCall::SendNamed { .. } | IpcCall::Register { .. } => {
+                        Err(internal("names are resolved above"))
                     }
                 };
                 if matches!(&outcome, Err(err) if err.code == ErrorKind::Cancelled.code()) {

@@ -1,12 +1,12 @@
 //! The kernel side of the provider-compatible endpoints (`/v1/chat/completions`,
-//! `/v1/messages`): a request authenticated by a run token becomes an `llm.chat` syscall
-//! of that run, so it is journaled, replayed after a crash, metered and budgeted exactly
+//! `/v1/messages`, `/v1/embeddings`): a request authenticated by a run token becomes an
+//! `llm.chat` (or `llm.embed`) syscall of that run, so it is journaled, replayed after a crash, metered and budgeted exactly
 //! like a call through the SDK.
 
 use std::sync::Arc;
 
 use keel_llm::DeltaSink;
-use keel_protocol::rpc::{ErrorKind, LlmChatParams, LlmChatResult, RpcError};
+use keel_protocol::rpc::{ErrorKind, LlmChatParams, LlmChatResult, LlmEmbedParams, LlmEmbedResult, RpcError};
 use keel_types::RunId;
 
 use crate::Kernel;
@@ -38,9 +38,28 @@ impl Kernel {
     ) -> Result<LlmChatResult, RpcError> {
         let params = serde_json::to_value(&request)
             .map_err(|e| ErrorKind::InvalidParams.error(format!("the request cannot be encoded: {e}")))?;
-        let result = self.syscall_streaming(&run.0, "llm.chat", params, stream).await?;
+        // The HTTP request may outlive the agent (its task is detached from the
+        // connection): when the agent is gone, the call is dropped and its upstream
+        // stream closed, like a syscall on the socket.
+        let mut ended = run.0.ended.subscribe();
+        let result = tokio::select! {
+            result = self.syscall_streaming(&run.0, "llm.chat", params, stream) => result?,
+            _ = ended.wait_for(|ended| *ended) => {
+                return Err(ErrorKind::Cancelled.error("llm.chat: the run's agent is gone; the call was dropped"));
+            }
+        };
         serde_json::from_value(result)
             .map_err(|e| ErrorKind::Internal.error(format!("the journaled LLM response is unreadable: {e}")))
+    }
+
+    /// Embeddings for `run` (the gateway's `/v1/embeddings`), through the journaled
+    /// `llm.embed` syscall: metered into the run's usage, answered from the journal on replay.
+    pub async fn embed(&self, run: &RunHandle, request: LlmEmbedParams) -> Result<LlmEmbedResult, RpcError> {
+        let params = serde_json::to_value(&request)
+            .map_err(|e| ErrorKind::InvalidParams.error(format!("the request cannot be encoded: {e}")))?;
+        let result = self.syscall(&run.0, "llm.embed", params).await?;
+        serde_json::from_value(result)
+            .map_err(|e| ErrorKind::Internal.error(format!("the journaled embeddings are unreadable: {e}")))
     }
 }
 

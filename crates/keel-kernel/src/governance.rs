@@ -160,23 +160,14 @@ impl Kernel {
     ) -> bool {
         let mut buffers = live.exec_buffers.lock().unwrap_or_else(|p| p.into_inner());
         let Some(buffer) = buffers.get_mut(&exec) else { return false };
-        let now = crate::runtime::now_ms();
-        let (status, result, error) = match outcome {
-            Ok(result) => (keel_types::EntryStatus::Ok, Some(result.clone()), None),
-            Err(err) => (keel_types::EntryStatus::Error, None, serde_json::to_value(err).ok()),
-        };
-        buffer.push(keel_store::NewEntry {
-            method: method.to_owned(),
-            params: params.clone(),
-            params_hash: hash.to_owned(),
-            status,
-            result,
-            error,
-            attempt: live.attempt,
-            started_at_ms: now,
-            finished_at_ms: Some(now),
+        buffer.push(crate::dispatch::completed_entry(
+            live.attempt,
+            method,
+            params.clone(),
+            hash.to_owned(),
+            outcome,
             usage,
-        });
+        ));
         true
     }
 

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_protocol::rpc::{
-    ErrorKind, IpcMessage, IpcPublishParams, IpcRecvParams, IpcSendParams, IpcTopicParams, RpcError,
+    ErrorKind, IpcMessage, IpcPublishParams, IpcRecvParams, IpcRegisterParams, IpcSendParams, IpcTopicParams,
+    RpcError,
 };
 use keel_store::{Error as StoreError, NewMessage};
 use keel_types::RunId;
@@ -33,24 +34,67 @@ use crate::runtime::{LiveRun, now_ms};
 pub const DEFAULT_MAILBOX_CAPACITY: u64 = 1000;
 const MAX_CORRELATION_ID_BYTES: usize = 256;
 const MAX_TOPIC_BYTES: usize = 256;
+/// How long a receive waits before the run shows as `waiting(message)`.
+const PARK_AFTER: Duration = Duration::from_millis(200);
 /// How often a waiter looks again even without a notification (a backstop).
 const POLL: Duration = Duration::from_millis(500);
 
 /// An IPC call whose params were checked.
 #[derive(Debug, Clone, PartialEq)]
 pub enum IpcCall {
-    Send { to: RunId, message: Value, correlation_id: Option<String>, wait: bool },
-    Recv { timeout_ms: Option<u64> },
-    Subscribe { topic: String, subscribe: bool },
-    Publish { topic: String, message: Value, wait: bool },
+    Send {
+        to: RunId,
+        message: Value,
+        correlation_id: Option<String>,
+        wait: bool,
+    },
+    /// A send to a name a run registered (resolved to that run before it is journaled).
+    SendNamed {
+        name: String,
+        message: Value,
+        correlation_id: Option<String>,
+        wait: bool,
+    },
+    /// `ipc.register {name}`: the caller takes a name other runs of its tenant send to.
+    Register {
+        name: String,
+    },
+    Recv {
+        timeout_ms: Option<u64>,
+    },
+    Subscribe {
+        topic: String,
+        subscribe: bool,
+    },
+    Publish {
+        topic: String,
+        message: Value,
+        wait: bool,
+    },
 }
 
 impl IpcCall {
     /// Whether the call is journaled as intent, then result (it waits, or its effect is
     /// not idempotent on its own); a (un)subscribe is journaled complete after its effect.
     pub fn has_intent(&self) -> bool {
-        !matches!(self, IpcCall::Subscribe { .. })
+        !matches!(self, IpcCall::Subscribe { .. } | IpcCall::Register { .. })
     }
+}
+
+const MAX_NAME_BYTES: usize = 64;
+
+/// A run name: 1-64 of letters, digits, `-`, `_`, `.`, not shaped like a run id.
+fn name(method: &str, name: &str) -> Result<String, RpcError> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_NAME_BYTES
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && !name.starts_with("run_");
+    if !valid {
+        return Err(bad(format!(
+            "{method}: {name:?} is neither a run id (run_...) nor a name (1-{MAX_NAME_BYTES} letters, digits, '-', '_', '.', not starting with run_)"
+        )));
+    }
+    Ok(name.to_owned())
 }
 
 fn topic(method: &str, topic: String) -> Result<String, RpcError> {
@@ -98,8 +142,10 @@ pub fn check(method: &str, params: &Value) -> Result<IpcCall, RpcError> {
                 params,
                 "{\"to\":\"run_...\",\"message\":<any JSON>,\"correlation_id\":\"optional\",\"wait\":true}",
             )?;
-            let Ok(to) = RunId::parse(&p.to) else {
-                return Err(bad(format!("{method}: `to` {:?} is not a run id (run_...)", p.to)));
+            let to = RunId::parse(&p.to).ok();
+            let named = match &to {
+                Some(_) => None,
+                None => Some(name(method, &p.to)?),
             };
             if let Some(id) = &p.correlation_id
                 && (id.is_empty() || id.len() > MAX_CORRELATION_ID_BYTES || id.chars().any(char::is_control))
@@ -108,12 +154,20 @@ pub fn check(method: &str, params: &Value) -> Result<IpcCall, RpcError> {
                     "{method}: `correlation_id` must be 1 to {MAX_CORRELATION_ID_BYTES} bytes without control characters"
                 )));
             }
-            IpcCall::Send {
-                to,
-                message: p.message,
-                correlation_id: p.correlation_id,
-                wait: p.wait.unwrap_or(true),
+            let wait = p.wait.unwrap_or(true);
+            match (to, named) {
+                (Some(to), _) => {
+                    IpcCall::Send { to, message: p.message, correlation_id: p.correlation_id, wait }
+                }
+                (None, Some(name)) => {
+                    IpcCall::SendNamed { name, message: p.message, correlation_id: p.correlation_id, wait }
+                }
+                (None, None) => return Err(bad(format!("{method}: `to` is missing"))),
             }
+        }
+        "ipc.register" => {
+            let p: IpcRegisterParams = parse(method, params, "{\"name\":\"planner\"}")?;
+            IpcCall::Register { name: name(method, &p.name)? }
         }
         "ipc.recv" => {
             let p: IpcRecvParams = parse(method, params, "{\"timeout_ms\":1000} or {}")?;
@@ -223,19 +277,19 @@ impl Kernel {
     ) -> Result<Value, RpcError> {
         let deadline = timeout_ms.map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
         let _waiting = crate::swap::Busy::new(&live.waiting_calls);
-        // A long wait shows as `waiting(message)` (and may be swapped out).
+        // A wait that lasts shows as `waiting(message)` (and may be swapped out); a quick
+        // exchange changes no state (each change is a durable write).
         let long = timeout_ms.is_none_or(|ms| ms >= 1000);
+        let park_after = tokio::time::Instant::now() + PARK_AFTER;
         let mut parked = false;
         loop {
             let mut notified = pin!(self.inner.mail.notified());
             notified.as_mut().enable();
             let received =
                 self.store().mailbox_receive(&live.id, Some(idempotency_key)).await.map_err(internal)?;
-            if received.is_some() || !long || parked {
-                if parked && received.is_some() {
-                    self.wake_run(live, keel_types::WaitReason::Message).await;
-                }
-            } else {
+            if parked && received.is_some() {
+                self.wake_run(live, keel_types::WaitReason::Message).await;
+            } else if received.is_none() && long && !parked && tokio::time::Instant::now() >= park_after {
                 self.park_run(live, keel_types::WaitReason::Message).await;
                 parked = true;
             }
@@ -254,6 +308,9 @@ impl Kernel {
                 return Err(ErrorKind::Cancelled.error("ipc.recv: the run is ending; no message will come"));
             }
             let mut wake = tokio::time::Instant::now() + POLL;
+            if long && !parked {
+                wake = wake.min(park_after);
+            }
             if let Some(deadline) = deadline {
                 if tokio::time::Instant::now() >= deadline {
                     if parked {
@@ -281,10 +338,114 @@ impl Kernel {
         Ok(json!({}))
     }
 
+    /// A named signal, delivered as an event the agent receives with `ipc.recv`:
+    /// `{"topic": "signal", "message": {"signal": NAME, "data": ...}}` (`from`: the
+    /// signalling run, or null for an operator). Durable and ordered with its messages; a
+    /// full mailbox refuses it (`would_block`) rather than dropping it.
+    pub(crate) async fn deliver_signal(
+        &self,
+        tenant: &str,
+        from: Option<&RunId>,
+        to: &RunId,
+        signal: &str,
+        data: Value,
+        idempotency_key: Option<String>,
+    ) -> Result<Value, RpcError> {
+        let message = NewMessage {
+            tenant: tenant.to_owned(),
+            from: from.cloned(),
+            message: json!({ "signal": signal, "data": data }),
+            correlation_id: None,
+            topic: Some("signal".to_owned()),
+            capacity: self.inner.mailbox_capacity,
+            idempotency_key,
+            sent_at_ms: now_ms(),
+        };
+        match self.store().mailbox_send(to, message).await {
+            Ok(seq) => {
+                self.inner.mail.notify_waiters();
+                self.request_wake(to);
+                self.emit(to, "signal", json!({ "signal": signal, "from": from.map(RunId::as_str) }));
+                Ok(json!({ "seq": seq }))
+            }
+            Err(StoreError::RunNotFound(run)) => Err(not_found(&run)),
+            Err(StoreError::MailboxFull { capacity, run }) => Err(ErrorKind::WouldBlock.error(format!(
+                "signal {signal}: the mailbox of run {run} is full ({capacity} undelivered messages); nothing was sent"
+            ))),
+            Err(err) => Err(internal(err)),
+        }
+    }
+
+    /// An operator's named signal (`keel signal`, `POST /v1/runs/{id}/signal`).
+    pub async fn signal_run(
+        &self,
+        tenant: &str,
+        run: &RunId,
+        signal: &str,
+        data: Value,
+    ) -> Result<Value, RpcError> {
+        if matches!(signal, "stop" | "pause" | "resume") {
+            return Err(bad(format!("`{signal}` controls the process: use `keel {signal} {run}`")));
+        }
+        if !crate::procs::valid_signal(signal) {
+            return Err(bad(format!(
+                "signal {signal:?} is not a name: use 1-64 letters, digits, '-', '_' or '.'"
+            )));
+        }
+        self.deliver_signal(tenant, None, run, signal, data, None).await
+    }
+
+    /// The run registered as `name` in `tenant` (and not ended), for `ipc.send`.
+    pub(crate) async fn resolve_name(&self, tenant: &str, name: &str) -> Result<RunId, RpcError> {
+        let missing = || {
+            ErrorKind::NotFound.error(format!("ipc.send: no run of this tenant is registered as {name:?}"))
+        };
+        let scope = format!("names:{tenant}");
+        let Some(Value::String(id)) = self.store().kv_get(&scope, name).await.map_err(internal)? else {
+            return Err(missing());
+        };
+        let run = RunId::parse(&id).map_err(internal)?;
+        match self.store().get_run(&run).await.map_err(internal)? {
+            Some(record) if !record.state.is_terminal() && record.tenant == tenant => Ok(run),
+            _ => Err(missing()),
+        }
+    }
+
+    /// `ipc.register`: the name is the caller's while it lives (a name held by a run that
+    /// ended is free again); registering again is a no-op.
+    pub(crate) async fn register_name(
+        &self,
+        tenant: &str,
+        run: &RunId,
+        name: &str,
+    ) -> Result<Value, RpcError> {
+        if let Ok(holder) = self.resolve_name(tenant, name).await
+            && &holder != run
+        {
+            return Err(ErrorKind::Denied.error(format!(
+                "ipc.register: the name {name:?} is taken by run {holder}, which has not ended"
+            )));
+        }
+        self.store().kv_put(&format!("names:{tenant}"), name, json!(run.as_str())).await.map_err(internal)?;
+        Ok(json!({}))
+    }
+
+    /// Replaces a send to a name by a send to the run that holds it.
+    pub(crate) async fn resolve_send(&self, tenant: &str, call: IpcCall) -> Result<IpcCall, RpcError> {
+        match call {
+            IpcCall::SendNamed { name, message, correlation_id, wait } => {
+                let to = self.resolve_name(tenant, &name).await?;
+                Ok(IpcCall::Send { to, message, correlation_id, wait })
+            }
+            other => Ok(other),
+        }
+    }
+
     /// An operator's message to a run (the HTTP API and `keel send`), with the checks of
     /// `ipc.send`; not journaled (there is no sending run). Answers `{"seq": n}`.
     pub async fn send_message(&self, tenant: &str, params: Value) -> Result<Value, RpcError> {
         let call = check("ipc.send", &params)?;
+        let call = self.resolve_send(tenant, call).await?;
         self.mailbox_send(tenant, None, call, None, || true).await
     }
 }
@@ -295,8 +456,14 @@ mod tests {
 
     #[test]
     fn checks_name_what_is_wrong() {
-        let err = check("ipc.send", &json!({"to": "nope", "message": 1})).unwrap_err();
-        assert!(err.message.contains("not a run id"), "{}", err.message);
+        let err = check("ipc.send", &json!({"to": "no pe!", "message": 1})).unwrap_err();
+        assert!(err.message.contains("neither a run id"), "{}", err.message);
+        let err = check("ipc.send", &json!({"to": "run_nope", "message": 1})).unwrap_err();
+        assert!(err.message.contains("neither a run id"), "{}", err.message);
+        let call = check("ipc.send", &json!({"to": "planner", "message": 1})).unwrap();
+        assert!(matches!(call, IpcCall::SendNamed { ref name, .. } if name == "planner"));
+        let err = check("ipc.register", &json!({"name": ""})).unwrap_err();
+        assert!(err.message.contains("neither a run id"), "{}", err.message);
         let err = check("ipc.send", &json!({"to": "run_00000000000000000000000001"})).unwrap_err();
         assert!(err.message.contains("missing field `message`"), "{}", err.message);
         let to = "run_00000000000000000000000001";

@@ -6,6 +6,7 @@
 //! Everything that acts on a run enters through [`Kernel::execute`] as a [`Command`]
 //! (HTTP and CLI parse into it) or through the syscall socket; queries are plain methods.
 
+mod admission;
 mod approvals;
 mod audit;
 mod budget;
@@ -28,6 +29,7 @@ mod tenants;
 mod tools;
 pub mod views;
 
+pub use admission::SchedulerConfig;
 pub use error::{Error, Result};
 pub use events::EventStream;
 pub use gateway::RunHandle;

@@ -6,12 +6,22 @@
 //! delete carry the idempotency key `run_id:seq` of their journal entry, so a retried
 //! append answers the first index and a retried delete the first `deleted`; a put writes
 //! the same record again.
+//!
+//! Embeddings: a put embeds its text with the kernel's embedder (`[llm.embeddings]`, the
+//! offline hash embedder by default) and stores the vector with the record in one
+//! transaction; a semantic or hybrid search embeds its query. The embedding call is part
+//! of the syscall's effect, so it is journaled with it: a replayed put or search answers
+//! from the journal and never calls the embedder again; a put retried after a crash
+//! embeds again (harmless: it only costs the provider's tokens). Tokens the provider
+//! reports count into the run's usage as input tokens.
 
+use keel_llm::Embedder;
 use keel_protocol::rpc::{
-    ErrorKind, MemGetResult, MemKeyParams, MemPutParams, MemSearchHit, MemSearchParams,
-    MemThreadAppendParams, MemThreadReadParams, RpcError, ThreadEntry,
+    ErrorKind, LlmEmbedParams, LlmEmbedResult, MemGetResult, MemKeyParams, MemPutParams, MemSearchHit,
+    MemSearchMode, MemSearchParams, MemThreadAppendParams, MemThreadReadParams, RpcError, ThreadEntry,
 };
-use keel_store::Store;
+use keel_store::{MemoryEmbedding, MemorySearch, SearchMode, Store};
+use keel_types::Usage;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
@@ -27,12 +37,48 @@ const ROLES: &[&str] = &["system", "user", "assistant", "tool"];
 /// A memory call whose params were checked.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MemCall {
-    ThreadAppend { thread: String, role: String, content: String },
-    ThreadRead { thread: String, last: Option<u64>, max_tokens: Option<u64> },
-    Put { namespace: String, key: String, value: Value, text: String },
-    Get { namespace: String, key: String },
-    Delete { namespace: String, key: String },
-    Search { namespace: String, query: String, limit: u64 },
+    ThreadAppend {
+        thread: String,
+        role: String,
+        content: String,
+    },
+    ThreadRead {
+        thread: String,
+        last: Option<u64>,
+        max_tokens: Option<u64>,
+    },
+    Put {
+        namespace: String,
+        key: String,
+        value: Value,
+        text: String,
+    },
+    Get {
+        namespace: String,
+        key: String,
+    },
+    Delete {
+        namespace: String,
+        key: String,
+    },
+    Search {
+        namespace: String,
+        query: String,
+        limit: u64,
+        mode: SearchMode,
+    },
+    /// `llm.embed` (the gateway's `/v1/embeddings`): the embedder's vectors, journaled
+    /// like a memory read so a replay answers the same.
+    Embed {
+        input: Vec<String>,
+    },
+}
+
+/// What a performed call answers, and what its embedding calls used.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Performed {
+    pub result: Value,
+    pub usage: Usage,
 }
 
 impl MemCall {
@@ -61,10 +107,14 @@ fn name(method: &str, field: &str, value: String, max: usize) -> Result<String, 
     Ok(value)
 }
 
-/// Whether `method` is a memory syscall.
+/// Whether `method` is a memory syscall (`mem.*`, and `llm.embed`, which uses the same
+/// embedder and is journaled the same way).
 pub fn is_memory_method(method: &str) -> bool {
-    method.starts_with("mem.")
+    method.starts_with("mem.") || method == "llm.embed"
 }
+
+const MAX_EMBED_INPUTS: usize = 2048;
+const MAX_EMBED_INPUT_BYTES: usize = 64 * 1024;
 
 /// Checks a memory call's params. `method` must be one of the `mem.*` methods.
 pub fn check(method: &str, params: &Value) -> Result<MemCall, RpcError> {
@@ -128,8 +178,11 @@ pub fn check(method: &str, params: &Value) -> Result<MemCall, RpcError> {
             }
         }
         "mem.search" => {
-            let p: MemSearchParams =
-                parse(method, params, "{\"namespace\":\"...\",\"query\":\"words\",\"limit\":10}")?;
+            let p: MemSearchParams = parse(
+                method,
+                params,
+                "{\"namespace\":\"...\",\"query\":\"words\",\"limit\":10,\"mode\":\"text|semantic|hybrid\"}",
+            )?;
             let limit = p.limit.unwrap_or(DEFAULT_SEARCH_LIMIT);
             if limit == 0 || limit > MAX_SEARCH_LIMIT {
                 return Err(bad(format!("{method}: `limit` must be 1 to {MAX_SEARCH_LIMIT}")));
@@ -138,7 +191,25 @@ pub fn check(method: &str, params: &Value) -> Result<MemCall, RpcError> {
                 namespace: name(method, "namespace", p.namespace, MAX_NAME_BYTES)?,
                 query: p.query,
                 limit,
+                mode: match p.mode {
+                    None | Some(MemSearchMode::Text) => SearchMode::Text,
+                    Some(MemSearchMode::Semantic) => SearchMode::Semantic,
+                    Some(MemSearchMode::Hybrid) => SearchMode::Hybrid,
+                },
             }
+        }
+        "llm.embed" => {
+            let p: LlmEmbedParams =
+                parse(method, params, "{\"input\":[\"text\", ...],\"model\":\"optional\"}")?;
+            if p.input.is_empty() || p.input.len() > MAX_EMBED_INPUTS {
+                return Err(bad(format!("{method}: `input` must hold 1 to {MAX_EMBED_INPUTS} texts")));
+            }
+            if p.input.iter().any(|text| text.len() > MAX_EMBED_INPUT_BYTES) {
+                return Err(bad(format!(
+                    "{method}: each input must be at most {MAX_EMBED_INPUT_BYTES} bytes"
+                )));
+            }
+            MemCall::Embed { input: p.input }
         }
         other => {
             return Err(ErrorKind::UnknownMethod.error(format!("unknown memory method {other:?}")));
@@ -156,15 +227,80 @@ fn internal(err: impl std::fmt::Display) -> RpcError {
     ErrorKind::Internal.error(format!("the kernel failed: {err}"))
 }
 
+/// Embeds one text, for a put or a query; `None` for a text without words (nothing to
+/// compare). A failed call names the embedder and what to do.
+async fn embed_one(
+    embedder: &dyn Embedder,
+    text: &str,
+    usage: &mut Usage,
+) -> Result<Option<MemoryEmbedding>, RpcError> {
+    if !text.chars().any(char::is_alphanumeric) {
+        return Ok(None);
+    }
+    let mut vectors = embed(embedder, &[text.to_owned()], usage).await?;
+    let vector = vectors.pop().ok_or_else(|| internal("the embedder returned no vector"))?;
+    Ok(Some(MemoryEmbedding { model: embedder.model().to_owned(), vector }))
+}
+
+/// Embeds texts, adding the provider's token count to `usage`.
+async fn embed(
+    embedder: &dyn Embedder,
+    texts: &[String],
+    usage: &mut Usage,
+) -> Result<Vec<Vec<f32>>, RpcError> {
+    let embedded = embedder.embed(texts).await.map_err(|err| {
+        let mut error = ErrorKind::ProviderError
+            .error(format!("embedding with model {:?} failed: {err}", embedder.model()));
+        if let (Some(data), Some(class)) = (error.data.as_mut(), err.class()) {
+            data["class"] = json!(class.as_str());
+            data["status"] = json!(class.http_status());
+        }
+        error
+    })?;
+    usage.input_tokens += embedded.input_tokens.unwrap_or(0);
+    if embedded.vectors.len() != texts.len() {
+        return Err(internal(format!(
+            "the embedder returned {} vectors for {} texts",
+            embedded.vectors.len(),
+            texts.len()
+        )));
+    }
+    Ok(embedded.vectors)
+}
+
 /// Performs a checked call for `tenant`. `idempotency_key` makes a thread append or a
-/// delete safe to retry (the kernel passes `run_id:seq`).
+/// delete safe to retry (the kernel passes `run_id:seq`). `embedder` embeds a put's text
+/// and a semantic or hybrid query.
 pub async fn perform(
     store: &dyn Store,
+    embedder: &dyn Embedder,
     tenant: &str,
     call: MemCall,
     idempotency_key: Option<&str>,
+) -> Result<Performed, RpcError> {
+    let mut usage = Usage::default();
+    let result = perform_call(store, embedder, tenant, call, idempotency_key, &mut usage).await?;
+    Ok(Performed { result, usage })
+}
+
+async fn perform_call(
+    store: &dyn Store,
+    embedder: &dyn Embedder,
+    tenant: &str,
+    call: MemCall,
+    idempotency_key: Option<&str>,
+    usage: &mut Usage,
 ) -> Result<Value, RpcError> {
     match call {
+        MemCall::Embed { input } => {
+            let embeddings = embed(embedder, &input, usage).await?;
+            let result = LlmEmbedResult {
+                model: embedder.model().to_owned(),
+                embeddings,
+                input_tokens: usage.input_tokens,
+            };
+            serde_json::to_value(result).map_err(internal)
+        }
         MemCall::ThreadAppend { thread, role, content } => {
             let message = json!({ "role": role, "content": content });
             let index = store
@@ -207,7 +343,11 @@ pub async fn perform(
             Ok(json!({ "messages": messages }))
         }
         MemCall::Put { namespace, key, value, text } => {
-            store.mem_put(tenant, &namespace, &key, value, text, now_ms()).await.map_err(internal)?;
+            let embedding = embed_one(embedder, &text, usage).await?;
+            store
+                .mem_put(tenant, &namespace, &key, value, text, embedding, now_ms())
+                .await
+                .map_err(internal)?;
             Ok(json!({}))
         }
         MemCall::Get { namespace, key } => {
@@ -220,9 +360,14 @@ pub async fn perform(
                 store.mem_delete(tenant, &namespace, &key, idempotency_key).await.map_err(internal)?;
             Ok(json!({ "deleted": deleted }))
         }
-        MemCall::Search { namespace, query, limit } => {
+        MemCall::Search { namespace, query, limit, mode } => {
             let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-            let hits = store.mem_search(tenant, &namespace, &query, limit).await.map_err(internal)?;
+            let embedding = match mode {
+                SearchMode::Text => None,
+                SearchMode::Semantic | SearchMode::Hybrid => embed_one(embedder, &query, usage).await?,
+            };
+            let search = MemorySearch { query, mode, embedding };
+            let hits = store.mem_search(tenant, &namespace, &search, limit).await.map_err(internal)?;
             let hits: Vec<MemSearchHit> = hits
                 .into_iter()
                 .map(|hit| MemSearchHit { key: hit.key, score: hit.score, snippet: hit.snippet })
@@ -237,11 +382,17 @@ impl Kernel {
     /// checks and answers as the `mem.*` syscall `method`, for `tenant`. Not journaled:
     /// there is no run to replay.
     pub async fn memory(&self, tenant: &str, method: &str, params: Value) -> Result<Value, RpcError> {
-        if !is_memory_method(method) {
+        if !method.starts_with("mem.") {
             return Err(ErrorKind::UnknownMethod.error(format!("{method:?} is not a memory method")));
         }
         let call = check(method, &params)?;
-        perform(self.store().as_ref(), tenant, call, None).await
+        let embedder = self.embedder();
+        Ok(perform(self.store().as_ref(), embedder.as_ref(), tenant, call, None).await?.result)
+    }
+
+    /// The embedder of `[llm.embeddings]` (the offline hash embedder by default).
+    pub fn embedder(&self) -> std::sync::Arc<dyn Embedder> {
+        self.inner.llm.embedder()
     }
 
     /// A whole record (value, indexed text, time) for the HTTP API, with the checks of
@@ -279,6 +430,42 @@ mod tests {
         assert!(err.message.contains("missing field `key`"), "{}", err.message);
         let err = check("mem.get", &json!({"namespace": "n", "key": "k", "extra": 1})).unwrap_err();
         assert!(err.message.contains("unknown field"), "{}", err.message);
+        let err = check("mem.search", &json!({"namespace": "n", "query": "q", "mode": "fuzzy"})).unwrap_err();
+        assert!(err.message.contains("unknown variant `fuzzy`"), "{}", err.message);
+    }
+
+    #[test]
+    fn search_mode_defaults_to_text() {
+        let call = check("mem.search", &json!({"namespace": "n", "query": "q"})).unwrap();
+        assert!(matches!(call, MemCall::Search { mode: SearchMode::Text, .. }));
+        let call = check("mem.search", &json!({"namespace": "n", "query": "q", "mode": "hybrid"})).unwrap();
+        assert!(matches!(call, MemCall::Search { mode: SearchMode::Hybrid, .. }));
+    }
+
+    #[tokio::test]
+    async fn a_semantic_search_finds_a_paraphrase_the_text_search_misses() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = keel_store::SqliteStore::open(&dir.path().join("keel.db")).unwrap();
+        let embedder = keel_llm::HashEmbedder;
+        for (key, text) in [
+            ("cat", "The kitten naps on the windowsill every afternoon"),
+            ("tax", "Quarterly tax filing is due at the end of the month"),
+        ] {
+            let call = check("mem.put", &json!({"namespace": "n", "key": key, "value": text})).unwrap();
+            perform(&store, &embedder, "t", call, None).await.unwrap();
+        }
+        let search = |mode: &str| {
+            check(
+                "mem.search",
+                &json!({"namespace": "n", "query": "kittens napping by windows", "mode": mode}),
+            )
+            .unwrap()
+        };
+        let text = perform(&store, &embedder, "t", search("text"), None).await.unwrap();
+        assert_eq!(text.result["hits"], json!([]), "no word of the query is in either record");
+        let semantic = perform(&store, &embedder, "t", search("semantic"), None).await.unwrap();
+        assert_eq!(semantic.result["hits"][0]["key"], "cat", "{}", semantic.result);
+        assert_eq!(semantic.usage, Usage::default(), "the offline embedder reports no tokens");
     }
 
     #[test]

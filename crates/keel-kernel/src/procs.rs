@@ -73,9 +73,11 @@ pub(crate) fn check(method: &str, params: &Value) -> Result<ProcCall, RpcError> 
         }
         "proc.signal" => {
             let p: ProcSignalParams = parse(method, params, "{\"run_id\":\"run_...\",\"signal\":\"stop\"}")?;
-            if !matches!(p.signal.as_str(), "stop" | "pause" | "resume") {
-                return Err(ErrorKind::InvalidParams
-                    .error(format!("proc.signal: signal {:?} is not stop, pause or resume", p.signal)));
+            if !valid_signal(&p.signal) {
+                return Err(ErrorKind::InvalidParams.error(format!(
+                    "proc.signal: signal {:?} is not stop, pause, resume or a custom name (1-64 letters, digits, '-', '_', '.')",
+                    p.signal
+                )));
             }
             ProcCall::Signal { child: run_id(method, &p.run_id)?, signal: p.signal }
         }
@@ -161,15 +163,23 @@ impl Kernel {
         if let Some(priority) = &params.priority {
             request.priority = Some(priority.clone());
         }
-        if let Some(budget) = &params.budget {
-            let budget: keel_protocol::api::BudgetParams = serde_json::from_value(budget.clone())
-                .map_err(|e| ErrorKind::InvalidParams.error(format!("proc.spawn: budget: {e}")))?;
-            crate::budget::validate(&budget, "proc.spawn budget")
-                .map_err(|e| ErrorKind::InvalidParams.error(e.to_string()))?;
-            request.budget = Some(budget);
-        }
+        let slice = match &params.budget {
+            Some(budget) => {
+                let budget: keel_protocol::api::BudgetParams = serde_json::from_value(budget.clone())
+                    .map_err(|e| ErrorKind::InvalidParams.error(format!("proc.spawn: budget: {e}")))?;
+                crate::budget::validate(&budget, "proc.spawn budget")
+                    .map_err(|e| ErrorKind::InvalidParams.error(e.to_string()))?;
+                request.budget = Some(budget.clone());
+                Some(budget)
+            }
+            None => None,
+        };
         let child = RunId::generate(now_ms());
         store.kv_put(&scope, key, json!(child.as_str())).await.map_err(internal)?;
+        // The child's budget is a slice of this run's: carved (durably) before it exists.
+        if let Some(slice) = &slice {
+            self.carve_slice(live, &child, slice).await?;
+        }
         self.create_as(child.clone(), request)
             .await
             .map_err(|e| ErrorKind::InvalidParams.error(format!("proc.spawn: {e}")))?;
@@ -225,7 +235,13 @@ impl Kernel {
         let command = match signal {
             "stop" => Command::Stop { run: child.clone(), grace: None },
             "pause" => Command::Pause(child.clone()),
-            _ => Command::Resume(child.clone()),
+            "resume" => Command::Resume(child.clone()),
+            custom => {
+                // A custom signal is an event the child receives in its mailbox.
+                return self
+                    .deliver_signal(&live.tenant, Some(&live.id), child, custom, Value::Null, None)
+                    .await;
+            }
         };
         let record = Box::pin(self.execute(command))
             .await
@@ -329,6 +345,13 @@ impl Kernel {
             }
         }
     }
+}
+
+/// `stop`, `pause`, `resume`, or a custom signal's name.
+pub(crate) fn valid_signal(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// Whether every name starting with `prefix` is allowed by `grant` (approximated by the

@@ -58,6 +58,8 @@ pub struct KernelOptions {
     /// Swap out runs that have waited this long for something durable (see `swap.rs`);
     /// `None` keeps every waiting agent resident.
     pub swap_after: Option<Duration>,
+    /// The `[scheduler]` table of keel.toml: caps on live runs, the queue, aging, weights.
+    pub scheduler: crate::admission::SchedulerConfig,
 }
 
 /// A request to start a run, validated (see [`CreateRun::validate`]).
@@ -278,7 +280,7 @@ pub(crate) struct Inner {
     default_stop_grace: Duration,
     default_llm_script: Option<Value>,
     gateway_addr: Option<std::net::SocketAddr>,
-    llm: keel_llm::Router,
+    pub(crate) llm: keel_llm::Router,
     pub(crate) egress: Arc<keel_sandbox::egress::EgressSettings>,
     live: Mutex<HashMap<RunId, Arc<LiveRun>>>,
     tokens: Mutex<HashMap<String, Arc<LiveRun>>>,
@@ -292,6 +294,10 @@ pub(crate) struct Inner {
     pub(crate) shutting_down: AtomicBool,
     /// Fired on every mailbox send and receive; mailbox waiters listen to it.
     pub(crate) mail: tokio::sync::Notify,
+    /// Admission control (caps on live runs, the queue).
+    pub(crate) admissions: crate::admission::Admissions,
+    /// Queued runs given a slot, to launch (served by one background task).
+    launches: tokio::sync::mpsc::UnboundedSender<RunId>,
     /// Swapped-out runs to bring back (served by one background task).
     wakeups: tokio::sync::mpsc::UnboundedSender<RunId>,
     /// Runs whose descendants are to be stopped (served by one background task).
@@ -324,6 +330,8 @@ pub(crate) struct LiveRun {
     pub(crate) budget: crate::budget::RunBudget,
     /// The tools the run may call.
     pub(crate) grant: keel_tools::grant::Grant,
+    /// Its priority class (for the order of LLM calls waiting for a provider).
+    pub(crate) priority: keel_core::sched::Priority,
     /// The read-only tool calls of running `code.exec`s (by the exec's seq), journaled
     /// together when it completes (see `exec.rs`).
     pub(crate) exec_buffers: Mutex<HashMap<Seq, Vec<keel_store::NewEntry>>>,
@@ -401,6 +409,8 @@ impl Kernel {
         let events = EventLog::start(store.clone());
         let (stop_trees, mut stop_requests) = tokio::sync::mpsc::unbounded_channel();
         let (wakeups, mut wake_requests) = tokio::sync::mpsc::unbounded_channel::<RunId>();
+        let (launches, mut launch_requests) = tokio::sync::mpsc::unbounded_channel::<RunId>();
+        let admissions = crate::admission::Admissions::new(&options.scheduler);
         let swap_after = options.swap_after;
         let kernel = Kernel {
             inner: Arc::new(Inner {
@@ -422,6 +432,8 @@ impl Kernel {
                 run_ended: tokio::sync::Notify::new(),
                 stop_trees,
                 wakeups,
+                admissions,
+                launches,
                 mailbox_capacity: crate::ipc::capacity_from_env(),
                 tools: crate::tools::Registry::new(options.tools),
                 interp: options
@@ -431,6 +443,12 @@ impl Kernel {
             }),
         };
         crate::syscall::listen(kernel.clone())?;
+        let launcher = kernel.clone();
+        tokio::spawn(async move {
+            while let Some(run) = launch_requests.recv().await {
+                launcher.launch_queued(&run).await;
+            }
+        });
         let waker = kernel.clone();
         tokio::spawn(async move {
             while let Some(run) = wake_requests.recv().await {
@@ -552,6 +570,24 @@ impl Kernel {
         lock(&self.inner.live).values().cloned().collect()
     }
 
+    /// Asks for a queued run that got a slot to be launched.
+    pub(crate) fn request_launch(&self, run: &RunId) {
+        let _ = self.inner.launches.send(run.clone());
+    }
+
+    async fn launch_queued(&self, run: &RunId) {
+        match self.get(run).await {
+            Ok(record) if record.state == RunState::Queued => {
+                if let Err(err) = Box::pin(self.launch(record, false)).await {
+                    tracing::warn!(run = %run, "could not start the queued run: {err}");
+                }
+            }
+            // Stopped while queued, or started otherwise: give the slot back.
+            Ok(record) if record.state.is_terminal() => self.release_slot(run),
+            _ => {}
+        }
+    }
+
     /// Asks for a swapped-out run to be brought back (a no-op for any other run).
     pub(crate) fn request_wake(&self, run: &RunId) {
         let _ = self.inner.wakeups.send(run.clone());
@@ -599,10 +635,13 @@ impl Kernel {
         if next.is_terminal() {
             lock(&self.inner.transitions).remove(run); // An ended run never changes again.
             self.inner.run_ended.notify_waiters();
-            // A parent swapped out while waiting for its children comes back.
+            self.release_slot(run);
+            // The parent gets back what is left of the child's budget slice, and comes
+            // back itself if it was swapped out waiting for its children.
             if let Some(parent) =
                 updated.spec.get("parent").and_then(Value::as_str).and_then(|p| RunId::parse(p).ok())
             {
+                self.return_slice(&parent, &updated);
                 self.request_wake(&parent);
             }
         }
@@ -639,19 +678,33 @@ impl Kernel {
             .check(&crate::sandboxing::profile(request.sandbox.as_deref(), &self.inner.data_dir))
             .map_err(|e| Error::InvalidRequest(e.to_string()))?;
         let now = now_ms();
-        let record = self
+        let spec = request.to_spec();
+        // A live slot now, a place in the queue, or a refusal (429) before the run exists.
+        let start = self.admit(crate::admission::ticket(&id, &request.tenant, &spec, now))?;
+        let created = self
             .inner
             .store
             .create_run(NewRun {
                 id: id.clone(),
                 tenant: request.tenant.clone(),
-                spec: request.to_spec(),
+                spec,
                 state: RunState::Created,
                 created_at_ms: now,
             })
-            .await?;
+            .await;
+        let record = match created {
+            Ok(record) => record,
+            Err(err) => {
+                self.release_slot(&id);
+                return Err(err.into());
+            }
+        };
         self.emit(&id, "state", json!({ "state": "created", "command": request.command }));
-        self.transition(&id, Lifecycle::Enqueue, RunPatch::default()).await?;
+        let queued = self.transition(&id, Lifecycle::Enqueue, RunPatch::default()).await?;
+        if !start {
+            self.emit(&id, "queued", json!({ "reason": self.queue_reason(&id) }));
+            return Ok(queued);
+        }
         self.launch(record, false).await
     }
 
@@ -736,6 +789,12 @@ impl Kernel {
             ask: Mutex::new(None),
             budget,
             grant,
+            priority: record
+                .spec
+                .get("priority")
+                .and_then(Value::as_str)
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_default(),
             approvals: Mutex::default(),
             exec_buffers: Mutex::default(),
             workspace,
@@ -1122,6 +1181,10 @@ impl Kernel {
         };
         let mut runs = self.inner.store.list_runs(&filter).await?;
         runs.reverse(); // Oldest first.
+        // Runs that were live keep their slots; queued ones queue again (in `recover`).
+        for run in runs.iter().filter(|r| !matches!(r.state, RunState::Created | RunState::Queued)) {
+            self.restore_slot(run, true);
+        }
         // Swapped-out runs stay swapped out until what they wait for happens.
         let mut resident = Vec::with_capacity(runs.len());
         for run in runs {
@@ -1166,6 +1229,9 @@ impl Kernel {
                 } else {
                     run
                 };
+                if !self.restore_slot(&run, false) {
+                    return Ok(run); // Still waiting for a live slot.
+                }
                 self.launch(run, false).await
             }
             _ => {

@@ -29,6 +29,10 @@
 //! [llm.retry]
 //! max_attempts = 4
 //! initial_backoff_ms = 500
+//!
+//! [llm.embeddings]                     # semantic memory; the offline hash embedder when absent
+//! provider = "openai"
+//! model = "text-embedding-3-small"
 //! ```
 
 use std::collections::BTreeMap;
@@ -183,6 +187,10 @@ pub struct LlmConfig {
     pub retry: RetryConfig,
     #[serde(default)]
     pub http: HttpConfig,
+    /// `[llm.embeddings]`: the embedder for semantic memory search (the offline hash
+    /// embedder when absent); see [`crate::embed`].
+    #[serde(default)]
+    pub embeddings: Option<crate::embed::EmbeddingsConfig>,
 }
 
 /// A provider with everything resolved: kind, URL and the key itself.

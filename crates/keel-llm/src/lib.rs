@@ -10,6 +10,7 @@
 
 pub mod anthropic;
 pub mod config;
+pub mod embed;
 pub mod error;
 mod fields;
 mod http;
@@ -27,6 +28,7 @@ use serde_json::Value;
 
 pub use anthropic::AnthropicProvider;
 pub use config::{LlmConfig, ProviderKind};
+pub use embed::{Embedded, Embedder, HashEmbedder, OpenAiEmbedder};
 pub use error::{Error, ErrorClass, Result, UpstreamError};
 pub use openai::OpenAiProvider;
 pub use pricing::{DEFAULT_MAX_OUTPUT_TOKENS, ModelPrice, PriceTable, estimate_input_tokens};

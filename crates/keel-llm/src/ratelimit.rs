@@ -280,18 +280,62 @@ impl LimitState {
     }
 }
 
+/// Who is calling, for the order in which waiting calls get the provider's capacity:
+/// the kernel sets it around each call (`CALLER.scope(...)`); calls without one are
+/// treated as tenant `default`, priority normal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub tenant: String,
+    pub priority: keel_core::sched::Priority,
+}
+
+tokio::task_local! {
+    /// The caller of the LLM call the current task is making.
+    pub static CALLER: Caller;
+}
+
+/// How long a waiting call's priority takes to rise one class.
+const CALL_AGING_MS: u64 = 30_000;
+
+/// The calls of one model waiting for capacity, in `keel_core::sched::CallQueue` order:
+/// priority (with aging), then fair share between tenants, then arrival.
+#[derive(Debug)]
+struct Waiting {
+    queue: keel_core::sched::CallQueue,
+    grants: HashMap<u64, tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Default for Waiting {
+    fn default() -> Waiting {
+        Waiting {
+            queue: keel_core::sched::CallQueue::new(
+                keel_core::sched::Weights(Default::default()),
+                CALL_AGING_MS,
+            ),
+            grants: HashMap::new(),
+        }
+    }
+}
+
 /// The shared limit state of every model of one provider, with the async wait.
 #[derive(Debug, Default)]
 pub struct RateLimiter {
     configured: HashMap<String, Limits>,
     states: Mutex<HashMap<String, LimitState>>,
+    /// Calls waiting for capacity, per model (lock order: `waiting`, then `states`).
+    waiting: Mutex<HashMap<String, Waiting>>,
+    next_call: std::sync::atomic::AtomicU64,
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 impl RateLimiter {
     /// `configured` maps a model name to its limits; other models start unlimited and
     /// learn theirs from the provider.
     pub fn new(configured: HashMap<String, Limits>) -> RateLimiter {
-        RateLimiter { configured, states: Mutex::default() }
+        RateLimiter { configured, ..RateLimiter::default() }
     }
 
     fn with_state<T>(&self, model: &str, now: Instant, f: impl FnOnce(&mut LimitState) -> T) -> T {
@@ -305,20 +349,78 @@ impl RateLimiter {
 
     /// Waits until one request and `tokens` tokens are available for `model` and takes
     /// them. Gives up, returning the wait it would need, if that wait would take the total
-    /// past `max_wait`.
+    /// past `max_wait`. While calls wait, capacity goes to them in priority and fair-share
+    /// order (see [`CALLER`]), not to whoever polls first.
     pub async fn acquire(&self, model: &str, tokens: u64, max_wait: Duration) -> Result<(), Duration> {
-        let mut waited = Duration::ZERO;
-        loop {
-            let wait = match self.with_state(model, Instant::now(), |s| s.try_acquire(Instant::now(), tokens))
+        let caller = CALLER.try_with(Clone::clone).ok();
+        let (id, mut granted) = {
+            let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            let line = waiting.entry(model.to_owned()).or_default();
+            // Nobody waits: take it now if it fits.
+            if line.queue.is_empty()
+                && self.with_state(model, Instant::now(), |s| s.try_acquire(Instant::now(), tokens)).is_ok()
             {
-                Ok(()) => return Ok(()),
-                Err(wait) => wait,
-            };
-            if waited.saturating_add(wait) > max_wait {
-                return Err(wait);
+                return Ok(());
             }
-            tokio::time::sleep(wait).await;
-            waited += wait;
+            let id = self.next_call.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            line.queue.push(keel_core::sched::Call {
+                id,
+                tenant: caller.as_ref().map_or_else(|| "default".to_owned(), |c| c.tenant.clone()),
+                priority: caller.as_ref().map_or_else(Default::default, |c| c.priority),
+                enqueued_ms: wall_ms(),
+                cost: tokens.max(1),
+            });
+            line.grants.insert(id, tx);
+            (id, rx)
+        };
+        let deadline = Instant::now() + max_wait;
+        loop {
+            let wait = self.pump(model);
+            if granted.try_recv().is_ok() {
+                return Ok(());
+            }
+            let now = Instant::now();
+            let hint = wait.unwrap_or(Duration::from_millis(10));
+            if now + hint > deadline && wait.is_some_and(|w| now + w > deadline) {
+                self.leave(model, id, tokens);
+                return if granted.try_recv().is_ok() { Ok(()) } else { Err(hint) };
+            }
+            tokio::select! {
+                _ = &mut granted => return Ok(()),
+                _ = tokio::time::sleep(hint.min(deadline.saturating_duration_since(now)).max(Duration::from_millis(1))) => {}
+            }
+        }
+    }
+
+    /// Gives capacity to waiting calls in order, as long as the next one fits; returns how
+    /// long until it might (`None` when nothing waits).
+    fn pump(&self, model: &str) -> Option<Duration> {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let line = waiting.get_mut(model)?;
+        loop {
+            let now = wall_ms();
+            let cost = line.queue.peek(now)?.cost;
+            match self.with_state(model, Instant::now(), |s| s.try_acquire(Instant::now(), cost)) {
+                Ok(()) => {
+                    let call = line.queue.pop(now)?;
+                    let delivered = line.grants.remove(&call.id).is_some_and(|tx| tx.send(()).is_ok());
+                    if !delivered {
+                        // Its caller gave up meanwhile: the capacity goes back.
+                        self.with_state(model, Instant::now(), |s| s.settle(cost, 0));
+                    }
+                }
+                Err(wait) => return Some(wait),
+            }
+        }
+    }
+
+    /// A waiting call gives up (timeout, or its future was dropped).
+    fn leave(&self, model: &str, id: u64, _tokens: u64) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(line) = waiting.get_mut(model) {
+            line.grants.remove(&id);
+            line.queue.remove(id);
         }
     }
 
@@ -575,5 +677,34 @@ mod tests {
         let wait = limiter.acquire("m", 0, Duration::from_millis(1)).await.unwrap_err();
         assert!(wait > Duration::from_secs(50), "{wait:?}");
         assert_eq!(limiter.acquire("other", 0, Duration::ZERO).await, Ok(()), "limits are per model");
+    }
+
+    /// Capacity goes to waiting calls by priority, not by who asked first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiting_calls_get_capacity_in_priority_order() {
+        use keel_core::sched::Priority;
+        let limiter = std::sync::Arc::new(RateLimiter::new(HashMap::from([(
+            "m".to_owned(),
+            Limits { requests_per_minute: Some(120), tokens_per_minute: None },
+        )])));
+        // Use up the burst.
+        while limiter.acquire("m", 0, Duration::ZERO).await.is_ok() {}
+        let order = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (name, priority) in [("low-1", Priority::Low), ("low-2", Priority::Low), ("high", Priority::High)]
+        {
+            let (limiter, order) = (limiter.clone(), order.clone());
+            let caller = Caller { tenant: "t".into(), priority };
+            tasks.push(tokio::spawn(CALLER.scope(caller, async move {
+                limiter.acquire("m", 0, Duration::from_secs(30)).await.unwrap();
+                order.lock().unwrap().push(name);
+            })));
+            // Queued one after another: the low calls ask first.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(order.lock().unwrap().first(), Some(&"high"), "{:?}", order.lock().unwrap());
     }
 }

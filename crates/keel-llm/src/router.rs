@@ -58,6 +58,8 @@ struct Shared {
     /// Bare model name → provider, from `[llm.models."name"] provider = ...`.
     model_routes: BTreeMap<String, String>,
     policy: RetryPolicy,
+    /// The embedder of `[llm.embeddings]` (the offline hash embedder by default).
+    embedder: Arc<dyn crate::embed::Embedder>,
 }
 
 #[derive(Clone)]
@@ -90,7 +92,7 @@ impl Router {
         let prices = Arc::new(PriceTable::with_overrides(&config.prices));
         let policy = config.retry.policy();
         let mut providers = BTreeMap::new();
-        for resolved in config.resolve_providers(env)? {
+        for resolved in config.resolve_providers(&env)? {
             let provider: Arc<dyn Provider> = match resolved.kind {
                 ProviderKind::Openai => Arc::new(OpenAiProvider::new(
                     &resolved,
@@ -107,13 +109,14 @@ impl Router {
             };
             providers.insert(resolved.name.clone(), Entry { kind: Some(resolved.kind), provider });
         }
+        let embedder = crate::embed::from_config(config, &env)?;
         let model_routes = config
             .models
             .iter()
             .filter_map(|(model, settings)| Some((model.clone(), settings.provider.clone()?)))
             .collect();
         Ok(Router {
-            shared: Arc::new(Shared { providers, model_routes, policy }),
+            shared: Arc::new(Shared { providers, model_routes, policy, embedder }),
             script: None,
             default_model: config.default_model.clone(),
             fallback: config.fallback.clone(),
@@ -128,6 +131,7 @@ impl Router {
                 providers: BTreeMap::new(),
                 model_routes: BTreeMap::new(),
                 policy: RetryPolicy::default(),
+                embedder: Arc::new(crate::embed::HashEmbedder),
             }),
             script: None,
             default_model: None,
@@ -167,6 +171,11 @@ impl Router {
             default_model: model.or_else(|| self.default_model.clone()),
             fallback: if fallback.is_empty() { self.fallback.clone() } else { fallback },
         }
+    }
+
+    /// The embedder for semantic memory search, shared by every run.
+    pub fn embedder(&self) -> Arc<dyn crate::embed::Embedder> {
+        self.shared.embedder.clone()
     }
 
     /// Whether any call can be served at all (a script, or at least one provider).

@@ -279,6 +279,18 @@ pub struct DecisionParams {
     pub note: Option<String>,
 }
 
+/// `POST /v1/runs/{id}/signal`: a named signal for the run, received as an event.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignalParams {
+    /// A custom signal's name (1-64 letters, digits, `-`, `_`, `.`); `keel pause`,
+    /// `keel resume` and `keel stop` control the process itself.
+    pub signal: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub data: Option<Value>,
+}
+
 /// A tool of the kernel's registry (`GET /v1/tools`, `keel tools`).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ToolView {
@@ -457,7 +469,7 @@ pub struct MemoryHitView {
     pub snippet: String,
 }
 
-/// `GET /v1/memory/{namespace}?q=...`: full-text search, most relevant first.
+/// `GET /v1/memory/{namespace}?q=...&mode=text|semantic|hybrid`: most relevant first.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct MemorySearchView {
     pub hits: Vec<MemoryHitView>,

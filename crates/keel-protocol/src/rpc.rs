@@ -27,11 +27,13 @@ pub const METHODS: &[&str] = &[
     "mem.get",
     "mem.delete",
     "mem.search",
+    "llm.embed",
     "ipc.send",
     "ipc.recv",
     "ipc.subscribe",
     "ipc.unsubscribe",
     "ipc.publish",
+    "ipc.register",
     "code.exec",
     "proc.spawn",
     "proc.wait",
@@ -516,6 +518,13 @@ pub struct MemDeleteResult {
 /// convention over `ipc.send` and `ipc.recv`: the requester sends with a fresh
 /// `correlation_id`, the replier answers the `from` of what it received with the same
 /// `correlation_id`.
+/// `ipc.register`: the caller takes a name; `ipc.send` accepts it as `to`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IpcRegisterParams {
+    pub name: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IpcSendParams {
@@ -587,7 +596,8 @@ pub struct IpcPublishResult {
     pub delivered: u64,
 }
 
-/// `mem.search`: full-text search over a namespace; `limit` defaults to 10 (at most 100).
+/// `mem.search`: searches a namespace; `limit` defaults to 10 (at most 100), `mode` to
+/// `text`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemSearchParams {
@@ -595,6 +605,39 @@ pub struct MemSearchParams {
     pub query: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<MemSearchMode>,
+}
+
+/// `llm.embed`: vectors for `input` from the kernel's embedder (`[llm.embeddings]`; the
+/// offline hash embedder by default). `model` is what the agent asked for; the answer
+/// names the model that made the vectors. Journaled like a read, so a replay answers the
+/// same vectors without calling the provider.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmEmbedParams {
+    pub input: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LlmEmbedResult {
+    pub model: String,
+    /// One vector per input, in order.
+    pub embeddings: Vec<Vec<f32>>,
+    /// As reported by the provider; 0 when it reports none.
+    pub input_tokens: u64,
+}
+
+/// How `mem.search` ranks: `text` (full-text, BM25), `semantic` (cosine similarity of the
+/// kernel embedder's vectors) or `hybrid` (reciprocal rank fusion of both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemSearchMode {
+    Text,
+    Semantic,
+    Hybrid,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -602,7 +645,8 @@ pub struct MemSearchHit {
     pub key: String,
     /// Higher is more relevant; comparable within one search only.
     pub score: f64,
-    /// An excerpt around the matched words, which are in `[...]`.
+    /// An excerpt around the matched words, which are in `[...]` (for a semantic hit, the
+    /// start of the text).
     pub snippet: String,
 }
 

@@ -1,6 +1,6 @@
 //! The provider-compatible endpoints agents reach with unmodified SDKs:
 //! `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic), with and
-//! without streaming. The API key is the run's token. Each request becomes one journaled
+//! without streaming, and `POST /v1/embeddings` (OpenAI; one journaled `llm.embed`). The API key is the run's token. Each request becomes one journaled
 //! `llm.chat` of that run; a streamed response is journaled whole and, when it is answered
 //! from the journal after a crash, replayed as a stream.
 
@@ -27,6 +27,7 @@ pub fn router(kernel: Kernel) -> axum::Router {
     axum::Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/messages", post(messages))
+        .route("/v1/embeddings", post(embeddings))
         .with_state(kernel)
         .nest_service("/mcp", mcp)
 }
@@ -136,6 +137,68 @@ fn unix_secs() -> u64 {
 
 fn call_id(prefix: &str) -> String {
     format!("{prefix}{}", &keel_types::random_token()[..24])
+}
+
+/// OpenAI's `POST /v1/embeddings`: `input` is a string or a list of strings (token
+/// arrays are refused), `encoding_format` `float` or `base64` (little-endian f32, what
+/// the official SDKs ask for by default). The vectors come from the kernel's embedder,
+/// whatever `model` says; the answer names the model that made them.
+async fn embeddings(
+    State(kernel): State<Kernel>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, GatewayError> {
+    use base64::Engine as _;
+    let dialect = Dialect::OpenAi;
+    let run = authenticate(&kernel, &headers, dialect)?;
+    let raw = parse_body(&body, dialect)?;
+    let invalid = |message: String| {
+        GatewayError::new(dialect, StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    };
+    let input = match raw.get("input") {
+        Some(Value::String(text)) => vec![text.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| item.as_str().map(str::to_owned))
+            .collect::<Option<Vec<String>>>()
+            .ok_or_else(|| {
+                invalid(
+                    "`input` must be a string or a list of strings (token arrays are not supported)".into(),
+                )
+            })?,
+        _ => return Err(invalid("`input` is required: a string or a list of strings".into())),
+    };
+    let base64 = match raw.get("encoding_format").and_then(Value::as_str) {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => return Err(invalid(format!("encoding_format {other:?} is not one of float, base64"))),
+    };
+    let model = raw.get("model").and_then(Value::as_str).map(str::to_owned);
+    let result = kernel
+        .embed(&run, keel_protocol::rpc::LlmEmbedParams { input, model })
+        .await
+        .map_err(|err| GatewayError::from_rpc(dialect, &err))?;
+    let data: Vec<Value> = result
+        .embeddings
+        .iter()
+        .enumerate()
+        .map(|(index, vector)| {
+            let embedding = if base64 {
+                let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(vector)
+            };
+            json!({ "object": "embedding", "index": index, "embedding": embedding })
+        })
+        .collect();
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "model": result.model,
+        "usage": { "prompt_tokens": result.input_tokens, "total_tokens": result.input_tokens },
+    }))
+    .into_response())
 }
 
 async fn chat_completions(

@@ -38,13 +38,13 @@ use utoipa::OpenApi;
 #[openapi(
     info(title = "Keel kernel API", description = "Start, inspect and control agent runs."),
     paths(health, create_run, list_runs, inspect_run, run_events, pause_run, resume_run, stop_run, answer_run, top_up_run,
-        send_message, decide_call, list_tools, exec_code, memory_get, memory_put, memory_delete, memory_search, thread_read),
+        send_message, signal_run, decide_call, list_tools, exec_code, memory_get, memory_put, memory_delete, memory_search, thread_read),
     components(schemas(
         CreateRunParams, RunView, InspectView, JournalEntryView, UsageView, EventView, EventsPage,
         AnswerParams, StopParams, ErrorBody, ErrorDetail, HealthView, BudgetParams, BudgetView, TopUpParams,
         MemoryPutBody, MemoryRecordView, MemoryDeleteView, MemoryHitView, MemorySearchView, ThreadMessageView,
         ThreadView, MessageParams, MessageSentView, keel_protocol::api::ApprovalView,
-        keel_protocol::api::DecisionParams, keel_protocol::api::ToolView, keel_protocol::api::ExecParams,
+        keel_protocol::api::DecisionParams, keel_protocol::api::SignalParams, keel_protocol::api::ToolView, keel_protocol::api::ExecParams,
         keel_protocol::api::ExecView
     )),
     modifiers(&BearerAuth)
@@ -84,6 +84,7 @@ pub fn router(kernel: Kernel, token: String) -> Router {
         .route("/v1/runs/{id}/answer", post(answer_run))
         .route("/v1/runs/{id}/budget", post(top_up_run))
         .route("/v1/runs/{id}/messages", post(send_message))
+        .route("/v1/runs/{id}/signal", post(signal_run))
         .route("/v1/runs/{id}/approvals/{call}", post(decide_call))
         .route("/v1/tools", get(list_tools))
         .route("/v1/exec", post(exec_code))
@@ -244,7 +245,10 @@ async fn view(kernel: &Kernel, record: &keel_store::RunRecord) -> Result<RunView
     };
     let mut view = views::run(record, question);
     view.budget = kernel.budget_view(record).await?;
-    view.reason = kernel.budget_reason(&record.id).or_else(|| kernel.approval_reason(&record.id));
+    view.reason = kernel
+        .budget_reason(&record.id)
+        .or_else(|| kernel.approval_reason(&record.id))
+        .or_else(|| kernel.queue_reason(&record.id));
     Ok(view)
 }
 
@@ -528,6 +532,27 @@ async fn send_message(
     Ok(Json(MessageSentView { seq: result["seq"].as_u64().unwrap_or(0) }))
 }
 
+/// Send a run a named signal: an event it receives with `ipc.recv` (topic `signal`).
+#[utoipa::path(post, path = "/v1/runs/{id}/signal", params(("id" = String, Path)),
+    request_body = keel_protocol::api::SignalParams,
+    responses((status = 200, body = MessageSentView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn signal_run(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+    Body(params): Body<keel_protocol::api::SignalParams>,
+) -> Result<Json<MessageSentView>, ApiError> {
+    let to = run_id(&id)?;
+    let tenant = match &principal {
+        Principal::Admin => state.kernel.get(&to).await?.tenant,
+        Principal::Tenant(name) => name.clone(),
+    };
+    let result =
+        state.kernel.signal_run(&tenant, &to, &params.signal, params.data.unwrap_or_default()).await?;
+    Ok(Json(MessageSentView { seq: result["seq"].as_u64().unwrap_or(0) }))
+}
+
 impl From<RpcError> for ApiError {
     fn from(err: RpcError) -> ApiError {
         let kind =
@@ -607,9 +632,11 @@ struct SearchQuery {
     q: String,
     /// At most this many hits (1 to 100; default 10).
     limit: Option<u64>,
+    /// `text` (full-text, the default), `semantic` (embeddings) or `hybrid` (both, fused).
+    mode: Option<String>,
 }
 
-/// Full-text search of a memory namespace.
+/// Search of a memory namespace: full-text, semantic or hybrid.
 #[utoipa::path(get, path = "/v1/memory/{namespace}", params(("namespace" = String, Path), SearchQuery),
     responses((status = 200, body = MemorySearchView)), security(("bearer" = [])))]
 async fn memory_search(
@@ -623,6 +650,9 @@ async fn memory_search(
     let mut params = serde_json::json!({ "namespace": namespace, "query": query.q });
     if let Some(limit) = query.limit {
         params["limit"] = serde_json::json!(limit);
+    }
+    if let Some(mode) = query.mode {
+        params["mode"] = serde_json::json!(mode);
     }
     let result = state.kernel.memory(principal.tenant(), "mem.search", params).await?;
     serde_json::from_value(result)

@@ -219,7 +219,52 @@ pub struct MemoryRecord {
     pub updated_at_ms: u64,
 }
 
-/// A full-text search hit: the best first.
+/// A record's embedding: the model that made it and its vector.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryEmbedding {
+    pub model: String,
+    pub vector: Vec<f32>,
+}
+
+/// How `mem_search` ranks records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SearchMode {
+    /// Full-text (FTS5, BM25) over the records' text.
+    #[default]
+    Text,
+    /// Cosine similarity of the records' embeddings (of the query embedding's model) to
+    /// the query embedding. Brute force over the namespace: fine up to ~100k records.
+    Semantic,
+    /// Reciprocal rank fusion (k = 60) of the text and semantic rankings.
+    Hybrid,
+}
+
+impl SearchMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SearchMode::Text => "text",
+            SearchMode::Semantic => "semantic",
+            SearchMode::Hybrid => "hybrid",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<SearchMode> {
+        [SearchMode::Text, SearchMode::Semantic, SearchMode::Hybrid].into_iter().find(|m| m.as_str() == text)
+    }
+}
+
+/// What `mem_search` looks for.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MemorySearch {
+    /// Plain words, for the text ranking.
+    pub query: String,
+    pub mode: SearchMode,
+    /// The query's embedding, for the semantic ranking: without it, a semantic search
+    /// has no hits and a hybrid one is the text ranking.
+    pub embedding: Option<MemoryEmbedding>,
+}
+
+/// A search hit: the best first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MemoryHit {
     pub key: String,
@@ -454,8 +499,10 @@ pub trait Store: Send + Sync + 'static {
         last: Option<usize>,
     ) -> Result<Vec<ThreadMessage>>;
 
-    /// Writes (or overwrites) a record; `text` is what full-text search indexes. Durable
-    /// on return.
+    /// Writes (or overwrites) a record; `text` is what full-text search indexes and
+    /// `embedding` what semantic search compares (an overwrite without one removes the
+    /// old one). Record and embedding are written in one transaction. Durable on return.
+    #[allow(clippy::too_many_arguments, reason = "the fields of one record")]
     async fn mem_put(
         &self,
         tenant: &str,
@@ -463,6 +510,7 @@ pub trait Store: Send + Sync + 'static {
         key: &str,
         value: Value,
         text: String,
+        embedding: Option<MemoryEmbedding>,
         updated_at_ms: u64,
     ) -> Result<()>;
 
@@ -479,15 +527,17 @@ pub trait Store: Send + Sync + 'static {
         idempotency_key: Option<&str>,
     ) -> Result<bool>;
 
-    /// Full-text search over the text of a namespace's records: up to `limit` hits, most
-    /// relevant first. `query` is plain words (any punctuation is ignored, never a syntax
-    /// error); a record matches when it contains any of them. A query without words has
-    /// no hits.
+    /// Searches a namespace's records: up to `limit` hits, most relevant first, ties by
+    /// key. Text mode: `query` is plain words (any punctuation is ignored, never a syntax
+    /// error); a record matches when it contains any of them; a query without words has
+    /// no hits. Semantic mode: every record with an embedding of the same model and
+    /// length as `search.embedding`, by cosine similarity (the score). Hybrid: the
+    /// reciprocal rank fusion of both rankings (score = sum of 1 / (60 + rank)).
     async fn mem_search(
         &self,
         tenant: &str,
         namespace: &str,
-        query: &str,
+        search: &MemorySearch,
         limit: usize,
     ) -> Result<Vec<MemoryHit>>;
 

@@ -26,8 +26,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::{
     ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, Error, EventRecord,
-    JournalEntry, MailboxMessage, MemoryHit, MemoryRecord, NewEntry, NewEvent, NewMessage, NewRun, Result,
-    RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats, TenantRecord, ThreadMessage,
+    JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent,
+    NewMessage, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats, TenantRecord,
+    ThreadMessage,
 };
 use writer::{Blob, EncodedCompletion, EncodedEntry, EncodedEvent, WriteCommand};
 
@@ -386,14 +387,24 @@ impl Store for SqliteStore {
         key: &str,
         value: Value,
         text: String,
+        embedding: Option<MemoryEmbedding>,
         updated_at_ms: u64,
     ) -> Result<()> {
         let tenant = tenant.to_owned();
         let namespace = namespace.to_owned();
         let key = key.to_owned();
         let value = value.to_string();
-        self.write(|reply| WriteCommand::MemPut { tenant, namespace, key, value, text, updated_at_ms, reply })
-            .await
+        self.write(|reply| WriteCommand::MemPut {
+            tenant,
+            namespace,
+            key,
+            value,
+            text,
+            embedding,
+            updated_at_ms,
+            reply,
+        })
+        .await
     }
 
     async fn mem_get(&self, tenant: &str, namespace: &str, key: &str) -> Result<Option<MemoryRecord>> {
@@ -421,13 +432,14 @@ impl Store for SqliteStore {
         &self,
         tenant: &str,
         namespace: &str,
-        query: &str,
+        search: &MemorySearch,
         limit: usize,
     ) -> Result<Vec<MemoryHit>> {
         let tenant = tenant.to_owned();
         let namespace = namespace.to_owned();
-        let query = query.to_owned();
-        self.read(move |connection| queries::mem_search(connection, &tenant, &namespace, &query, limit)).await
+        let search = search.clone();
+        self.read(move |connection| queries::mem_search(connection, &tenant, &namespace, &search, limit))
+            .await
     }
 
     async fn mailbox_send(&self, to: &RunId, message: NewMessage) -> Result<Seq> {

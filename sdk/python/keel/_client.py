@@ -358,6 +358,11 @@ class Client:
         """``stop``, ``pause`` or ``resume`` a descendant run."""
         return _object(self.call("proc.signal", {"run_id": run_id, "signal": signal}), "proc.signal")
 
+    def register(self, name: str) -> None:
+        """Take `name` in this run's tenant: other runs `send(name, ...)` to it while this
+        run lives (`ipc.register`). A name held by a live run raises kind ``denied``."""
+        self.call("ipc.register", {"name": name})
+
     def sleep(self, ms: int) -> None:
         """A durable timer: after a crash the run sleeps only what was left (`sys.sleep`)."""
         self.call("sys.sleep", {"ms": int(ms)})
@@ -445,13 +450,16 @@ class Client:
         return bool(_field(result, "deleted", "mem.delete"))
 
     def mem_search(
-        self, namespace: str, query: str, *, limit: int | None = None
+        self, namespace: str, query: str, *, limit: int | None = None, mode: str | None = None
     ) -> list[dict[str, Any]]:
-        """Full-text search of a namespace: hits (``key``, ``score``, ``snippet``), most
-        relevant first. Any word of `query` may match."""
+        """Search of a namespace: hits (``key``, ``score``, ``snippet``), most relevant
+        first. `mode` is ``"text"`` (full-text, the default: any word of `query` may
+        match), ``"semantic"`` (embedding similarity) or ``"hybrid"`` (both, fused)."""
         params: dict[str, Any] = {"namespace": namespace, "query": query}
         if limit is not None:
             params["limit"] = limit
+        if mode is not None:
+            params["mode"] = mode
         hits: list[dict[str, Any]] = _field(self.call("mem.search", params), "hits", "mem.search")
         return hits
 

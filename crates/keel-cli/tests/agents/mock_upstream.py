@@ -1,5 +1,6 @@
-"""A mock model upstream for tests, speaking both OpenAI Chat Completions
-(`/v1/chat/completions`) and the Anthropic Messages API (`/v1/messages`): answers from a
+"""A mock model upstream for tests, speaking OpenAI Chat Completions
+(`/v1/chat/completions`), OpenAI embeddings (`/v1/embeddings`: deterministic 32-dimension
+bag-of-trigram vectors, 1 token per word) and the Anthropic Messages API (`/v1/messages`): answers from a
 script (the format of Keel's scripted provider), in each provider's real wire format (JSON,
 and SSE when `stream` is set), checks request invariants on every request, and counts how
 many times it served each distinct request in the file named by MOCK_COUNTS (JSON,
@@ -90,11 +91,52 @@ class Handler(BaseHTTPRequestHandler):
         send("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": usage["output_tokens"]}})
         send("message_stop", {"type": "message_stop"})
 
+    def embeddings(self, body):
+        problems = []
+        if self.headers.get("authorization") != f"Bearer {KEY}":
+            problems.append(f"auth {self.headers.get('authorization')!r}")
+        model = body.get("model")
+        if not isinstance(model, str) or not model or "/" in model:
+            problems.append(f"embeddings model {model!r}")
+        inputs = body.get("input")
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) and i for i in inputs):
+            problems.append(f"embeddings input {inputs!r}: a list of non-empty strings")
+            inputs = []
+        with lock:
+            for text in inputs:
+                key = "embed:" + text
+                state["counts"][key] = state["counts"].get(key, 0) + 1
+            state["errors"].extend(problems)
+            json.dump({"counts": state["counts"], "errors": state["errors"], "total": sum(state["counts"].values())}, open(os.environ["MOCK_COUNTS"], "w"))
+        if problems:
+            self.send_response(400)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(json.dumps({"error": {"message": "; ".join(problems), "type": "invalid_request_error"}}).encode())
+            return
+
+        def vector(text):
+            v = [0.0] * 32
+            for word in text.lower().split():
+                word = f"#{word}#"
+                for i in range(len(word) - 2):
+                    v[int(hashlib.md5(word[i:i + 3].encode()).hexdigest(), 16) % 32] += 1.0
+            return v
+
+        data = [{"object": "embedding", "index": i, "embedding": vector(t)} for i, t in enumerate(inputs)]
+        tokens = sum(len(t.split()) for t in inputs)
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}).encode())
+
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("content-length", "0")))
         body = json.loads(raw)
         if self.path == "/v1/messages":
             return self.anthropic(body)
+        if self.path == "/v1/embeddings":
+            return self.embeddings(body)
         problems = []
         if self.path != "/v1/chat/completions":
             problems.append(f"path {self.path}")

@@ -1,5 +1,6 @@
 """Test agent for process trees. Input: {"spawn": [{"command": [...], "input": ...}],
-"wait": true, "sleep_ms": N, "recv": true}. Spawns the children (checkpointing their
+"wait": true, "sleep_ms": N, "recv": true, "register": NAME, "send_to": [NAME, MESSAGE],
+"signal_children": SIGNAL}. Spawns the children (checkpointing their
 ids), optionally receives one message, sleeps, waits for each child, and exits with
 what it saw."""
 
@@ -13,8 +14,21 @@ with keel.connect() as k:
         children = [k.spawn(c["command"], input=c.get("input")) for c in plan.get("spawn", [])]
         k.checkpoint({"children": children})
     out = {"children": children}
+    if plan.get("register"):
+        try:
+            k.register(plan["register"])
+            out["registered"] = True
+        except keel.KeelError as err:
+            out["registered"] = err.kind
+    if plan.get("send_to"):
+        to, message = plan["send_to"]
+        k.send(to, message)
+    if plan.get("signal_children"):
+        out["signalled"] = [k.signal(child, plan["signal_children"]) for child in children]
     if plan.get("recv"):
-        out["message"] = k.recv()["message"]
+        received = k.recv()
+        out["message"] = received["message"]
+        out["received"] = received
     if plan.get("sleep_ms"):
         before = k.now_ms()
         k.sleep(plan["sleep_ms"])

@@ -89,7 +89,7 @@ fn check_no_secrets(seen: &Value, secrets: &[(&str, &str)]) {
 }
 
 /// Starts the mock OpenAI upstream; returns (process, port, counts file).
-fn mock_upstream(keel: &Keel, script: &str) -> (std::process::Child, u16, std::path::PathBuf) {
+pub(crate) fn mock_upstream(keel: &Keel, script: &str) -> (std::process::Child, u16, std::path::PathBuf) {
     let port_file = keel.data.path().join("mock.port");
     let counts = keel.data.path().join("mock.counts");
     let child = std::process::Command::new("python3")
@@ -102,7 +102,7 @@ fn mock_upstream(keel: &Keel, script: &str) -> (std::process::Child, u16, std::p
     (child, port, counts)
 }
 
-fn read_counts(path: &std::path::Path) -> Value {
+pub(crate) fn read_counts(path: &std::path::Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|_| "{}".into())).unwrap_or_default()
 }
 

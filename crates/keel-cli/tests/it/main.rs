@@ -17,6 +17,7 @@ mod procs;
 mod runs;
 mod sandbox;
 mod sandbox_escape;
+mod scheduler;
 mod swap;
 mod tenants;
 mod tools;

@@ -268,3 +268,109 @@ fn a_100_turn_conversation_journals_within_3x_of_its_own_size() {
     );
     assert!(naive > 10 * stats.blob_bytes, "the test must re-send history: naive {naive} B");
 }
+
+fn semantic_agent(keel: &Keel, env: &[&str]) -> String {
+    let mut args = vec!["--sandbox", "none"];
+    for pair in env {
+        args.extend(["--env", pair]);
+    }
+    let path = agent("semantic_agent.py");
+    args.extend(["--", "python3", &path]);
+    keel.detach(&args)
+}
+
+/// With no embedder configured, the offline hash embedder makes semantic search work: a
+/// query that shares only word pieces with a record finds it, where full-text search
+/// finds nothing. The CLI and HTTP API search the same way.
+#[test]
+fn semantic_search_finds_a_paraphrase_that_full_text_misses() {
+    let mut keel = Keel::new();
+    keel.start_daemon();
+    let run = semantic_agent(&keel, &[]);
+    let done = keel.wait_state(&run, &["succeeded", "failed"]);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["output"]["text"], json!([]), "no word of the query is in any record: {done}");
+    assert_eq!(done["output"]["semantic"][0], "cat", "{done}");
+    assert_eq!(done["output"]["hybrid"][0], "cat", "{done}");
+    let cli = keel.json(&["mem", "search", "facts", "kittens napping", "--mode", "semantic", "--json"]);
+    assert_eq!(cli["hits"][0]["key"], "cat", "{cli}");
+    assert!(cli["hits"][0]["snippet"].as_str().unwrap().starts_with("The kitten naps"), "{cli}");
+    let (status, body) =
+        http(&keel, "GET", "/v1/memory/facts?q=kitten%20windowsill&mode=hybrid&limit=2", true);
+    assert_eq!(status, 200, "{body}");
+    let view: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(view["hits"][0]["key"], "cat", "{view}");
+    let (status, body) = http(&keel, "GET", "/v1/memory/facts?q=x&mode=fuzzy", true);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("unknown variant `fuzzy`"), "{body}");
+}
+
+/// With `[llm.embeddings]` pointing at an OpenAI-compatible upstream (the mock), each put
+/// embeds its text there once; a daemon SIGKILL mid-run replays the journaled puts and
+/// searches without calling the upstream again; the provider's tokens are metered into
+/// the run's usage; and the official `openai` package gets embeddings through the gateway.
+#[test]
+fn embeddings_come_from_the_configured_upstream_once_per_put_across_a_crash() {
+    let mut keel = Keel::new();
+    let (mut upstream, port, counts) = crate::gateway::mock_upstream(&keel, &agent("openai_script.json"));
+    std::fs::write(
+        keel.data.path().join("keel.toml"),
+        "[llm.embeddings]\nprovider = \"openai\"\nmodel = \"text-embedding-3-small\"\n",
+    )
+    .unwrap();
+    keel.daemon_env = vec![
+        ("OPENAI_API_KEY".into(), "sk-upstream-test".into()),
+        ("OPENAI_BASE_URL".into(), format!("http://127.0.0.1:{port}/v1")),
+    ];
+    keel.start_daemon();
+    let run = semantic_agent(&keel, &["SEMANTIC_AGENT_DELAY_MS=700", "SEMANTIC_AGENT_OPENAI=1"]);
+    let view = wait_for("two puts", || {
+        let view = keel.inspect(&run);
+        let puts = view["journal"]
+            .as_array()?
+            .iter()
+            .filter(|e| e["method"] == "mem.put" && e["status"] == "ok")
+            .count();
+        (puts >= 2).then_some(view)
+    });
+    let agent_pid = view["pid"].as_u64().map(|p| p as u32);
+    keel.kill_daemon();
+    if let Some(pid) = agent_pid {
+        wait_for("the agent to die with the daemon", || (!alive(pid)).then_some(()));
+    }
+    keel.start_daemon();
+    let done = keel.wait_state(&run, &["succeeded", "failed"]);
+    let _ = upstream.kill();
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert!(done["attempt"].as_u64().unwrap() >= 2, "relaunched after the kill: {done}");
+    assert_eq!(done["output"]["text"], json!([]), "{done}");
+    assert_eq!(done["output"]["semantic"][0], "cat", "{done}");
+    assert_eq!(
+        done["output"]["gateway"],
+        json!({"count": 2, "dims": 32, "model": "text-embedding-3-small", "tokens": 5, "float_dims": 32}),
+        "{done}"
+    );
+    let counts = read_counts(&counts);
+    assert_eq!(counts["errors"], json!([]), "request invariants at the upstream: {counts}");
+    // Each put text and each gateway input was embedded exactly once across the crash;
+    // the query twice (a semantic and a hybrid search, each one call; none replayed).
+    let embedded = counts["counts"].as_object().unwrap();
+    for text in [
+        "The kitten naps on the windowsill every afternoon",
+        "Quarterly tax filing is due at the end of the month",
+        "Replace the bicycle chain before the spring ride",
+        "The puppy chews the garden hose by the fence",
+        "through the gateway",
+        "second input",
+        "one string",
+    ] {
+        assert_eq!(embedded[&format!("embed:{text}")], 1, "{text:?}: {counts}");
+    }
+    assert_eq!(embedded["embed:kittens napping near windows"], 2, "{counts}");
+    let journal = done["journal"].as_array().unwrap();
+    assert_eq!(journal.iter().filter(|e| e["method"] == "mem.put").count(), 4, "{journal:?}");
+    assert_eq!(journal.iter().filter(|e| e["method"] == "llm.embed").count(), 2, "{journal:?}");
+    assert!(done["usage"]["input_tokens"].as_u64().unwrap() > 0, "embedding tokens are metered: {done}");
+}
+
+use crate::gateway::read_counts;

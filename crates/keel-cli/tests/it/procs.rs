@@ -114,3 +114,66 @@ fn sys_sleep_is_a_durable_timer() {
     assert_eq!(sleep["result"]["woke_at"].as_u64().unwrap(), sleep["started_at"].as_u64().unwrap() + 3000);
     assert!(done["output"]["slept_ms"].as_u64().unwrap() >= 3000, "{done}");
 }
+
+#[test]
+fn runs_register_names_and_receive_signals_as_events() {
+    let mut keel = Keel::new();
+    keel.start_daemon();
+    let planner = proc_run(&keel, json!({"register": "planner", "recv": true}));
+    wait_for("the name to be registered", || {
+        let view = keel.inspect(&planner);
+        view["journal"].as_array()?.iter().any(|e| e["method"] == "ipc.register").then_some(())
+    });
+    // The name is taken while its holder lives.
+    let rival = proc_run(&keel, json!({"register": "planner"}));
+    let rival = keel.wait_state(&rival, &["succeeded", "failed"]);
+    assert_eq!(rival["output"]["registered"], "denied", "{rival}");
+    let sender = proc_run(&keel, json!({"send_to": ["planner", {"plan": "ship it"}]}));
+    keel.wait_state(&sender, &["succeeded", "failed"]);
+    let done = keel.wait_state(&planner, &["succeeded", "failed"]);
+    assert_eq!(done["output"]["message"], json!({"plan": "ship it"}), "{done}");
+    // Free again once its holder ended.
+    let next = proc_run(&keel, json!({"register": "planner"}));
+    assert_eq!(keel.wait_state(&next, &["succeeded", "failed"])["output"]["registered"], true);
+
+    // An operator's signal arrives as an event, with its data.
+    let listener = proc_run(&keel, json!({"recv": true}));
+    keel.wait_state(&listener, &["waiting"]);
+    let out = keel.run(&["signal", &listener, "reload", "--json", r#"{"why": "config"}"#]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let done = keel.wait_state(&listener, &["succeeded", "failed"]);
+    assert_eq!(done["output"]["received"]["topic"], "signal", "{done}");
+    assert_eq!(done["output"]["message"], json!({"signal": "reload", "data": {"why": "config"}}));
+    let bad = keel.run(&["signal", &listener, "pause"]);
+    assert!(!bad.status.success());
+    // A parent's custom signal reaches its child the same way.
+    let child = json!({"command": ["python3", agent("proc_agent.py")], "input": {"recv": true}});
+    let parent = proc_run(&keel, json!({"spawn": [child], "signal_children": "wrap-up", "wait": true}));
+    let done = keel.wait_state(&parent, &["succeeded", "failed"]);
+    assert_eq!(
+        done["output"]["waited"][0]["output"]["message"],
+        json!({"signal": "wrap-up", "data": null}),
+        "{done}"
+    );
+}
+
+#[test]
+fn a_childs_budget_is_a_slice_of_its_parents() {
+    let mut keel = Keel::new();
+    keel.start_daemon();
+    let run = keel.detach(&[
+        "--sandbox",
+        "none",
+        "--budget-tool-calls",
+        "5",
+        "--",
+        "python3",
+        &agent("slice_agent.py"),
+    ]);
+    let done = keel.wait_state(&run, &["succeeded", "failed"]);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(
+        done["output"],
+        json!({"second_while_first_runs": "budget_exhausted", "first": "succeeded", "second_after": "succeeded"})
+    );
+}

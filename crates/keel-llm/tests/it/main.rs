@@ -3,6 +3,7 @@
 //! fallback), through the `Router` the kernel uses. Every request the mocks receive is
 //! checked against the protocol's invariants (see `mock.rs`). Backoffs are a millisecond.
 
+mod embeddings;
 mod mock;
 
 use std::sync::Arc;

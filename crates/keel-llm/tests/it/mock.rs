@@ -21,6 +21,8 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 pub enum Dialect {
     OpenAi,
     Anthropic,
+    /// OpenAI's `POST /v1/embeddings`.
+    OpenAiEmbeddings,
 }
 
 pub enum Reply {
@@ -121,7 +123,7 @@ impl Mock {
     /// The base URL a provider of this dialect is configured with.
     pub fn base_url(&self) -> String {
         match self.state.dialect {
-            Dialect::OpenAi => format!("http://{}/v1", self.addr),
+            Dialect::OpenAi | Dialect::OpenAiEmbeddings => format!("http://{}/v1", self.addr),
             Dialect::Anthropic => format!("http://{}", self.addr),
         }
     }
@@ -160,6 +162,9 @@ async fn handle(
         Dialect::OpenAi => check_openai(uri.path(), &headers, &parsed, state.key.as_deref(), &mut problems),
         Dialect::Anthropic => {
             check_anthropic(uri.path(), &headers, &parsed, state.key.as_deref(), &mut problems)
+        }
+        Dialect::OpenAiEmbeddings => {
+            check_embeddings(uri.path(), &headers, &parsed, state.key.as_deref(), &mut problems)
         }
     }
     let number = {
@@ -214,6 +219,49 @@ async fn handle(
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// OpenAI embeddings: `{"model", "input": [strings]}` (a list, never empty, no empty
+/// strings; at most 2048), optional `dimensions` and `encoding_format`, bearer auth.
+fn check_embeddings(
+    path: &str,
+    headers: &HeaderMap,
+    body: &Value,
+    key: Option<&str>,
+    problems: &mut Vec<String>,
+) {
+    let mut fail = |p: String| problems.push(p);
+    if path != "/v1/embeddings" {
+        fail(format!("path {path}, expected /v1/embeddings"));
+    }
+    if header(headers, "content-type") != Some("application/json") {
+        fail(format!("content-type {:?}", header(headers, "content-type")));
+    }
+    let expected_auth = key.map(|k| format!("Bearer {k}"));
+    if header(headers, "authorization") != expected_auth.as_deref() {
+        fail(format!("authorization {:?}, expected {expected_auth:?}", header(headers, "authorization")));
+    }
+    if !body["model"].as_str().is_some_and(|m| !m.is_empty() && !m.contains('/')) {
+        fail(format!("model {:?}", body["model"]));
+    }
+    match body["input"].as_array() {
+        Some(input) if !input.is_empty() && input.len() <= 2048 => {
+            if !input.iter().all(|i| i.as_str().is_some_and(|s| !s.is_empty())) {
+                fail(format!("input holds something other than non-empty strings: {input:?}"));
+            }
+        }
+        _ => fail(format!("input {:?}, expected a list of 1 to 2048 strings", body["input"])),
+    }
+    if let Some(format) = body.get("encoding_format")
+        && format != "float"
+    {
+        fail(format!("encoding_format {format}"));
+    }
+    for field in body.as_object().into_iter().flat_map(|o| o.keys()) {
+        if !["model", "input", "dimensions", "encoding_format", "user"].contains(&field.as_str()) {
+            fail(format!("unknown field {field:?}"));
+        }
+    }
 }
 
 fn check_openai(

@@ -102,6 +102,7 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
             tools: Default::default(),
             interp_worker: None,
             swap_after: None,
+            scheduler: Default::default(),
         })
         .await
         .unwrap();

@@ -14,7 +14,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `i` brings a database from version `i` to version `i + 1`. Append only:
 /// a released migration never changes.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// The schema this build writes and reads.
 pub(super) const SCHEMA_VERSION: usize = MIGRATIONS.len();
@@ -251,6 +251,24 @@ CREATE TABLE api_tokens (
 CREATE INDEX api_tokens_by_tenant ON api_tokens (tenant, prefix);
 
 CREATE INDEX runs_by_tenant ON runs (tenant, created_at_ms, id);
+";
+
+/// Version 6: embeddings of memory records, for semantic search.
+/// - One row per record at most, keyed by the record's rowid (an overwrite keeps the
+///   rowid, and `mem_put` replaces or removes the row in the same transaction); a delete
+///   of the record deletes it by trigger.
+/// - `vector` is the f32 values little-endian, `dims` of them; `model` names what made
+///   them, so a search compares only vectors of the query's model.
+const V6: &str = "
+CREATE TABLE memory_embeddings (
+    memory_id INTEGER PRIMARY KEY NOT NULL,
+    model     TEXT NOT NULL,
+    dims      INTEGER NOT NULL,
+    vector    BLOB NOT NULL
+);
+CREATE TRIGGER memory_embedding_deleted AFTER DELETE ON memory BEGIN
+    DELETE FROM memory_embeddings WHERE memory_id = old.id;
+END;
 ";
 
 /// Settings of the one read-write connection. WAL lets readers run beside the writer;

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
 use super::queries::{self, seq_param};
-use crate::{Error, MailboxMessage, NewMessage, NewRun, Result, RunPatch, RunRecord, Seq};
+use crate::{Error, MailboxMessage, MemoryEmbedding, NewMessage, NewRun, Result, RunPatch, RunRecord, Seq};
 
 /// The most commands one transaction serves. Bounds how long the first caller of a big
 /// batch waits, and the memory of the answers held until the commit.
@@ -77,6 +77,7 @@ pub(super) enum WriteCommand {
         /// JSON text.
         value: String,
         text: String,
+        embedding: Option<MemoryEmbedding>,
         updated_at_ms: u64,
         reply: Reply<()>,
     },
@@ -346,10 +347,14 @@ fn apply(connection: &Connection, command: WriteCommand) -> Box<dyn Answer> {
                 }),
             )
         }
-        WriteCommand::MemPut { tenant, namespace, key, value, text, updated_at_ms, reply } => answer(
-            reply,
-            in_savepoint(connection, |c| mem_put(c, &tenant, &namespace, &key, &value, &text, updated_at_ms)),
-        ),
+        WriteCommand::MemPut { tenant, namespace, key, value, text, embedding, updated_at_ms, reply } => {
+            answer(
+                reply,
+                in_savepoint(connection, |c| {
+                    mem_put(c, &tenant, &namespace, &key, &value, &text, embedding.as_ref(), updated_at_ms)
+                }),
+            )
+        }
         WriteCommand::MemDelete { tenant, namespace, key, idempotency_key, reply } => answer(
             reply,
             in_savepoint(connection, |c| {
@@ -743,6 +748,7 @@ fn thread_append(
     Ok(next)
 }
 
+#[allow(clippy::too_many_arguments, reason = "the fields of one record")]
 fn mem_put(
     connection: &Connection,
     tenant: &str,
@@ -750,16 +756,42 @@ fn mem_put(
     key: &str,
     value: &str,
     text: &str,
+    embedding: Option<&MemoryEmbedding>,
     updated_at_ms: u64,
 ) -> Result<()> {
-    run_sql(
-        connection,
-        "writing a memory record",
-        "INSERT INTO memory (tenant, namespace, key, value, text, updated_at_ms) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (tenant, namespace, key) DO UPDATE SET \
-         value = excluded.value, text = excluded.text, updated_at_ms = excluded.updated_at_ms",
-        params![tenant, namespace, key, value, text, updated_at_ms],
-    )?;
+    let id: i64 = connection
+        .query_row(
+            "INSERT INTO memory (tenant, namespace, key, value, text, updated_at_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (tenant, namespace, key) DO UPDATE SET \
+             value = excluded.value, text = excluded.text, updated_at_ms = excluded.updated_at_ms \
+             RETURNING id",
+            params![tenant, namespace, key, value, text, updated_at_ms],
+            |row| row.get(0),
+        )
+        .map_err(sql_error("writing a memory record"))?;
+    match embedding {
+        Some(embedding) => {
+            run_sql(
+                connection,
+                "writing a memory embedding",
+                "INSERT OR REPLACE INTO memory_embeddings (memory_id, model, dims, vector) VALUES (?1, ?2, ?3, ?4)",
+                params![
+                    id,
+                    embedding.model,
+                    embedding.vector.len() as i64,
+                    queries::vector_bytes(&embedding.vector)
+                ],
+            )?;
+        }
+        None => {
+            run_sql(
+                connection,
+                "removing a stale memory embedding",
+                "DELETE FROM memory_embeddings WHERE memory_id = ?1",
+                params![id],
+            )?;
+        }
+    }
     Ok(())
 }
 

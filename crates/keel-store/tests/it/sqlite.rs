@@ -136,7 +136,7 @@ async fn a_version_1_database_is_migrated_to_memory() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     raw.execute_batch(
-        "DROP TABLE memory_fts; DROP TABLE memory; DROP TABLE memory_deletes; DROP TABLE message_chain; \
+        "DROP TABLE memory_embeddings; DROP TABLE memory_fts; DROP TABLE memory; DROP TABLE memory_deletes; DROP TABLE message_chain; \
          DROP TABLE thread_messages; DROP TABLE mailbox; DROP TABLE subscriptions; \
          DROP TABLE audit; DROP TABLE audit_head; DROP TABLE api_tokens; DROP TABLE tenants; \
          DROP INDEX runs_by_tenant; PRAGMA user_version = 1;",
@@ -146,13 +146,25 @@ async fn a_version_1_database_is_migrated_to_memory() {
 
     let store = db.open();
     assert!(store.get_run(&run).await.unwrap().is_some(), "v1 data must survive the migration");
-    store.mem_put("t", "ns", "k", json!(1), "hello world".into(), 1).await.unwrap();
-    assert_eq!(store.mem_search("t", "ns", "world", 5).await.unwrap()[0].key, "k");
+    store.mem_put("t", "ns", "k", json!(1), "hello world".into(), None, 1).await.unwrap();
+    assert_eq!(
+        store
+            .mem_search(
+                "t",
+                "ns",
+                &keel_store::MemorySearch { query: "world".into(), ..Default::default() },
+                5
+            )
+            .await
+            .unwrap()[0]
+            .key,
+        "k"
+    );
     assert_eq!(store.thread_append("t", "th", json!("m"), None, 1).await.unwrap(), 0);
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
 }
 
 /// A version-2 database (memory, no mailboxes) is migrated to version 3.
@@ -165,7 +177,8 @@ async fn a_version_2_database_is_migrated_to_mailboxes() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     raw.execute_batch(
-        "DROP TABLE mailbox; DROP TABLE subscriptions; DROP TABLE audit; DROP TABLE audit_head; \
+        "DROP TABLE memory_embeddings; DROP TRIGGER memory_embedding_deleted; \
+         DROP TABLE mailbox; DROP TABLE subscriptions; DROP TABLE audit; DROP TABLE audit_head; \
          DROP TABLE api_tokens; DROP TABLE tenants; DROP INDEX runs_by_tenant; PRAGMA user_version = 2;",
     )
     .unwrap();
@@ -189,7 +202,7 @@ async fn a_version_2_database_is_migrated_to_mailboxes() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
 }
 
 /// A version-3 database (mailboxes, no audit log) is migrated to version 4 and starts an
@@ -202,7 +215,8 @@ async fn a_version_3_database_is_migrated_to_the_audit_log() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     raw.execute_batch(
-        "DROP TABLE audit; DROP TABLE audit_head; DROP TABLE api_tokens; DROP TABLE tenants; \
+        "DROP TABLE memory_embeddings; DROP TRIGGER memory_embedding_deleted; \
+         DROP TABLE audit; DROP TABLE audit_head; DROP TABLE api_tokens; DROP TABLE tenants; \
          DROP INDEX runs_by_tenant; PRAGMA user_version = 3;",
     )
     .unwrap();
@@ -226,7 +240,7 @@ async fn a_version_3_database_is_migrated_to_the_audit_log() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
 }
 
 /// A version-4 database (audit log, no tenants) is migrated to version 5: its runs keep
@@ -239,7 +253,8 @@ async fn a_version_4_database_is_migrated_to_tenants() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     raw.execute_batch(
-        "DROP TABLE api_tokens; DROP TABLE tenants; DROP INDEX runs_by_tenant; PRAGMA user_version = 4;",
+        "DROP TABLE memory_embeddings; DROP TRIGGER memory_embedding_deleted; DROP TABLE api_tokens; \
+         DROP TABLE tenants; DROP INDEX runs_by_tenant; PRAGMA user_version = 4;",
     )
     .unwrap();
     drop(raw);
@@ -262,7 +277,40 @@ async fn a_version_4_database_is_migrated_to_tenants() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
+}
+
+/// A version-5 database (no embeddings) keeps its records, which search by text as
+/// before and gain embeddings when put again.
+#[tokio::test]
+async fn a_version_5_database_is_migrated_to_embeddings() {
+    use keel_store::{MemoryEmbedding, MemorySearch, SearchMode};
+    let db = TestDb::new();
+    let store = db.open();
+    store.mem_put("t", "ns", "old", json!(1), "an old record".into(), None, 1).await.unwrap();
+    drop(store);
+    let raw = rusqlite::Connection::open(db.path()).unwrap();
+    raw.execute_batch(
+        "DROP TRIGGER memory_embedding_deleted; DROP TABLE memory_embeddings; PRAGMA user_version = 5;",
+    )
+    .unwrap();
+    drop(raw);
+
+    let store = db.open();
+    let text = MemorySearch { query: "old".into(), ..Default::default() };
+    assert_eq!(store.mem_search("t", "ns", &text, 5).await.unwrap()[0].key, "old", "v5 data must survive");
+    let embedding = MemoryEmbedding { model: "m".into(), vector: vec![0.0, 1.0] };
+    store
+        .mem_put("t", "ns", "old", json!(1), "an old record".into(), Some(embedding.clone()), 2)
+        .await
+        .unwrap();
+    let semantic =
+        MemorySearch { query: String::new(), mode: SearchMode::Semantic, embedding: Some(embedding) };
+    assert_eq!(store.mem_search("t", "ns", &semantic, 5).await.unwrap()[0].key, "old");
+    drop(store);
+    let raw = rusqlite::Connection::open(db.path()).unwrap();
+    let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
+    assert_eq!(version, 6);
 }
 
 #[test]

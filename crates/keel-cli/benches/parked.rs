@@ -1,0 +1,287 @@
+//! Parked runs: N runs of a Python agent all waiting on `ipc.recv` under
+//! `keel serve --swap-after 1`, so each is swapped out (its process stopped). Measures the
+//! time to start them and to have them all swapped, the memory of the kernel and every
+//! process left (RSS and PSS) per parked run, then a message to each and the rate at which
+//! runs are resumed by replay and complete. The floor, in the same run: the idle daemon's
+//! own memory before the runs start.
+//!
+//! cargo bench -p keel-cli --bench parked
+//!
+//! BENCH_RUNS (default 1000), BENCH_TIER (the runs' sandbox tier, default `process`),
+//! BENCH_CLIENTS (concurrent API clients creating runs and sending messages, default 8).
+
+#[path = "api.rs"]
+mod api;
+#[path = "common.rs"]
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// Memory of one process from `/proc/PID/smaps_rollup`, in KiB.
+#[derive(Default, Clone, Copy)]
+struct Memory {
+    rss: u64,
+    pss: u64,
+    anonymous: u64,
+}
+
+impl std::ops::AddAssign for Memory {
+    fn add_assign(&mut self, other: Memory) {
+        self.rss += other.rss;
+        self.pss += other.pss;
+        self.anonymous += other.anonymous;
+    }
+}
+
+fn memory(pid: u32) -> Memory {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    Memory { rss: field("Rss:"), pss: field("Pss:"), anonymous: field("Anonymous:") }
+}
+
+/// Every process's parent, from `/proc`.
+fn parents() -> HashMap<u32, u32> {
+    let mut out = HashMap::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
+            out.insert(pid, ppid);
+        }
+    }
+    out
+}
+
+/// The daemon (the `keel serve` child of this process) and all its descendants.
+fn daemon_tree() -> (u32, Vec<u32>) {
+    let parents = parents();
+    let me = std::process::id();
+    let daemon = parents
+        .iter()
+        .filter(|(_, ppid)| **ppid == me)
+        .map(|(pid, _)| *pid)
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains("serve"))
+                .unwrap_or(false)
+        })
+        .expect("the daemon's process");
+    let mut tree = vec![daemon];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(parents.iter().filter(|(_, ppid)| **ppid == parent).map(|(pid, _)| *pid));
+        i += 1;
+    }
+    (daemon, tree)
+}
+
+/// The daemon's resident memory by mapping (heap and anonymous mappings together), largest first.
+fn mappings(pid: u32) -> Vec<(String, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut by_name: BTreeMap<String, u64> = BTreeMap::new();
+    let mut name = String::new();
+    for line in text.lines() {
+        let first = line.split_whitespace().next().unwrap_or_default();
+        if first.contains('-') && !first.ends_with(':') {
+            let path = line.split_whitespace().nth(5).unwrap_or("[anonymous]");
+            name = if path == "[heap]" { "[anonymous]".into() } else { path.to_owned() };
+        } else if let Some(kb) = line.strip_prefix("Rss:") {
+            *by_name.entry(name.clone()).or_default() +=
+                kb.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+        }
+    }
+    let mut out: Vec<(String, u64)> = by_name.into_iter().collect();
+    out.sort_by_key(|entry| std::cmp::Reverse(entry.1));
+    out
+}
+
+fn tree_memory() -> (Memory, Memory, usize) {
+    let (daemon, tree) = daemon_tree();
+    let kernel = memory(daemon);
+    let mut all = Memory::default();
+    for pid in &tree {
+        all += memory(*pid);
+    }
+    (kernel, all, tree.len())
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Runs `work(i)` for i in 0..n on `clients` threads.
+fn parallel(n: usize, clients: usize, work: impl Fn(usize) + Sync) {
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..clients {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    work(i);
+                }
+            });
+        }
+    });
+}
+
+fn count(runs: &[Value], check: impl Fn(&Value) -> bool) -> usize {
+    runs.iter().filter(|r| check(r)).count()
+}
+
+fn wait_for(what: &str, api: &api::Api, n: usize, check: impl Fn(&Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    let mut report = Instant::now();
+    loop {
+        let done = count(&api.runs(n + 10), &check);
+        if done == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}: {done} of {n}");
+        if report.elapsed() > Duration::from_secs(5) {
+            eprintln!("{what}: {done} of {n}");
+            report = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn main() {
+    let n = env_usize("BENCH_RUNS", 1000);
+    let clients = env_usize("BENCH_CLIENTS", 8);
+    let tier = std::env::var("BENCH_TIER").unwrap_or_else(|_| "process".into());
+    let script = common::bench_dir().join("bench_parked.py").display().to_string();
+    let daemon = common::Daemon::start_with_env(
+        tempfile::tempdir().expect("tempdir"),
+        &[("KEEL_SWAP_AFTER_SECS", "1".to_owned()), ("KEEL_MAILBOX_CAPACITY", "1000".to_owned())],
+    );
+    let api = api::Api::of(&daemon);
+    // The floor: the idle daemon (after one run, so the lazily started parts are up).
+    let warm = api.create_run(&json!({
+        "command": ["python3", "-c", "pass"], "cwd": common::bench_dir().display().to_string(),
+        "sandbox": {"tier": tier},
+    }));
+    while !matches!(api.run(&warm)["state"].as_str(), Some("succeeded" | "failed")) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let (idle_kernel, idle_all, idle_procs) = tree_memory();
+
+    let ids: Vec<std::sync::Mutex<String>> = (0..n).map(|_| std::sync::Mutex::new(String::new())).collect();
+    let started = Instant::now();
+    parallel(n, clients, |i| {
+        let id = api.create_run(&json!({
+            "command": ["python3", script], "cwd": common::bench_dir().display().to_string(),
+            "sandbox": {"tier": tier},
+        }));
+        *ids[i].lock().expect("ids lock") = id;
+    });
+    let created = started.elapsed();
+    eprintln!("created {n} runs in {created:?}");
+    wait_for("runs swapped", &api, n, |r| r["swapped"] == true);
+    let swapped = started.elapsed();
+    std::thread::sleep(Duration::from_secs(2));
+    let (kernel, all, procs) = tree_memory();
+    let (daemon_pid, _) = daemon_tree();
+    let top = mappings(daemon_pid);
+    let disk: u64 = std::fs::read_dir(daemon.data.path())
+        .expect("data dir")
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum();
+
+    let started = Instant::now();
+    parallel(n, clients, |i| {
+        let id = ids[i].lock().expect("ids lock").clone();
+        let (status, body) = api.post(&format!("/v1/runs/{id}/messages"), &json!({"message": {"go": i}}));
+        assert!((200..300).contains(&status), "send: {status} {body}");
+    });
+    let sent = started.elapsed();
+    // The warm-up run ends too (`failed`: it never calls `run.exit`).
+    wait_for("runs ended", &api, n + 1, |r| matches!(r["state"].as_str(), Some("succeeded" | "failed")));
+    let resumed = started.elapsed();
+    let failures: Vec<String> = api
+        .runs(n + 10)
+        .iter()
+        .filter(|r| r["state"] == "failed" && r["run_id"] != warm.as_str())
+        .map(|r| format!("{}: {}", r["run_id"], r["error"]))
+        .collect();
+    let failed = failures.len();
+    for failure in &failures {
+        eprintln!("failed run {failure}");
+    }
+
+    let per_run = |now: u64, idle: u64| (now.saturating_sub(idle)) as f64 / n as f64;
+    println!("cargo bench -p keel-cli --bench parked   # BENCH_RUNS={n} BENCH_TIER={tier}\n");
+    println!("| phase | runs | total s | runs/s |");
+    println!("|---|---:|---:|---:|");
+    let rate = |d: Duration| n as f64 / d.as_secs_f64();
+    println!(
+        "| create (POST /v1/runs, {clients} clients) | {n} | {:.1} | {:.0} |",
+        created.as_secs_f64(),
+        rate(created)
+    );
+    println!("| create to all swapped out | {n} | {:.1} | {:.0} |", swapped.as_secs_f64(), rate(swapped));
+    println!(
+        "| send one message to each ({clients} clients) | {n} | {:.1} | {:.0} |",
+        sent.as_secs_f64(),
+        rate(sent)
+    );
+    println!(
+        "| first send to all resumed and succeeded | {n} | {:.1} | {:.0} |",
+        resumed.as_secs_f64(),
+        rate(resumed)
+    );
+    println!();
+    println!("| memory, KiB | processes | RSS | PSS | anonymous |");
+    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| floor: idle daemon, kernel process | 1 | {} | {} | {} |",
+        idle_kernel.rss, idle_kernel.pss, idle_kernel.anonymous
+    );
+    println!(
+        "| floor: idle daemon, all its processes | {idle_procs} | {} | {} | {} |",
+        idle_all.rss, idle_all.pss, idle_all.anonymous
+    );
+    println!("| {n} parked: kernel process | 1 | {} | {} | {} |", kernel.rss, kernel.pss, kernel.anonymous);
+    println!(
+        "| {n} parked: all the daemon's processes | {procs} | {} | {} | {} |",
+        all.rss, all.pss, all.anonymous
+    );
+    println!(
+        "| per parked run, all processes, above idle | - | {:.1} | {:.1} | {:.1} |",
+        per_run(all.rss, idle_all.rss),
+        per_run(all.pss, idle_all.pss),
+        per_run(all.anonymous, idle_all.anonymous)
+    );
+    println!(
+        "| per parked run, all processes, total / N | - | {:.1} | {:.1} | {:.1} |",
+        all.rss as f64 / n as f64,
+        all.pss as f64 / n as f64,
+        all.anonymous as f64 / n as f64
+    );
+    println!();
+    println!(
+        "Kernel RSS by mapping (KiB): {}",
+        top.iter().take(5).map(|(name, kb)| format!("{name} {kb}")).collect::<Vec<_>>().join(", ")
+    );
+    println!(
+        "Data directory on disk: {} KiB ({:.1} KiB per run); failed runs: {failed}",
+        disk / 1024,
+        disk as f64 / 1024.0 / n as f64
+    );
+}
