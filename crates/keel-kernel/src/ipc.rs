@@ -364,7 +364,9 @@ impl Kernel {
         match self.store().mailbox_send(to, message).await {
             Ok(seq) => {
                 self.inner.mail.notify_waiters();
-                self.request_wake(to);
+                if signal != "pause" && signal != "resume" && signal != "stop" {
+                    self.request_wake(to);
+                }
                 self.emit(to, "signal", json!({ "signal": signal, "from": from.map(RunId::as_str) }));
                 Ok(json!({ "seq": seq }))
             }

@@ -1032,9 +1032,16 @@ impl Kernel {
         }
     }
 
+    /// Tells the agent, as an event it receives with `ipc.recv`, that an operator paused,
+    /// resumed or stopped it (best effort: a full mailbox skips the event, not the action).
+    async fn control_event(&self, record: &RunRecord, signal: &str) {
+        let _ = self.deliver_signal(&record.tenant, None, &record.id, signal, Value::Null, None).await;
+    }
+
     async fn pause(&self, run: &RunId) -> Result<RunRecord> {
         let record = self.get(run).await?;
         lifecycle::transition(record.state, Lifecycle::Pause)?;
+        self.control_event(&record, "pause").await;
         if let Some(live) = self.live(run) {
             tree::signal_tree(Some(live.pid), run.as_str(), Signal::SIGSTOP);
         }
@@ -1054,6 +1061,7 @@ impl Kernel {
         let waiting = lock(&live.ask).is_some();
         lifecycle::transition(record.state, Lifecycle::Resume { waiting })?;
         let updated = self.transition(run, Lifecycle::Resume { waiting }, RunPatch::default()).await?;
+        self.control_event(&record, "resume").await;
         tree::signal_tree(Some(live.pid), run.as_str(), Signal::SIGCONT);
         Ok(updated)
     }
@@ -1075,6 +1083,8 @@ impl Kernel {
             .or_else(|| RunSpec::from_value(&record.spec).ok()?.stop_grace_secs.map(Duration::from_secs))
             .unwrap_or(self.inner.default_stop_grace);
         self.emit(run, "stop", json!({ "grace_secs": grace.as_secs_f64() }));
+        // The agent can see why it gets SIGTERM, and use its grace period to wrap up.
+        self.control_event(&record, "stop").await;
         tree::signal_tree(Some(live.pid), run.as_str(), Signal::SIGTERM);
         // A stopped (paused) process only sees SIGTERM once it runs again.
         tree::signal_tree(Some(live.pid), run.as_str(), Signal::SIGCONT);

@@ -177,3 +177,16 @@ fn a_childs_budget_is_a_slice_of_its_parents() {
         json!({"second_while_first_runs": "budget_exhausted", "first": "succeeded", "second_after": "succeeded"})
     );
 }
+
+#[test]
+fn pause_and_resume_reach_the_agent_as_events() {
+    let mut keel = Keel::new();
+    keel.start_daemon();
+    let listener = proc_run(&keel, json!({"recv": true}));
+    keel.wait_state(&listener, &["waiting"]);
+    keel.ok(&["pause", &listener]);
+    keel.ok(&["resume", &listener]);
+    let done = keel.wait_state(&listener, &["succeeded", "failed"]);
+    assert_eq!(done["output"]["message"], json!({"signal": "pause", "data": null}), "{done}");
+    assert_eq!(done["output"]["received"]["topic"], "signal");
+}
