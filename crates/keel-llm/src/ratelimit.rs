@@ -307,13 +307,15 @@ struct Waiting {
 
 impl Default for Waiting {
     fn default() -> Waiting {
-        Waiting {
-            queue: keel_core::sched::CallQueue::new(
-                keel_core::sched::Weights(Default::default()),
-                CALL_AGING_MS,
-            ),
-            grants: HashMap::new(),
-        }
+        // `KEEL_LLM_QUEUE=fifo` serves waiting calls first come, first served: the
+        // baseline the scheduling benchmark compares against.
+        let queue = match std::env::var("KEEL_LLM_QUEUE").as_deref() {
+            Ok("fifo") => keel_core::sched::CallQueue::fifo(),
+            _ => {
+                keel_core::sched::CallQueue::new(keel_core::sched::Weights(Default::default()), CALL_AGING_MS)
+            }
+        };
+        Waiting { queue, grants: HashMap::new() }
     }
 }
 
