@@ -6,14 +6,14 @@
 
 use std::sync::Arc;
 
-use keel_core::lifecycle::Command as Lifecycle;
 use keel_protocol::api::ApprovalView;
 use keel_protocol::rpc::{ErrorKind, RpcError};
-use keel_store::{RunPatch, RunRecord, Seq};
-use keel_types::{EntryStatus, RunId, RunState, WaitReason};
+use keel_store::{RunRecord, Seq};
+use keel_types::{EntryStatus, RunId, WaitReason};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+use crate::lock;
 use crate::runtime::{LiveRun, now_ms};
 use crate::{Error, Kernel, Result};
 
@@ -50,10 +50,6 @@ pub(crate) struct PendingApproval {
 
 fn scope(run: &RunId) -> String {
     format!("approvals:{run}")
-}
-
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Kernel {
@@ -98,9 +94,7 @@ impl Kernel {
             requested_at: now_ms(),
         };
         // Parked first, so whoever sees the call waiting also sees the run waiting.
-        if let Err(err) = self.park_for_approval(&live.id).await {
-            tracing::warn!(run = %live.id, "could not park the run for approval: {err}");
-        }
+        self.park_run(live, WaitReason::Approval).await;
         lock(&live.approvals).insert(seq, PendingApproval { view, reply: tx });
         self.emit(
             &live.id,
@@ -126,35 +120,9 @@ impl Kernel {
         rx.await.map_err(|_| ErrorKind::Cancelled.error("the run is ending; the call was not approved"))
     }
 
-    async fn park_for_approval(&self, run: &RunId) -> Result<()> {
-        // Other changes (recovery finishing, a pause) may land between reading the state
-        // and changing it; read again then.
-        for _ in 0..5 {
-            let step = match self.get(run).await?.state {
-                RunState::Recovering => Lifecycle::Recovered,
-                RunState::Running => Lifecycle::Park(WaitReason::Approval),
-                // Waiting already (another call, a question), paused, or ended.
-                _ => return Ok(()),
-            };
-            match self.transition(run, step, RunPatch::default()).await {
-                Ok(_) | Err(Error::IllegalTransition(_)) => {}
-                Err(Error::Store(keel_store::Error::StateConflict { .. })) => {}
-                Err(err) => return Err(err),
-            }
-        }
-        Ok(())
-    }
-
     async fn wake_if_no_approvals(&self, live: &Arc<LiveRun>) {
-        if !lock(&live.approvals).is_empty() {
-            return;
-        }
-        if let Ok(record) = self.get(&live.id).await
-            && record.state == RunState::Waiting
-            && record.wait_reason == Some(WaitReason::Approval)
-            && let Err(err) = self.transition(&live.id, Lifecycle::Wake, RunPatch::default()).await
-        {
-            tracing::warn!(run = %live.id, "could not wake the run after approvals: {err}");
+        if lock(&live.approvals).is_empty() {
+            self.wake_run(live, WaitReason::Approval).await;
         }
     }
 

@@ -18,6 +18,7 @@ use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
+use crate::lock;
 use crate::runtime::{LiveRun, now_ms};
 use crate::{Error, Kernel, Result};
 
@@ -45,11 +46,6 @@ pub(crate) struct RunBudget {
 
 /// The kv space of children's budget slices: key = parent run id, value = {child: budget}.
 const SLICE_SCOPE: &str = "kernel:budget-slices";
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Plain data behind these locks; a panic elsewhere leaves it consistent.
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Converts wire budget params to limits (USD to exact micro-dollars) and wall seconds.
 pub(crate) fn limits_of(params: &BudgetParams) -> (Limits, Option<u64>) {

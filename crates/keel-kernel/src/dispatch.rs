@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use crate::Kernel;
 use crate::ipc::{self, IpcCall};
+use crate::lock;
 use crate::memory;
 use crate::runtime::{LiveRun, now_ms};
 
@@ -69,15 +70,11 @@ pub(crate) fn completed_entry(
     }
 }
 
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 pub(crate) fn internal(err: impl std::fmt::Display) -> RpcError {
     ErrorKind::Internal.error(format!("the kernel failed: {err}"))
 }
 
-fn parse<T: DeserializeOwned>(method: &str, params: &Value, shape: &str) -> Result<T, RpcError> {
+pub(crate) fn parse<T: DeserializeOwned>(method: &str, params: &Value, shape: &str) -> Result<T, RpcError> {
     serde_json::from_value(params.clone())
         .map_err(|e| ErrorKind::InvalidParams.error(format!("{method}: {e}; expected params {shape}")))
 }

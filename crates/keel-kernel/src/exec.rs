@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use crate::Kernel;
 use crate::dispatch::Reply;
+use crate::lock;
 use crate::runtime::LiveRun;
 
 /// The most a program may ask for; its own limits may be lower.
@@ -311,10 +312,6 @@ impl Kernel {
             })
             .collect()
     }
-}
-
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Forgets a `cpython` program's token when its execution ends, however it ends.

@@ -23,10 +23,10 @@ use keel_protocol::rpc::{
 };
 use keel_store::{Error as StoreError, NewMessage};
 use keel_types::RunId;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::Kernel;
+use crate::dispatch::{internal, parse};
 use crate::runtime::{LiveRun, now_ms};
 
 /// The most undelivered messages a mailbox holds unless `KEEL_MAILBOX_CAPACITY` says
@@ -108,14 +108,6 @@ fn topic(method: &str, topic: String) -> Result<String, RpcError> {
 
 fn bad(message: String) -> RpcError {
     ErrorKind::InvalidParams.error(message)
-}
-
-fn parse<T: DeserializeOwned>(method: &str, params: &Value, shape: &str) -> Result<T, RpcError> {
-    serde_json::from_value(params.clone()).map_err(|e| bad(format!("{method}: {e}; expected params {shape}")))
-}
-
-fn internal(err: impl std::fmt::Display) -> RpcError {
-    ErrorKind::Internal.error(format!("the kernel failed: {err}"))
 }
 
 /// Whether `method` is an IPC syscall.

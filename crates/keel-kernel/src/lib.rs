@@ -30,6 +30,13 @@ mod tools;
 pub mod views;
 
 pub use admission::SchedulerConfig;
+
+/// Locks a std mutex. The state behind the kernel's mutexes (maps with single inserts and
+/// removes, plain numbers) stays consistent across a panic, so a poisoned lock is still
+/// safe to use.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
 pub use error::{Error, Result};
 pub use events::EventStream;
 pub use gateway::RunHandle;

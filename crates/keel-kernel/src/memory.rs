@@ -22,10 +22,10 @@ use keel_protocol::rpc::{
 };
 use keel_store::{MemoryEmbedding, MemorySearch, SearchMode, Store};
 use keel_types::Usage;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::Kernel;
+use crate::dispatch::{internal, parse};
 use crate::runtime::now_ms;
 
 const MAX_NAME_BYTES: usize = 256;
@@ -91,10 +91,6 @@ impl MemCall {
 
 fn bad(message: String) -> RpcError {
     ErrorKind::InvalidParams.error(message)
-}
-
-fn parse<T: DeserializeOwned>(method: &str, params: &Value, shape: &str) -> Result<T, RpcError> {
-    serde_json::from_value(params.clone()).map_err(|e| bad(format!("{method}: {e}; expected params {shape}")))
 }
 
 fn name(method: &str, field: &str, value: String, max: usize) -> Result<String, RpcError> {
@@ -221,10 +217,6 @@ pub fn check(method: &str, params: &Value) -> Result<MemCall, RpcError> {
 /// role and framing (the same rough rule the gateway's budget estimate uses).
 pub fn estimate_tokens(content: &str) -> u64 {
     (content.len() as u64).div_ceil(4) + 4
-}
-
-fn internal(err: impl std::fmt::Display) -> RpcError {
-    ErrorKind::Internal.error(format!("the kernel failed: {err}"))
 }
 
 /// Embeds one text, for a put or a query; `None` for a text without words (nothing to

@@ -14,10 +14,10 @@ use keel_protocol::rpc::{
 };
 use keel_store::{RunFilter, RunRecord};
 use keel_types::{RunId, RunState, WaitReason};
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::dispatch::Reply;
+use crate::dispatch::{internal, parse};
 use crate::runtime::{CreateRun, LiveRun, now_ms};
 use crate::{Command, Kernel};
 
@@ -34,11 +34,6 @@ pub(crate) enum ProcCall {
 
 pub(crate) fn is_proc_method(method: &str) -> bool {
     matches!(method, "proc.spawn" | "proc.wait" | "proc.signal" | "sys.sleep")
-}
-
-fn parse<T: DeserializeOwned>(method: &str, params: &Value, shape: &str) -> Result<T, RpcError> {
-    serde_json::from_value(params.clone())
-        .map_err(|e| ErrorKind::InvalidParams.error(format!("{method}: {e}; expected params {shape}")))
 }
 
 fn run_id(method: &str, text: &str) -> Result<RunId, RpcError> {
@@ -91,10 +86,6 @@ pub(crate) fn check(method: &str, params: &Value) -> Result<ProcCall, RpcError> 
         }
         other => return Err(ErrorKind::UnknownMethod.error(format!("unknown method {other:?}"))),
     })
-}
-
-fn internal(err: impl std::fmt::Display) -> RpcError {
-    ErrorKind::Internal.error(format!("the kernel failed: {err}"))
 }
 
 /// A child's outcome as `proc.wait` answers it.

@@ -24,6 +24,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::sync::oneshot;
 
 use crate::events::{EventLog, EventStream};
+use crate::lock;
 use crate::{DataDir, Error, Result};
 
 pub(crate) fn now_ms() -> u64 {
@@ -368,12 +369,6 @@ pub(crate) struct PendingAsk {
     pub(crate) seq: Seq,
     pub(crate) question: String,
     pub(crate) reply: oneshot::Sender<String>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The maps behind these locks stay consistent across a panic (single inserts and
-    // removes), so a poisoned lock is still safe to use.
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Kernel {

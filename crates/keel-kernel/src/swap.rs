@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use keel_core::lifecycle::Command as Lifecycle;
-use keel_store::{RunFilter, RunPatch, RunRecord};
+use keel_store::{RunPatch, RunRecord};
 use keel_types::{EntryStatus, RunId, RunState, WaitReason};
 use serde_json::{Value, json};
 
@@ -131,11 +131,7 @@ impl Kernel {
         let store = self.store();
         match record.wait_reason {
             Some(WaitReason::Message) => store.mailbox_len(&record.id).await.is_ok_and(|n| n > 0),
-            Some(WaitReason::Child) => {
-                let children = self.children(&record.id).await;
-                // No child left running (the one waited for ended).
-                children.is_empty() || self.any_child_ended(&record.id).await
-            }
+            Some(WaitReason::Child) => self.any_child_ended(&record.id).await,
             Some(WaitReason::Human) => {
                 let entries = store.journal(&record.id, 0).await.unwrap_or_default();
                 !entries.iter().any(|e| e.method == "human.ask" && e.status == EntryStatus::Pending)
@@ -162,18 +158,20 @@ impl Kernel {
         }
     }
 
+    /// Whether a child named by one of the run's pending `proc.wait`s has ended.
     async fn any_child_ended(&self, run: &RunId) -> bool {
-        let filter = RunFilter {
-            states: vec![RunState::Succeeded, RunState::Failed, RunState::Cancelled],
-            ..RunFilter::default()
-        };
-        let ended = self.store().list_runs(&filter).await.unwrap_or_default();
         let entries = self.store().journal(run, 0).await.unwrap_or_default();
-        // The child a pending proc.wait names.
-        entries.iter().filter(|e| e.method == "proc.wait" && e.status == EntryStatus::Pending).any(|e| {
-            let waited = e.params.get("run_id").and_then(Value::as_str).unwrap_or_default();
-            ended.iter().any(|r| r.id.as_str() == waited)
-        })
+        for entry in entries.iter().filter(|e| e.method == "proc.wait" && e.status == EntryStatus::Pending) {
+            let waited =
+                entry.params.get("run_id").and_then(Value::as_str).and_then(|id| RunId::parse(id).ok());
+            if let Some(waited) = waited
+                && let Ok(Some(child)) = self.store().get_run(&waited).await
+                && child.state.is_terminal()
+            {
+                return true;
+            }
+        }
+        false
     }
 
     /// When the pending `sys.sleep` of a run is due (Unix ms).

@@ -20,6 +20,7 @@ use keel_types::RunId;
 use serde_json::{Value, json};
 
 use crate::Kernel;
+use crate::lock;
 use crate::runtime::LiveRun;
 
 /// `http.fetch`'s client for a run, with the loopback bridge to its egress proxy.
@@ -45,10 +46,6 @@ struct McpMount {
     tools: RwLock<BTreeMap<String, ToolDef>>,
     /// `connected`, `not connected yet`, or why the last attempt failed.
     status: Mutex<String>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Splits `mcp:<server>/<tool>`.

@@ -308,51 +308,69 @@ impl ToolsConfig {
             }
             Ok(())
         };
-        for (index, raw) in raw.command.into_iter().enumerate() {
-            let entry = format!("[[tools.command]] #{} ({:?})", index + 1, raw.name);
-            check_name(&entry, &raw.name, true)?;
-            claim(&entry, &raw.name)?;
-            check_command(&entry, &raw.command)?;
-            check_env(&entry, &raw.env)?;
+        // Command tools and agents as tools are both a program with a policy; an agent
+        // entry is checked as one (it has no `cwd`), then becomes an agent.
+        let mut program = |entry: &str, what: &str, raw: RawCommand| -> Result<ToolDef> {
+            check_name(entry, &raw.name, true)?;
+            claim(entry, &raw.name)?;
+            check_command(entry, &raw.command)?;
+            check_env(entry, &raw.env)?;
             if raw.description.trim().is_empty() {
-                return Err(invalid(&entry, "description is empty; say what the tool does, for the model"));
+                return Err(invalid(
+                    entry,
+                    format!("description is empty; say what the {what} does, for the model"),
+                ));
             }
-            config.commands.push(ToolDef {
-                input_schema: input_schema(&entry, raw.input_schema)?,
+            Ok(ToolDef {
+                input_schema: input_schema(entry, raw.input_schema)?,
                 policy: Policy {
                     requires_approval: raw.requires_approval,
                     crash: raw.crash,
                     read_only: raw.read_only,
                     rate_limit: raw.rate_limit,
-                    timeout: timeout(&entry, raw.timeout_secs)?,
+                    timeout: timeout(entry, raw.timeout_secs)?,
                 },
                 name: raw.name,
                 description: raw.description,
                 kind: ToolKind::Command(CommandTool { command: raw.command, env: raw.env, cwd: raw.cwd }),
-            });
+            })
+        };
+        for (index, raw) in raw.command.into_iter().enumerate() {
+            let entry = format!("[[tools.command]] #{} ({:?})", index + 1, raw.name);
+            config.commands.push(program(&entry, "tool", raw)?);
         }
         for (index, raw) in raw.agent.into_iter().enumerate() {
             let entry = format!("[[tools.agent]] #{} ({:?})", index + 1, raw.name);
-            check_name(&entry, &raw.name, true)?;
-            claim(&entry, &raw.name)?;
-            check_command(&entry, &raw.command)?;
-            check_env(&entry, &raw.env)?;
-            if raw.description.trim().is_empty() {
-                return Err(invalid(&entry, "description is empty; say what the agent does, for the model"));
+            let RawAgent {
+                name,
+                description,
+                command,
+                input_schema,
+                env,
+                requires_approval,
+                crash,
+                read_only,
+                rate_limit,
+                timeout_secs,
+            } = raw;
+            let as_program = RawCommand {
+                name,
+                description,
+                command,
+                input_schema,
+                env,
+                cwd: None,
+                requires_approval,
+                crash,
+                read_only,
+                rate_limit,
+                timeout_secs,
+            };
+            let mut def = program(&entry, "agent", as_program)?;
+            if let ToolKind::Command(CommandTool { command, env, .. }) = def.kind {
+                def.kind = ToolKind::Agent(AgentTool { command, env });
             }
-            config.agents.push(ToolDef {
-                input_schema: input_schema(&entry, raw.input_schema)?,
-                policy: Policy {
-                    requires_approval: raw.requires_approval,
-                    crash: raw.crash,
-                    read_only: raw.read_only,
-                    rate_limit: raw.rate_limit,
-                    timeout: timeout(&entry, raw.timeout_secs)?,
-                },
-                name: raw.name,
-                description: raw.description,
-                kind: ToolKind::Agent(AgentTool { command: raw.command, env: raw.env }),
-            });
+            config.agents.push(def);
         }
         let mut servers = HashSet::new();
         for (index, raw) in raw.mcp.into_iter().enumerate() {

@@ -1,6 +1,5 @@
 //! Integration tests: jobs through the [`Pool`] in real, confined worker processes.
 
-mod bench;
 mod containment;
 mod pool;
 

@@ -1,0 +1,81 @@
+//! Latency of a 10-tool-call program through the worker pool (with an in-memory tool
+//! handler), next to the same program run in this process with no worker: what the pool
+//! costs over the interpreter itself.
+//!
+//! cargo bench -p keel-interp --bench pool
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use keel_interp::{Job, Lang, Limits, Pool, PoolConfig, ToolHandler, WorkerCommand};
+use serde_json::Value;
+
+/// `echo` returns its arguments.
+struct Echo;
+
+#[async_trait::async_trait]
+impl ToolHandler for Echo {
+    async fn call(&self, _name: &str, args: Value) -> Result<Value, String> {
+        Ok(args)
+    }
+}
+
+fn job(lang: Lang, code: &str) -> Job {
+    Job {
+        lang,
+        code: code.to_owned(),
+        inputs: serde_json::Map::new(),
+        tools: vec!["echo".to_owned()],
+        limits: Limits { timeout: Duration::from_secs(2), ..Limits::default() },
+    }
+}
+
+fn percentiles(times: &mut [Duration]) -> (Duration, Duration) {
+    times.sort();
+    (times[times.len() / 2], times[times.len() * 99 / 100])
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let worker = WorkerCommand {
+            program: PathBuf::from(env!("CARGO_BIN_EXE_keel-interp-worker")),
+            args: Vec::new(),
+        };
+        let pool = Pool::new(PoolConfig { worker, size: 4 });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        println!("\n| program | pool exec p50 | pool exec p99 | in process p50 | in process p99 |");
+        println!("|---|---:|---:|---:|---:|");
+        for (name, lang, code) in [
+            ("python, 10 tool calls", Lang::Python, "t = 0\nfor i in range(10):\n    t += echo(i=i)['i']\nt"),
+            (
+                "javascript, 10 tool calls",
+                Lang::JavaScript,
+                "let t = 0; for (let i = 0; i < 10; i++) t += echo({i}).i; t",
+            ),
+            ("python, `45`", Lang::Python, "45"),
+            ("javascript, `45`", Lang::JavaScript, "45"),
+        ] {
+            let mut pool_times = Vec::new();
+            for _ in 0..200 {
+                let started = Instant::now();
+                let outcome = pool.exec(job(lang, code), &Echo).await;
+                pool_times.push(started.elapsed());
+                assert_eq!(outcome.result, Ok(serde_json::json!(45)), "{name}");
+                // Let the background refill keep up, as it would between real jobs.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let mut in_process = Vec::new();
+            for _ in 0..200 {
+                let started = Instant::now();
+                let outcome = keel_interp::run_in_process(job(lang, code), &mut |_, args| Ok(args));
+                in_process.push(started.elapsed());
+                assert!(outcome.result.is_ok(), "{name}");
+            }
+            let (p50, p99) = percentiles(&mut pool_times);
+            let (ip50, ip99) = percentiles(&mut in_process);
+            println!("| {name} | {p50:.2?} | {p99:.2?} | {ip50:.2?} | {ip99:.2?} |");
+        }
+        println!("\npool: {:?}", pool.stats());
+    });
+}
