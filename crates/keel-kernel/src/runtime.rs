@@ -1078,18 +1078,20 @@ impl Kernel {
             .or_else(|| RunSpec::from_value(&record.spec).ok()?.stop_grace_secs.map(Duration::from_secs))
             .unwrap_or(self.inner.default_stop_grace);
         self.emit(run, "stop", json!({ "grace_secs": grace.as_secs_f64() }));
-        // The agent can see why it gets SIGTERM, and use its grace period to wrap up.
-        self.control_event(&record, "stop").await;
         tree::signal_tree(Some(live.pid), run.as_str(), Signal::SIGTERM);
         // A stopped (paused) process only sees SIGTERM once it runs again.
         tree::signal_tree(Some(live.pid), run.as_str(), Signal::SIGCONT);
         let kernel = self.clone();
+        let dying = live.clone();
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            if kernel.live(&live.id).is_some_and(|current| Arc::ptr_eq(&current, &live)) {
-                tree::kill_tree(Some(live.pid), live.id.as_str());
+            if kernel.live(&dying.id).is_some_and(|current| Arc::ptr_eq(&current, &dying)) {
+                tree::kill_tree(Some(dying.pid), dying.id.as_str());
             }
         });
+        // The agent can see why it got SIGTERM and use its grace period to wrap up. Best
+        // effort, and after the signals, so nothing can hold the stop back.
+        self.control_event(&record, "stop").await;
         Ok(record)
     }
 
