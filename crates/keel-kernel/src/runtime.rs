@@ -1131,8 +1131,12 @@ impl Kernel {
             Some(ask) => {
                 let _ = ask.reply.send(text);
             }
-            // Swapped out (or not relaunched yet): the answer brings it back.
-            None => self.request_wake(run),
+            // Swapped out (or not relaunched yet): the answer brings it back by replay,
+            // which moves it on; there is no process here to wake.
+            None => {
+                self.request_wake(run);
+                return self.get(run).await;
+            }
         }
         match self.get(run).await?.state {
             RunState::Waiting => self.transition(run, Lifecycle::Wake, RunPatch::default()).await,
