@@ -186,6 +186,15 @@ pub fn budget(view: &RunView) -> String {
     out
 }
 
+/// The line under a run in `keel ps` saying what it waits for (its LLM call's place in a
+/// provider's queue, its place in the admission queue, a budget, an approval), indented
+/// by `indent` columns to sit under the run's id.
+fn reason_line(out: &mut String, run: &RunView, indent: usize) {
+    if let Some(reason) = &run.reason {
+        let _ = writeln!(out, "{:indent$}  ↳ {reason}", "");
+    }
+}
+
 /// `keel ps --tree`: the table, with each run's children indented under it (a child whose
 /// parent is not listed starts a tree of its own).
 pub fn runs_tree(runs: &[RunView], now: u64) -> String {
@@ -233,6 +242,7 @@ pub fn runs_tree(runs: &[RunView], now: u64) -> String {
             tokens(run),
             short(&Value::String(run.command.join(" ")), 50)
         );
+        reason_line(out, run, 3 * depth);
         for child in children.get(run.run_id.as_str()).into_iter().flatten() {
             walk(out, child, depth + 1, children, now);
         }
@@ -271,6 +281,7 @@ pub fn runs_table(runs: &[RunView], now: u64) -> String {
             },
             short(&Value::String(run.command.join(" ")), 60)
         );
+        reason_line(&mut out, run, 0);
     }
     out
 }
@@ -489,6 +500,55 @@ run_01m7yg8vmfwnsqddwp8gr8ey2p succeeded         2m    5      435   $0.0123  pyt
 ";
         assert_eq!(table, expected);
         assert!(runs_table(&[], 0).contains("keel run"), "an empty table says how to start");
+    }
+
+    fn with_reason(mut view: RunView, id: &str, reason: Option<&str>) -> RunView {
+        view.run_id = id.into();
+        view.reason = reason.map(str::to_owned);
+        view
+    }
+
+    #[test]
+    fn ps_table_says_under_a_run_what_it_waits_for() {
+        let llm = "llm queue: openai/gpt-4o, 3 of 12 waiting for 14s (requests limit)";
+        let runs = [
+            with_reason(run("running", None), "run_01m7yg8vmfwnsqddwp8gr8ey2a", Some(llm)),
+            with_reason(
+                run("queued", None),
+                "run_01m7yg8vmfwnsqddwp8gr8ey2b",
+                Some("queued: 1 of 2 waiting"),
+            ),
+            run("succeeded", None),
+        ];
+        let expected = "\
+RUN                            STATE            AGE  LLM   TOKENS      COST  COMMAND
+run_01m7yg8vmfwnsqddwp8gr8ey2a running           2m    5      435   $0.0123  python3 agent.py
+  ↳ llm queue: openai/gpt-4o, 3 of 12 waiting for 14s (requests limit)
+run_01m7yg8vmfwnsqddwp8gr8ey2b queued            2m    5      435   $0.0123  python3 agent.py
+  ↳ queued: 1 of 2 waiting
+run_01m7yg8vmfwnsqddwp8gr8ey2p succeeded         2m    5      435   $0.0123  python3 agent.py
+";
+        assert_eq!(runs_table(&runs, 125_000), expected);
+    }
+
+    #[test]
+    fn ps_tree_puts_children_under_parents_and_reasons_under_runs() {
+        let parent = with_reason(run("waiting", Some("proc")), "run_01m7yg8vmfwnsqddwp8gr8ey2a", None);
+        let mut child = with_reason(
+            run("running", None),
+            "run_01m7yg8vmfwnsqddwp8gr8ey2b",
+            Some("llm queue: openai/m, 2 of 2 waiting for 1m00s (requests limit)"),
+        );
+        child.parent = Some(parent.run_id.clone());
+        child.created_at = 2_000;
+        let tree = runs_tree(&[child, parent], 125_000);
+        let expected = "\
+RUN                                      STATE            AGE  LLM   TOKENS  COMMAND
+run_01m7yg8vmfwnsqddwp8gr8ey2a           waiting:proc      2m    5      435  python3 agent.py
+└─ run_01m7yg8vmfwnsqddwp8gr8ey2b        running           2m    5      435  python3 agent.py
+     ↳ llm queue: openai/m, 2 of 2 waiting for 1m00s (requests limit)
+";
+        assert_eq!(tree, expected);
     }
 
     #[test]

@@ -475,9 +475,12 @@ impl Kernel {
                     .inspect_err(|_| self.release_budget(live, reservation))?;
                 let started = std::time::Instant::now();
                 // Calls waiting for the provider's capacity go in priority and fair-share
-                // order between tenants.
-                let caller =
-                    keel_llm::ratelimit::Caller { tenant: live.tenant.clone(), priority: live.priority };
+                // order between tenants; the run shows its place in `keel ps`.
+                let caller = keel_llm::ratelimit::Caller {
+                    tenant: live.tenant.clone(),
+                    priority: live.priority,
+                    run: Some(live.id.to_string()),
+                };
                 let chat = provider.chat(&request, stream.as_ref());
                 let (outcome, record, usage, served) =
                     match keel_llm::ratelimit::CALLER.scope(caller, chat).await {

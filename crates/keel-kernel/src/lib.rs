@@ -17,6 +17,7 @@ mod exec;
 mod gateway;
 mod governance;
 mod ipc;
+mod llmqueue;
 mod memory;
 mod paths;
 mod procs;
@@ -40,6 +41,7 @@ pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
 pub use error::{Error, Result};
 pub use events::EventStream;
 pub use gateway::RunHandle;
+pub use llmqueue::LlmQueues;
 pub use paths::DataDir;
 pub use runtime::{Command, CreateRun, Kernel, KernelOptions};
 pub use tenants::{DEFAULT_TENANT, Principal};

@@ -93,4 +93,12 @@ pub trait Provider: Send + Sync {
         let _ = (request, input_tokens, max_output_tokens);
         0.0
     }
+
+    /// The calls waiting for this provider's capacity now (its rate limiter's queues, see
+    /// [`ratelimit::RateLimiter::waiting`]), each with `provider` set to this provider's
+    /// name, for `keel ps`. Cheap: a copy taken under a short lock. A provider that never
+    /// queues calls has none.
+    fn waiting_calls(&self) -> Vec<ratelimit::WaitingCall> {
+        Vec::new()
+    }
 }

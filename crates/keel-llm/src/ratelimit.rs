@@ -278,6 +278,66 @@ impl LimitState {
             self.blocked_until = Some(self.blocked_until.map_or(until, |b| b.max(until)));
         }
     }
+
+    /// What keeps a call of `tokens` tokens from going now, the strongest reason first;
+    /// `None` if it would fit. Refills the buckets to `now` like [`LimitState::try_acquire`]
+    /// but takes nothing.
+    pub fn blocked_by(&mut self, now: Instant, tokens: u64) -> Option<Blocker> {
+        if self.blocked_until.is_some_and(|until| until > now) {
+            Some(Blocker::RetryAfter)
+        } else if self.requests.wait_for(now, 1.0) > Duration::ZERO {
+            Some(Blocker::Requests)
+        } else if self.tokens.wait_for(now, tokens as f64) > Duration::ZERO {
+            Some(Blocker::Tokens)
+        } else {
+            None
+        }
+    }
+}
+
+/// Which limit holds a model's waiting calls back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocker {
+    /// The provider answered 429 (or 529) with a `Retry-After` that has not passed.
+    RetryAfter,
+    /// The requests-per-minute bucket is empty.
+    Requests,
+    /// The tokens-per-minute bucket holds less than the next call needs.
+    Tokens,
+}
+
+impl Blocker {
+    /// In words, for `keel ps`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Blocker::RetryAfter => "provider's Retry-After",
+            Blocker::Requests => "requests limit",
+            Blocker::Tokens => "tokens limit",
+        }
+    }
+}
+
+/// An LLM call waiting for its provider's capacity, as [`RateLimiter::waiting`] saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitingCall {
+    /// The provider's name. The limiter does not know it and leaves it empty;
+    /// [`crate::Provider::waiting_calls`] fills it in.
+    pub provider: String,
+    pub model: String,
+    /// The run making the call ([`Caller::run`]), when the caller said.
+    pub run: Option<String>,
+    pub tenant: String,
+    pub priority: keel_core::sched::Priority,
+    /// Its place in the model's queue: 1 is sent at the next free slot, if no
+    /// higher-priority call arrives first.
+    pub position: usize,
+    /// How many calls wait for the model, this one included.
+    pub queue_len: usize,
+    /// How long it has waited so far.
+    pub waited_ms: u64,
+    /// Which limit holds the queue back, when one does at the moment of the look (a call
+    /// about to be granted has none).
+    pub blocked_by: Option<Blocker>,
 }
 
 /// Who is calling, for the order in which waiting calls get the provider's capacity:
@@ -287,6 +347,8 @@ impl LimitState {
 pub struct Caller {
     pub tenant: String,
     pub priority: keel_core::sched::Priority,
+    /// The run making the call, so [`RateLimiter::waiting`] can say whose call waits.
+    pub run: Option<String>,
 }
 
 tokio::task_local! {
@@ -303,6 +365,8 @@ const CALL_AGING_MS: u64 = 30_000;
 struct Waiting {
     queue: keel_core::sched::CallQueue,
     grants: HashMap<u64, tokio::sync::oneshot::Sender<()>>,
+    /// The run of each waiting call that has one (for [`RateLimiter::waiting`]).
+    runs: HashMap<u64, String>,
 }
 
 impl Default for Waiting {
@@ -315,7 +379,33 @@ impl Default for Waiting {
                 keel_core::sched::CallQueue::new(keel_core::sched::Weights(Default::default()), CALL_AGING_MS)
             }
         };
-        Waiting { queue, grants: HashMap::new() }
+        Waiting { queue, grants: HashMap::new(), runs: HashMap::new() }
+    }
+}
+
+/// A call's place in a model's queue, held while [`RateLimiter::acquire`] waits. Dropped
+/// unfinished (the caller's future was dropped: its run stopped, its agent went away), it
+/// takes the call out of the queue, and gives the capacity back if a grant had already
+/// arrived for it.
+struct Ticket<'a> {
+    limiter: &'a RateLimiter,
+    model: &'a str,
+    id: u64,
+    cost: u64,
+    granted: tokio::sync::oneshot::Receiver<()>,
+    /// The call was granted or left the queue itself: nothing to undo.
+    done: bool,
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.limiter.leave(self.model, self.id);
+        if self.granted.try_recv().is_ok() {
+            self.limiter.settle(self.model, self.cost, 0);
+        }
     }
 }
 
@@ -352,10 +442,11 @@ impl RateLimiter {
     /// Waits until one request and `tokens` tokens are available for `model` and takes
     /// them. Gives up, returning the wait it would need, if that wait would take the total
     /// past `max_wait`. While calls wait, capacity goes to them in priority and fair-share
-    /// order (see [`CALLER`]), not to whoever polls first.
+    /// order (see [`CALLER`]), not to whoever polls first. Cancel-safe: a dropped call
+    /// leaves the queue at once.
     pub async fn acquire(&self, model: &str, tokens: u64, max_wait: Duration) -> Result<(), Duration> {
         let caller = CALLER.try_with(Clone::clone).ok();
-        let (id, mut granted) = {
+        let mut ticket = {
             let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
             let line = waiting.entry(model.to_owned()).or_default();
             // Nobody waits: take it now if it fits.
@@ -374,23 +465,33 @@ impl RateLimiter {
                 cost: tokens.max(1),
             });
             line.grants.insert(id, tx);
-            (id, rx)
+            if let Some(run) = caller.and_then(|c| c.run) {
+                line.runs.insert(id, run);
+            }
+            Ticket { limiter: self, model, id, cost: tokens.max(1), granted: rx, done: false }
         };
         let deadline = Instant::now() + max_wait;
         loop {
             let wait = self.pump(model);
-            if granted.try_recv().is_ok() {
+            if ticket.granted.try_recv().is_ok() {
+                ticket.done = true;
                 return Ok(());
             }
             let now = Instant::now();
             let hint = wait.unwrap_or(Duration::from_millis(10));
             if now + hint > deadline && wait.is_some_and(|w| now + w > deadline) {
-                self.leave(model, id, tokens);
-                return if granted.try_recv().is_ok() { Ok(()) } else { Err(hint) };
+                self.leave(model, ticket.id);
+                ticket.done = true;
+                return if ticket.granted.try_recv().is_ok() { Ok(()) } else { Err(hint) };
             }
-            tokio::select! {
-                _ = &mut granted => return Ok(()),
-                _ = tokio::time::sleep(hint.min(deadline.saturating_duration_since(now)).max(Duration::from_millis(1))) => {}
+            let pause = hint.min(deadline.saturating_duration_since(now)).max(Duration::from_millis(1));
+            let granted = tokio::select! {
+                _ = &mut ticket.granted => true,
+                _ = tokio::time::sleep(pause) => false,
+            };
+            if granted {
+                ticket.done = true;
+                return Ok(());
             }
         }
     }
@@ -406,6 +507,7 @@ impl RateLimiter {
             match self.with_state(model, Instant::now(), |s| s.try_acquire(Instant::now(), cost)) {
                 Ok(()) => {
                     let call = line.queue.pop(now)?;
+                    line.runs.remove(&call.id);
                     let delivered = line.grants.remove(&call.id).is_some_and(|tx| tx.send(()).is_ok());
                     if !delivered {
                         // Its caller gave up meanwhile: the capacity goes back.
@@ -418,12 +520,62 @@ impl RateLimiter {
     }
 
     /// A waiting call gives up (timeout, or its future was dropped).
-    fn leave(&self, model: &str, id: u64, _tokens: u64) {
+    fn leave(&self, model: &str, id: u64) {
         let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(line) = waiting.get_mut(model) {
             line.grants.remove(&id);
+            line.runs.remove(&id);
             line.queue.remove(id);
         }
+    }
+
+    /// The calls waiting for capacity now, per model in the order they will be sent, with
+    /// their place in line and what holds the line back (for `keel ps`). Copies the queues
+    /// under the lock and works out the order after releasing it; with nothing waiting it
+    /// only looks at an empty map.
+    pub fn waiting(&self) -> Vec<WaitingCall> {
+        let lines: Vec<(String, keel_core::sched::CallQueue, HashMap<u64, String>)> = {
+            let waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            waiting
+                .iter()
+                .filter(|(_, line)| !line.queue.is_empty())
+                .map(|(model, line)| (model.clone(), line.queue.clone(), line.runs.clone()))
+                .collect()
+        };
+        if lines.is_empty() {
+            return Vec::new();
+        }
+        let states: HashMap<String, LimitState> = {
+            let states = self.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            lines.iter().filter_map(|(model, ..)| Some((model.clone(), states.get(model)?.clone()))).collect()
+        };
+        let (now, now_ms) = (Instant::now(), wall_ms());
+        let mut calls = Vec::new();
+        for (model, mut queue, mut runs) in lines {
+            let queue_len = queue.len();
+            let mut blocked_by = None;
+            let mut position = 0;
+            // Popping a copy is the order `pump` will grant in, if nothing else arrives.
+            while let Some(call) = queue.pop(now_ms) {
+                position += 1;
+                if position == 1 {
+                    blocked_by =
+                        states.get(&model).cloned().and_then(|mut state| state.blocked_by(now, call.cost));
+                }
+                calls.push(WaitingCall {
+                    provider: String::new(),
+                    model: model.clone(),
+                    run: runs.remove(&call.id),
+                    tenant: call.tenant,
+                    priority: call.priority,
+                    position,
+                    queue_len,
+                    waited_ms: now_ms.saturating_sub(call.enqueued_ms),
+                    blocked_by,
+                });
+            }
+        }
+        calls
     }
 
     pub fn settle(&self, model: &str, reserved: u64, used: u64) {
@@ -696,7 +848,7 @@ mod tests {
         for (name, priority) in [("low-1", Priority::Low), ("low-2", Priority::Low), ("high", Priority::High)]
         {
             let (limiter, order) = (limiter.clone(), order.clone());
-            let caller = Caller { tenant: "t".into(), priority };
+            let caller = Caller { tenant: "t".into(), priority, run: None };
             tasks.push(tokio::spawn(CALLER.scope(caller, async move {
                 limiter.acquire("m", 0, Duration::from_secs(30)).await.unwrap();
                 order.lock().unwrap().push(name);
@@ -708,5 +860,92 @@ mod tests {
             task.await.unwrap();
         }
         assert_eq!(order.lock().unwrap().first(), Some(&"high"), "{:?}", order.lock().unwrap());
+    }
+
+    #[test]
+    fn blocked_by_names_the_limit_that_holds_calls_back() {
+        let t0 = Instant::now();
+        let limits = Limits { requests_per_minute: Some(2), tokens_per_minute: Some(600) };
+        let mut state = LimitState::new(limits, t0);
+        assert_eq!(state.blocked_by(t0, 100), None);
+        assert_eq!(state.try_acquire(t0, 550), Ok(()));
+        assert_eq!(state.blocked_by(t0, 100), Some(Blocker::Tokens), "more than is left");
+        assert_eq!(state.try_acquire(t0, 0), Ok(()));
+        assert_eq!(state.blocked_by(t0, 1), Some(Blocker::Requests), "no request left this minute");
+        assert_eq!(state.blocked_by(t0 + secs(30.0), 1), None, "a request refilled; nothing was taken");
+        state.observe(t0, &RateLimitInfo { retry_after: Some(secs(90.0)), ..RateLimitInfo::default() }, true);
+        assert_eq!(state.blocked_by(t0 + secs(30.0), 1), Some(Blocker::RetryAfter), "the strongest reason");
+        assert_eq!(state.blocked_by(t0 + secs(90.0), 1), None);
+        assert_eq!(Blocker::Requests.as_str(), "requests limit");
+    }
+
+    /// Polls until `limiter` holds `count` waiting calls (the tasks queue asynchronously).
+    async fn until_waiting(limiter: &RateLimiter, count: usize) -> Vec<WaitingCall> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let calls = limiter.waiting();
+            if calls.len() == count {
+                return calls;
+            }
+            assert!(Instant::now() < deadline, "expected {count} waiting calls, have {calls:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// `waiting()` lists each waiting call with its run and its place in the order capacity
+    /// will be granted (priority first, not arrival), and forgets a call once it leaves:
+    /// when it times out, and when its future is dropped (its run was stopped).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiting_calls_show_their_place_and_leave_when_dropped_or_timed_out() {
+        use keel_core::sched::Priority;
+        let limiter = std::sync::Arc::new(RateLimiter::new(HashMap::from([(
+            "m".to_owned(),
+            Limits { requests_per_minute: Some(1), tokens_per_minute: None },
+        )])));
+        assert!(limiter.waiting().is_empty());
+        // The one request of the minute goes at once; every later call waits ~60 s.
+        assert_eq!(limiter.acquire("m", 0, Duration::ZERO).await, Ok(()));
+        let mut tasks = Vec::new();
+        for (run, priority) in
+            [("run-low", Priority::Low), ("run-normal", Priority::Normal), ("run-high", Priority::High)]
+        {
+            let shared = limiter.clone();
+            let caller = Caller { tenant: "t".into(), priority, run: Some(run.into()) };
+            tasks.push(tokio::spawn(
+                CALLER.scope(caller, async move { shared.acquire("m", 0, Duration::from_secs(600)).await }),
+            ));
+            until_waiting(&limiter, tasks.len()).await;
+        }
+        let calls = limiter.waiting();
+        let places: Vec<(Option<&str>, usize, usize)> =
+            calls.iter().map(|c| (c.run.as_deref(), c.position, c.queue_len)).collect();
+        assert_eq!(
+            places,
+            [(Some("run-high"), 1, 3), (Some("run-normal"), 2, 3), (Some("run-low"), 3, 3)],
+            "{calls:?}"
+        );
+        for call in &calls {
+            assert_eq!((call.model.as_str(), call.tenant.as_str(), call.provider.as_str()), ("m", "t", ""));
+            assert_eq!(call.blocked_by, Some(Blocker::Requests));
+            assert!(call.waited_ms < 60_000, "{call:?}");
+        }
+        assert_eq!(calls[0].priority, Priority::High);
+
+        // A call that times out is gone, and was never listed past its wait.
+        assert!(limiter.acquire("m", 0, Duration::from_millis(1)).await.is_err());
+        assert_eq!(limiter.waiting().len(), 3);
+
+        // The normal call's run is stopped: its future is dropped, and it leaves the line.
+        let normal = tasks.remove(1);
+        normal.abort();
+        assert!(normal.await.unwrap_err().is_cancelled());
+        let places: Vec<(Option<String>, usize, usize)> =
+            limiter.waiting().into_iter().map(|c| (c.run, c.position, c.queue_len)).collect();
+        assert_eq!(places, [(Some("run-high".to_owned()), 1, 2), (Some("run-low".to_owned()), 2, 2)]);
+        for task in tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        assert!(limiter.waiting().is_empty(), "dropped calls leave no trace");
     }
 }

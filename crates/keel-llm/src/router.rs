@@ -352,6 +352,22 @@ impl Provider for Router {
         if self.script.is_some() { "scripted" } else { "router" }
     }
 
+    /// The waiting calls of every configured provider, named as routes name them (the
+    /// provider's key in `[llm.providers]`), whether or not this run has a script.
+    fn waiting_calls(&self) -> Vec<crate::ratelimit::WaitingCall> {
+        self.shared
+            .providers
+            .iter()
+            .flat_map(|(name, entry)| {
+                entry
+                    .provider
+                    .waiting_calls()
+                    .into_iter()
+                    .map(|call| crate::ratelimit::WaitingCall { provider: name.clone(), ..call })
+            })
+            .collect()
+    }
+
     /// Serves the call from the run's script if it has one; otherwise walks the chain
     /// (see [`Router::chain`]): each model is tried up to `max_attempts` times while its
     /// failures are retryable, then the next model. A streamed call whose deltas already

@@ -203,8 +203,10 @@ pub struct RunView {
     /// The run's budget, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetView>,
-    /// Why the run waits or stopped, in words (e.g. which budget ran out, the repeated
-    /// request of a loop).
+    /// Why the run waits or stopped, in words: which budget ran out or the repeated
+    /// request of a loop, the tool call awaiting approval, its place in the admission
+    /// queue (`queued: 2 of 5 ...`), or its LLM call's place in a provider's queue
+    /// (`llm queue: openai/gpt-4o, 3 of 12 waiting for 14s (requests limit)`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The run that started this one (`proc.spawn`, or an agent called as a tool).

@@ -238,6 +238,15 @@ async fn health(State(state): State<AppState>) -> Json<HealthView> {
 }
 
 async fn view(kernel: &Kernel, record: &keel_store::RunRecord) -> Result<RunView, ApiError> {
+    view_with(kernel, record, None).await
+}
+
+/// [`view`]; a listing passes the LLM call queues it looked at once for all its runs.
+async fn view_with(
+    kernel: &Kernel,
+    record: &keel_store::RunRecord,
+    llm_queues: Option<&keel_kernel::LlmQueues>,
+) -> Result<RunView, ApiError> {
     let question = if matches!(record.state, RunState::Waiting | RunState::Paused) {
         kernel.open_question(&record.id).await?
     } else {
@@ -248,7 +257,11 @@ async fn view(kernel: &Kernel, record: &keel_store::RunRecord) -> Result<RunView
     view.reason = kernel
         .budget_reason(&record.id)
         .or_else(|| kernel.approval_reason(&record.id))
-        .or_else(|| kernel.queue_reason(&record.id));
+        .or_else(|| kernel.queue_reason(&record.id))
+        .or_else(|| match llm_queues {
+            Some(queues) => queues.reason(&record.id),
+            None => kernel.llm_queue_reason(&record.id),
+        });
     Ok(view)
 }
 
@@ -292,8 +305,9 @@ async fn list_runs(
     let tenant = principal.listing(query.tenant.as_deref())?;
     let records = state.kernel.list(&RunFilter { states, limit: query.limit, tenant }).await?;
     let mut runs = Vec::with_capacity(records.len());
+    let llm_queues = state.kernel.llm_queues();
     for record in &records {
-        runs.push(view(&state.kernel, record).await?);
+        runs.push(view_with(&state.kernel, record, Some(&llm_queues)).await?);
     }
     Ok(Json(runs))
 }

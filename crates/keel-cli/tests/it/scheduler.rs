@@ -1,9 +1,12 @@
-//! Admission control with the real binary: a cap on live runs queues the rest (the queue
-//! position shows in `keel ps`), a full queue answers 429 with Retry-After, a freed slot
-//! goes to the highest (aged) priority first, and queued runs survive a daemon SIGKILL.
+//! Scheduling with the real binary. Admission control: a cap on live runs queues the rest
+//! (the queue position shows in `keel ps`), a full queue answers 429 with Retry-After, a
+//! freed slot goes to the highest (aged) priority first, and queued runs survive a daemon
+//! SIGKILL. LLM calls: a call waiting for a rate-limited provider shows its place in the
+//! provider's queue in `keel ps`.
 
 use serde_json::{Value, json};
 
+use crate::gateway::mock_upstream;
 use crate::harness::{Keel, agent, wait_for};
 
 fn run(keel: &Keel, priority: &str, plan: Value) -> Result<String, String> {
@@ -65,4 +68,83 @@ fn a_cap_queues_runs_a_full_queue_refuses_and_priority_picks_who_starts() {
     keel.wait_state(&holder, &["succeeded"]);
     let (high_at, low_at) = (exit_time(&keel, &high), exit_time(&keel, &low));
     assert!(high_at <= low_at, "high {high_at} ran before low {low_at}");
+}
+
+/// The issue's "`keel ps` shows what each run is waiting for": with a provider limited to
+/// one request a minute, the first run's call goes at once and the next two wait in the
+/// provider's queue, the high-priority one ahead; `keel ps` (table and tree) and `keel
+/// inspect` say so.
+#[test]
+fn ps_shows_a_run_waiting_in_a_providers_llm_queue_and_its_place() {
+    let mut keel = Keel::new();
+    let script = keel.data.path().join("always_ok.json");
+    std::fs::write(&script, r#"{"responses": [{"match": "", "content": "ok"}]}"#).unwrap();
+    let (upstream, port, _) = mock_upstream(&keel, script.to_str().unwrap());
+    // Killed however the test ends: a leaked upstream would hold the test's output open.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _upstream = KillOnDrop(upstream);
+    std::fs::write(
+        keel.data.path().join("keel.toml"),
+        "[llm.models.\"openai/m\"]\nrequests_per_minute = 1\n[llm.retry]\nmax_queue_wait_ms = 600000\n",
+    )
+    .unwrap();
+    keel.daemon_env = vec![
+        ("OPENAI_API_KEY".into(), "sk-upstream-test".into()),
+        ("OPENAI_BASE_URL".into(), format!("http://127.0.0.1:{port}/v1")),
+    ];
+    keel.start_daemon();
+    let start = |priority: &str, prompt: &str| {
+        let input = json!({ "prompt": prompt }).to_string();
+        keel.detach(&[
+            "--sandbox",
+            "none",
+            "--model",
+            "openai/m",
+            "--priority",
+            priority,
+            "--input",
+            &input,
+            "--",
+            "python3",
+            &agent("llm_once_agent.py"),
+        ])
+    };
+    // The minute's one request.
+    let first = start("normal", "first");
+    let view = keel.wait_state(&first, &["succeeded", "failed"]);
+    assert_eq!(view["output"]["reply"], "ok", "{view}");
+    assert!(view.get("reason").is_none(), "{view}");
+
+    let low = start("low", "second");
+    let high = start("high", "third");
+    // A run's reason is the `↳` line under its own line in `keel ps`.
+    let reason_under = |ps: &str, run: &str| -> Option<String> {
+        let mut lines = ps.lines().skip_while(|line| !line.contains(run));
+        lines.next()?;
+        lines.next()?.trim_start().strip_prefix("↳ ").map(str::to_owned)
+    };
+    let ps = wait_for("both calls to wait in the provider's queue", || {
+        let ps = keel.ok(&["ps"]);
+        let both = [&low, &high]
+            .iter()
+            .all(|run| reason_under(&ps, run).is_some_and(|reason| reason.contains("of 2 waiting")));
+        both.then_some(ps)
+    });
+    let high_reason = reason_under(&ps, &high).unwrap();
+    let low_reason = reason_under(&ps, &low).unwrap();
+    assert!(high_reason.starts_with("llm queue: openai/m, 1 of 2 waiting for "), "{ps}");
+    assert!(low_reason.starts_with("llm queue: openai/m, 2 of 2 waiting for "), "{ps}");
+    assert!(high_reason.ends_with("(requests limit)"), "{ps}");
+    assert!(reason_under(&ps, &first).is_none(), "a finished run waits for nothing:\n{ps}");
+    let tree = keel.ok(&["ps", "--tree"]);
+    assert!(reason_under(&tree, &high).is_some_and(|r| r.starts_with("llm queue: openai/m, ")), "{tree}");
+    let view = keel.inspect(&low);
+    assert_eq!(view["state"], "running", "{view}");
+    assert!(view["reason"].as_str().unwrap().starts_with("llm queue: openai/m, "), "{view}");
 }

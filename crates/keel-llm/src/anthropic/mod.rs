@@ -116,6 +116,15 @@ impl Provider for AnthropicProvider {
         &self.endpoint.provider
     }
 
+    fn waiting_calls(&self) -> Vec<crate::ratelimit::WaitingCall> {
+        let provider = self.name();
+        self.limiter
+            .waiting()
+            .into_iter()
+            .map(|call| crate::ratelimit::WaitingCall { provider: provider.to_owned(), ..call })
+            .collect()
+    }
+
     async fn chat(&self, request: &LlmChatParams, stream: Option<&DeltaSink>) -> Result<Served> {
         let model = model_of(self.name(), request)?;
         let body = wire::request_body(request, model, stream.is_some())?;

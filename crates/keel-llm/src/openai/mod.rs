@@ -212,6 +212,15 @@ impl Provider for OpenAiProvider {
         &self.endpoint.provider
     }
 
+    fn waiting_calls(&self) -> Vec<crate::ratelimit::WaitingCall> {
+        let provider = self.name();
+        self.limiter
+            .waiting()
+            .into_iter()
+            .map(|call| crate::ratelimit::WaitingCall { provider: provider.to_owned(), ..call })
+            .collect()
+    }
+
     async fn chat(&self, request: &LlmChatParams, stream: Option<&DeltaSink>) -> Result<Served> {
         let model = model_of(self.name(), request)?;
         let reserved = reserved_tokens(request);

@@ -608,6 +608,48 @@ async fn a_local_rate_limit_moves_to_the_fallback_without_calling_upstream() {
     assert_eq!(openai.requests().len(), 1, "the second call never reached the rate-limited model");
 }
 
+/// A call waiting for a rate-limited model is visible through the router, named as routes
+/// name it and tagged with its caller's run, until it leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_lists_waiting_calls_with_their_provider_and_run() {
+    use keel_llm::ratelimit::{Blocker, CALLER, Caller};
+    let mock = Mock::start(
+        Dialect::OpenAi,
+        Some(KEY),
+        vec![Reply::json(openai_completion(Some("first"), None, "stop"))],
+    )
+    .await;
+    let toml = openai_toml(&mock, "[llm.models.\"openai/gpt-4o-mini\"]\nrequests_per_minute = 1\n")
+        .replace("[llm.retry]", "[llm.retry]\nmax_queue_wait_ms = 600000");
+    let router = Arc::new(router(&toml));
+    assert!(router.waiting_calls().is_empty());
+    router.chat(&ask("one"), None).await.unwrap();
+    let waiting = {
+        let router = router.clone();
+        let caller =
+            Caller { tenant: "acme".into(), priority: Default::default(), run: Some("run_a".into()) };
+        tokio::spawn(CALLER.scope(caller, async move { router.chat(&ask("two"), None).await }))
+    };
+    let calls = loop {
+        let calls = router.for_run(None, None, Vec::new()).waiting_calls();
+        if !calls.is_empty() {
+            break calls;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let call = &calls[0];
+    assert_eq!(
+        (call.provider.as_str(), call.model.as_str(), call.run.as_deref(), call.tenant.as_str()),
+        ("openai", "gpt-4o-mini", Some("run_a"), "acme")
+    );
+    assert_eq!((call.position, call.queue_len, call.blocked_by), (1, 1, Some(Blocker::Requests)));
+    waiting.abort();
+    let _ = waiting.await;
+    assert!(router.waiting_calls().is_empty(), "a dropped call leaves the queue");
+    assert_eq!(mock.requests().len(), 1, "the waiting call never reached the upstream");
+}
+
 #[tokio::test]
 async fn rate_limit_headers_are_learned() {
     let openai_headers = [
