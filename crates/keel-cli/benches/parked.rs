@@ -158,6 +158,8 @@ fn wait_for(what: &str, api: &api::Api, n: usize, check: impl Fn(&Value) -> bool
     }
 }
 
+const SETTLE: Duration = Duration::from_secs(6);
+
 fn main() {
     let n = env_usize("BENCH_RUNS", 1000);
     let clients = env_usize("BENCH_CLIENTS", 8);
@@ -176,7 +178,9 @@ fn main() {
     while !matches!(api.run(&warm)["state"].as_str(), Some("succeeded" | "failed")) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(Duration::from_secs(2));
+    // Longer than the kernel's 5 s period of giving freed memory back (`swap.rs`), so both
+    // readings are of what it holds, not of what a moment ago's work left in the allocator.
+    std::thread::sleep(SETTLE);
     let (idle_kernel, idle_all, idle_procs) = tree_memory();
 
     let ids: Vec<std::sync::Mutex<String>> = (0..n).map(|_| std::sync::Mutex::new(String::new())).collect();
@@ -192,7 +196,9 @@ fn main() {
     eprintln!("created {n} runs in {created:?}");
     wait_for("runs swapped", &api, n, |r| r["swapped"] == true);
     let swapped = started.elapsed();
-    std::thread::sleep(Duration::from_secs(2));
+    // Longer than the kernel's 5 s period of giving freed memory back (`swap.rs`), so both
+    // readings are of what it holds, not of what a moment ago's work left in the allocator.
+    std::thread::sleep(SETTLE);
     let (kernel, all, procs) = tree_memory();
     let (daemon_pid, _) = daemon_tree();
     let top = mappings(daemon_pid);
@@ -204,6 +210,10 @@ fn main() {
         .map(|m| m.len())
         .sum();
 
+    if let Some(hold) = std::env::var("BENCH_HOLD_SECS").ok().and_then(|s| s.parse().ok()) {
+        eprintln!("holding {hold} s with every run swapped out; daemon pid {daemon_pid}");
+        std::thread::sleep(Duration::from_secs(hold));
+    }
     let started = Instant::now();
     parallel(n, clients, |i| {
         let id = ids[i].lock().expect("ids lock").clone();
@@ -223,6 +233,21 @@ fn main() {
     let failed = failures.len();
     for failure in &failures {
         eprintln!("failed run {failure}");
+        // What the agent printed, and the run's last events, say which call failed.
+        let id = failure.split(':').next().unwrap_or_default().trim_matches('"');
+        let (_, events) = api.get(&format!("/v1/runs/{id}/events"));
+        for event in events["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .rev()
+            .take(30)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+        {
+            eprintln!("    {event}");
+        }
     }
 
     let per_run = |now: u64, idle: u64| (now.saturating_sub(idle)) as f64 / n as f64;

@@ -23,9 +23,10 @@ impl RunHandle {
 }
 
 impl Kernel {
-    /// The live run whose token this is. Tokens end with their run's process.
-    pub fn authenticate(&self, token: &str) -> Option<RunHandle> {
-        self.live_by_token(token).map(RunHandle)
+    /// The live run whose token this is (waiting for one still being launched). Tokens
+    /// end with their run's process.
+    pub async fn authenticate(&self, token: &str) -> Option<RunHandle> {
+        self.live_by_token_ready(token).await.map(RunHandle)
     }
 
     /// One LLM call of `run`, through the journaled `llm.chat` path. With `stream`, live
@@ -71,11 +72,11 @@ struct McpHost(Kernel);
 #[async_trait::async_trait]
 impl keel_mcp::ToolHost for McpHost {
     async fn authenticate(&self, token: &str) -> Result<(), keel_mcp::HostError> {
-        self.0.live_by_token(token).map(|_| ()).ok_or_else(unauthorized)
+        self.0.live_by_token_ready(token).await.map(|_| ()).ok_or_else(unauthorized)
     }
 
     async fn list(&self, token: &str) -> Result<Vec<keel_mcp::ToolInfo>, keel_mcp::HostError> {
-        let live = self.0.live_by_token(token).ok_or_else(unauthorized)?;
+        let live = self.0.live_by_token_ready(token).await.ok_or_else(unauthorized)?;
         Ok(self
             .0
             .granted_tools(&live)
@@ -95,7 +96,7 @@ impl keel_mcp::ToolHost for McpHost {
         name: &str,
         args: serde_json::Value,
     ) -> Result<serde_json::Value, keel_mcp::HostError> {
-        let live = self.0.live_by_token(token).ok_or_else(unauthorized)?;
+        let live = self.0.live_by_token_ready(token).await.ok_or_else(unauthorized)?;
         let params = serde_json::json!({ "name": name, "args": args });
         match self.0.syscall(&live, "tool.call", params).await {
             Ok(reply) => Ok(reply.get("result").cloned().unwrap_or(serde_json::Value::Null)),

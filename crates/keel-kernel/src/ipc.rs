@@ -9,12 +9,14 @@
 //! the first attempt took. Once the result is journaled, replay answers it without
 //! touching the mailbox, so every message reaches the receiver's journal exactly once.
 //!
-//! Waiting (a full mailbox for a waiting sender, an empty one for a receiver) listens on
-//! one kernel-wide notification that every send and receive fires, with a slow poll as a
-//! backstop; a waiter whose agent is gone stops waiting.
+//! Waiting is per mailbox ([`Mailboxes`]): a receiver waits for a send to its own
+//! mailbox, and a sender waiting for room in a full mailbox is woken, one per message
+//! taken, by receives from that mailbox (so a receive wakes one sender, not every sender
+//! of the kernel). A slow poll is the backstop; a waiter whose agent is gone stops waiting.
 
+use std::collections::HashMap;
 use std::pin::pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keel_protocol::rpc::{
@@ -38,6 +40,59 @@ const MAX_TOPIC_BYTES: usize = 256;
 const PARK_AFTER: Duration = Duration::from_millis(200);
 /// How often a waiter looks again even without a notification (a backstop).
 const POLL: Duration = Duration::from_millis(500);
+
+/// Wake-ups for the mailboxes somebody is waiting on, created on first wait and dropped
+/// with the last waiter, so an idle or swapped-out run costs nothing here.
+#[derive(Default)]
+pub(crate) struct Mailboxes {
+    waits: Mutex<HashMap<RunId, Arc<MailboxWaits>>>,
+}
+
+#[derive(Default)]
+pub(crate) struct MailboxWaits {
+    /// Fired by every send to the mailbox: its receiver looks again.
+    arrived: tokio::sync::Notify,
+    /// Fired once per message taken: one sender waiting for room looks again.
+    room: tokio::sync::Notify,
+}
+
+/// A waiter's hold on a mailbox's wake-ups; the last one to go removes the entry.
+pub(crate) struct MailboxWait<'a> {
+    mailboxes: &'a Mailboxes,
+    run: RunId,
+    waits: Arc<MailboxWaits>,
+}
+
+impl Mailboxes {
+    pub(crate) fn wait(&self, run: &RunId) -> MailboxWait<'_> {
+        let waits = crate::lock(&self.waits).entry(run.clone()).or_default().clone();
+        MailboxWait { mailboxes: self, run: run.clone(), waits }
+    }
+
+    /// A message was put in `run`'s mailbox.
+    pub(crate) fn arrived(&self, run: &RunId) {
+        if let Some(waits) = crate::lock(&self.waits).get(run) {
+            waits.arrived.notify_waiters();
+        }
+    }
+
+    /// A message was taken from `run`'s mailbox: room for one more.
+    pub(crate) fn taken(&self, run: &RunId) {
+        if let Some(waits) = crate::lock(&self.waits).get(run) {
+            waits.room.notify_one();
+        }
+    }
+}
+
+impl Drop for MailboxWait<'_> {
+    fn drop(&mut self) {
+        let mut waits = crate::lock(&self.mailboxes.waits);
+        // The map's reference and this one: nobody else waits on this mailbox.
+        if Arc::strong_count(&self.waits) == 2 {
+            waits.remove(&self.run);
+        }
+    }
+}
 
 /// An IPC call whose params were checked.
 #[derive(Debug, Clone, PartialEq)]
@@ -216,46 +271,63 @@ impl Kernel {
             idempotency_key,
             sent_at_ms: now_ms(),
         };
+        // The mailbox last found full, whose room this sender waits for.
+        let mut full: Option<MailboxWait<'_>> = None;
         loop {
-            let mut notified = pin!(self.inner.mail.notified());
-            notified.as_mut().enable();
-            let outcome = match (&to, &topic) {
-                (Some(to), _) => self
-                    .store()
-                    .mailbox_send(to, new.clone())
-                    .await
-                    .map(|seq| (json!({ "seq": seq }), vec![to.clone()])),
-                (None, Some(topic)) => {
-                    self.store().topic_publish(topic, new.clone()).await.map(|delivered| {
-                        let receivers = delivered.iter().map(|(run, _)| run.clone()).collect();
-                        (json!({ "delivered": delivered.len() }), receivers)
-                    })
+            let found_full = {
+                let mut notified = pin!(full.as_ref().map(|wait| wait.waits.room.notified()));
+                if let Some(notified) = notified.as_mut().as_pin_mut() {
+                    notified.enable();
                 }
-                (None, None) => return Err(internal("a send without a target")),
+                let outcome = match (&to, &topic) {
+                    (Some(to), _) => self
+                        .store()
+                        .mailbox_send(to, new.clone())
+                        .await
+                        .map(|seq| (json!({ "seq": seq }), vec![to.clone()])),
+                    (None, Some(topic)) => {
+                        self.store().topic_publish(topic, new.clone()).await.map(|delivered| {
+                            let receivers = delivered.iter().map(|(run, _)| run.clone()).collect();
+                            (json!({ "delivered": delivered.len() }), receivers)
+                        })
+                    }
+                    (None, None) => return Err(internal("a send without a target")),
+                };
+                match outcome {
+                    Ok((result, receivers)) => {
+                        for run in &receivers {
+                            self.inner.mailboxes.arrived(run);
+                            // A receiver swapped out while waiting comes back for it.
+                            self.request_wake(run);
+                        }
+                        return Ok(result);
+                    }
+                    Err(StoreError::RunNotFound(run)) => return Err(not_found(&run)),
+                    Err(StoreError::MailboxFull { capacity, run }) => {
+                        if !wait {
+                            return Err(ErrorKind::WouldBlock.error(format!(
+                                "{method}: the mailbox of run {run} is full ({capacity} undelivered messages); \
+                                 nothing was sent. Retry later, or send with wait: true to wait for room"
+                            )));
+                        }
+                        if !still_wanted() {
+                            return Err(ErrorKind::Cancelled.error(format!("{method}: the run is ending")));
+                        }
+                        match notified.as_mut().as_pin_mut() {
+                            Some(notified) if full.as_ref().is_some_and(|wait| wait.run == run) => {
+                                let _ = tokio::time::timeout(POLL, notified).await;
+                                None
+                            }
+                            // Found full for the first time (or another mailbox now):
+                            // register for its room, then look again at once.
+                            _ => Some(run),
+                        }
+                    }
+                    Err(err) => return Err(internal(err)),
+                }
             };
-            match outcome {
-                Ok((result, receivers)) => {
-                    self.inner.mail.notify_waiters();
-                    // A receiver swapped out while waiting comes back for it.
-                    for run in &receivers {
-                        self.request_wake(run);
-                    }
-                    return Ok(result);
-                }
-                Err(StoreError::RunNotFound(run)) => return Err(not_found(&run)),
-                Err(StoreError::MailboxFull { capacity, run }) => {
-                    if !wait {
-                        return Err(ErrorKind::WouldBlock.error(format!(
-                            "{method}: the mailbox of run {run} is full ({capacity} undelivered messages); \
-                             nothing was sent. Retry later, or send with wait: true to wait for room"
-                        )));
-                    }
-                    if !still_wanted() {
-                        return Err(ErrorKind::Cancelled.error(format!("{method}: the run is ending")));
-                    }
-                    let _ = tokio::time::timeout(POLL, notified).await;
-                }
-                Err(err) => return Err(internal(err)),
+            if let Some(run) = found_full {
+                full = Some(self.inner.mailboxes.wait(&run));
             }
         }
     }
@@ -274,8 +346,9 @@ impl Kernel {
         let long = timeout_ms.is_none_or(|ms| ms >= 1000);
         let park_after = tokio::time::Instant::now() + PARK_AFTER;
         let mut parked = false;
+        let mailbox = self.inner.mailboxes.wait(&live.id);
         loop {
-            let mut notified = pin!(self.inner.mail.notified());
+            let mut notified = pin!(mailbox.waits.arrived.notified());
             notified.as_mut().enable();
             let received =
                 self.store().mailbox_receive(&live.id, Some(idempotency_key)).await.map_err(internal)?;
@@ -286,7 +359,7 @@ impl Kernel {
                 parked = true;
             }
             if let Some(message) = received {
-                self.inner.mail.notify_waiters();
+                self.inner.mailboxes.taken(&live.id);
                 let message = IpcMessage {
                     from: message.from.map(|id| id.as_str().to_owned()),
                     seq: message.seq,
@@ -355,7 +428,7 @@ impl Kernel {
         };
         match self.store().mailbox_send(to, message).await {
             Ok(seq) => {
-                self.inner.mail.notify_waiters();
+                self.inner.mailboxes.arrived(to);
                 if signal != "pause" && signal != "resume" && signal != "stop" {
                     self.request_wake(to);
                 }

@@ -285,6 +285,8 @@ pub(crate) struct Inner {
     pub(crate) egress: Arc<keel_sandbox::egress::EgressSettings>,
     live: Mutex<HashMap<RunId, Arc<LiveRun>>>,
     tokens: Mutex<HashMap<String, Arc<LiveRun>>>,
+    /// Tokens of agents being launched, until their run is in `tokens` (see `try_launch`).
+    launching: Mutex<HashMap<String, tokio::sync::watch::Receiver<Option<Arc<LiveRun>>>>>,
     /// Tokens of `code.exec` programs running as `cpython`: their run and the seq of
     /// their `code.exec`.
     pub(crate) exec_tokens: Mutex<HashMap<String, (Arc<LiveRun>, Seq)>>,
@@ -293,8 +295,8 @@ pub(crate) struct Inner {
     transitions: Mutex<HashMap<RunId, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) events: EventLog,
     pub(crate) shutting_down: AtomicBool,
-    /// Fired on every mailbox send and receive; mailbox waiters listen to it.
-    pub(crate) mail: tokio::sync::Notify,
+    /// Wake-ups for mailbox waiters (see `crate::ipc`).
+    pub(crate) mailboxes: crate::ipc::Mailboxes,
     /// Admission control (caps on live runs, the queue).
     pub(crate) admissions: crate::admission::Admissions,
     /// Queued runs given a slot, to launch (served by one background task).
@@ -313,6 +315,29 @@ pub(crate) struct Inner {
     pub(crate) interp: Option<keel_interp::Pool>,
     /// Held for the kernel's life; dropping it releases the data directory.
     _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// A token registered as launching for as long as it lives (see `Kernel::try_launch`).
+struct Launching<'a> {
+    kernel: &'a Kernel,
+    token: String,
+}
+
+impl<'a> Launching<'a> {
+    fn register(
+        kernel: &'a Kernel,
+        token: &str,
+        ready: tokio::sync::watch::Receiver<Option<Arc<LiveRun>>>,
+    ) -> Launching<'a> {
+        lock(&kernel.inner.launching).insert(token.to_owned(), ready);
+        Launching { kernel, token: token.to_owned() }
+    }
+}
+
+impl Drop for Launching<'_> {
+    fn drop(&mut self) {
+        lock(&self.kernel.inner.launching).remove(&self.token);
+    }
 }
 
 /// A run whose agent process this kernel started and has not yet seen exit.
@@ -419,11 +444,12 @@ impl Kernel {
                 egress: options.egress,
                 live: Mutex::default(),
                 tokens: Mutex::default(),
+                launching: Mutex::default(),
                 exec_tokens: Mutex::default(),
                 transitions: Mutex::default(),
                 events,
                 shutting_down: AtomicBool::new(false),
-                mail: tokio::sync::Notify::new(),
+                mailboxes: crate::ipc::Mailboxes::default(),
                 run_ended: tokio::sync::Notify::new(),
                 stop_trees,
                 wakeups,
@@ -560,6 +586,17 @@ impl Kernel {
         lock(&self.inner.tokens).get(token).cloned()
     }
 
+    /// [`Kernel::live_by_token`], waiting for a run whose agent is still being launched
+    /// (see `try_launch`); `None` for an unknown token or a launch that failed.
+    pub(crate) async fn live_by_token_ready(&self, token: &str) -> Option<Arc<LiveRun>> {
+        // Launching first: a launch registers the run before it stops being launching.
+        let launching = lock(&self.inner.launching).get(token).cloned();
+        if let Some(mut ready) = launching {
+            return ready.wait_for(Option::is_some).await.ok()?.clone();
+        }
+        self.live_by_token(token)
+    }
+
     /// Every run with an agent process of this kernel.
     pub(crate) fn live_runs(&self) -> Vec<Arc<LiveRun>> {
         lock(&self.inner.live).values().cloned().collect()
@@ -607,11 +644,28 @@ impl Kernel {
         &self,
         run: &RunId,
         command: Lifecycle,
-        mut patch: RunPatch,
+        patch: RunPatch,
     ) -> Result<RunRecord> {
+        let updated = self.transition_if(run, command, patch, |_| true).await?;
+        updated.ok_or_else(|| Error::Conflict(format!("run {run} changed while it was being changed")))
+    }
+
+    /// [`Kernel::transition`], if `applies` holds for the run as it is under the run's
+    /// transition lock (`None` when it does not): for changes decided by reading the run,
+    /// so that two deciders cannot both act on what one of them already changed.
+    pub(crate) async fn transition_if(
+        &self,
+        run: &RunId,
+        command: Lifecycle,
+        mut patch: RunPatch,
+        applies: impl FnOnce(&RunRecord) -> bool,
+    ) -> Result<Option<RunRecord>> {
         let run_lock = lock(&self.inner.transitions).entry(run.clone()).or_default().clone();
         let _serial = run_lock.lock().await;
         let current = self.get(run).await?;
+        if !applies(&current) {
+            return Ok(None);
+        }
         let next = lifecycle::transition(current.state, command)?;
         let now = now_ms();
         patch.state = Some(next);
@@ -653,7 +707,7 @@ impl Kernel {
             }
         }
         self.emit(run, "state", data);
-        Ok(updated)
+        Ok(Some(updated))
     }
 
     async fn create(&self, request: CreateRun) -> Result<RunRecord> {
@@ -736,6 +790,11 @@ impl Kernel {
         };
         let budget = self.load_budget(record).await?;
         let token = keel_types::random_token();
+        // The agent may say hello before its sandbox has reported the start (a cold
+        // sandbox under load answers after the agent already runs): its token is known
+        // as launching until the run is registered below, and hello waits for that.
+        let (ready, _) = tokio::sync::watch::channel(None);
+        let _launching = Launching::register(self, &token, ready.subscribe());
         // A new run is created as attempt 1; each relaunch by replay is one more.
         let attempt = if recovering { record.attempt + 1 } else { record.attempt.max(1) };
         let sandbox = crate::sandboxing::backend(&self.inner.sandbox, spec.sandbox.as_ref())?;
@@ -805,6 +864,7 @@ impl Kernel {
         });
         lock(&self.inner.live).insert(record.id.clone(), live.clone());
         lock(&self.inner.tokens).insert(token, live.clone());
+        ready.send_replace(Some(live.clone()));
         self.emit(&record.id, "launch", json!({ "attempt": attempt, "pid": launched.pid, "sandbox": sandbox.tier(), "pooled": launched.pooled, "replaying": recovering }));
         let patch = RunPatch { attempt: Some(attempt), pid: Some(Some(launched.pid)), ..RunPatch::default() };
         let updated = if recovering {
@@ -973,7 +1033,10 @@ impl Kernel {
         if self.inner.shutting_down.load(Ordering::SeqCst) {
             return; // The next kernel recovers the run.
         }
-        if live.swapping.load(Ordering::SeqCst) && !live.stopping.load(Ordering::SeqCst) {
+        if live.swapping.load(Ordering::SeqCst)
+            && !live.stopping.load(Ordering::SeqCst)
+            && !live.exited.load(Ordering::SeqCst)
+        {
             return self.settle_swapped(live).await;
         }
         self.abandon_replay_tail(live).await;

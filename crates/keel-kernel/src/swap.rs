@@ -19,6 +19,10 @@ use serde_json::{Value, json};
 use crate::Kernel;
 use crate::runtime::{LiveRun, now_ms};
 
+/// How often the swapper gives the allocator's free memory back even when nothing was
+/// swapped out (see `spawn_swapper`).
+const RELEASE_EVERY: Duration = Duration::from_secs(5);
+
 /// The waits a swapped-out run can be woken from.
 fn swappable(reason: Option<WaitReason>) -> bool {
     matches!(
@@ -44,35 +48,55 @@ impl Kernel {
         let kernel = self.clone();
         let tick = (threshold / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
         tokio::spawn(async move {
+            // Whether runs were swapped out last tick: their agents have ended since.
+            let mut swapped_last_tick = false;
+            let mut last_release = std::time::Instant::now();
             loop {
                 tokio::time::sleep(tick).await;
                 if kernel.inner.shutting_down.load(Ordering::SeqCst) {
                     return;
                 }
+                if swapped_last_tick || last_release.elapsed() >= RELEASE_EVERY {
+                    // What swapped-out runs' connections and calls held (and what big
+                    // listings took for a moment) is free now, but the allocator keeps a
+                    // freed page in the middle of an arena: without this, parked runs cost
+                    // about twice as much.
+                    tokio::task::spawn_blocking(keel_sandbox::release_free_heap);
+                    last_release = std::time::Instant::now();
+                }
                 let live: Vec<Arc<LiveRun>> = kernel.live_runs();
+                swapped_last_tick = false;
                 for run in live {
-                    kernel.maybe_swap_out(&run, threshold).await;
+                    swapped_last_tick |= kernel.maybe_swap_out(&run, threshold).await;
                 }
             }
         });
     }
 
-    async fn maybe_swap_out(&self, live: &Arc<LiveRun>, threshold: Duration) {
+    /// Returns whether the run is being swapped out.
+    async fn maybe_swap_out(&self, live: &Arc<LiveRun>, threshold: Duration) -> bool {
         // Every call in flight must be a durable wait: then killing the agent loses nothing.
         let inflight = live.inflight.load(Ordering::SeqCst);
         let waiting = live.waiting_calls.load(Ordering::SeqCst);
         if inflight == 0 || inflight != waiting || live.exited.load(Ordering::SeqCst) {
-            return;
+            return false;
         }
-        let Ok(record) = self.get(&live.id).await else { return };
+        let Ok(record) = self.get(&live.id).await else { return false };
         if record.state != RunState::Waiting || !swappable(record.wait_reason) {
-            return;
+            return false;
         }
         if now_ms().saturating_sub(record.updated_at_ms) < threshold.as_millis() as u64 {
-            return;
+            return false;
         }
         if live.swapping.swap(true, Ordering::SeqCst) {
-            return;
+            return false;
+        }
+        // A wait that ended meanwhile keeps its process (one that ends after this point
+        // is caught by `settle_swapped`).
+        let inflight = live.inflight.load(Ordering::SeqCst);
+        if inflight == 0 || inflight != live.waiting_calls.load(Ordering::SeqCst) {
+            live.swapping.store(false, Ordering::SeqCst);
+            return false;
         }
         self.emit(
             &live.id,
@@ -83,14 +107,32 @@ impl Kernel {
         if record.wait_reason == Some(WaitReason::Timer) {
             self.wake_at_timer(&live.id).await;
         }
+        true
     }
 
     /// After a swapped-out agent's process ended: the run stays waiting, with no process.
     pub(crate) async fn settle_swapped(&self, live: &Arc<LiveRun>) {
         let patch = RunPatch { pid: Some(None), updated_at_ms: Some(now_ms()), ..RunPatch::default() };
         if let Err(err) = self.store().update_run(&live.id, Some(RunState::Waiting), patch).await {
-            // Woken (or stopped) meanwhile: whatever changed it also relaunches or ends it.
+            // Its wait ended just as the agent was being stopped (the message came, and the
+            // agent's own call took it): the run is running with no process, so it comes
+            // back by replay, which answers that call from the journal or the mailbox.
             tracing::debug!(run = %live.id, "swapped-out run changed while settling: {err}");
+            let relaunch = self
+                .transition_if(&live.id, Lifecycle::KernelRestart, RunPatch::default(), |record| {
+                    record.state == RunState::Running && self.live(&live.id).is_none()
+                })
+                .await;
+            match relaunch {
+                Ok(Some(record)) => {
+                    if let Err(err) = Box::pin(self.relaunch(record)).await {
+                        tracing::warn!(run = %live.id, "could not bring the run back: {err}");
+                    }
+                }
+                Ok(None) => {} // Stopped, ended or already back.
+                Err(err) => tracing::warn!(run = %live.id, "could not bring the run back: {err}"),
+            }
+            return;
         }
         // What it waited for may have happened while the agent was being stopped.
         if let Ok(record) = self.get(&live.id).await
@@ -106,13 +148,17 @@ impl Kernel {
         if self.live(run).is_some() {
             return;
         }
-        let Ok(record) = self.get(run).await else { return };
-        if !is_swapped(&record) {
-            return;
-        }
-        self.emit(run, "swap", json!({ "out": false }));
-        match self.transition(run, Lifecycle::KernelRestart, RunPatch::default()).await {
-            Ok(record) => {
+        // Decided under the run's transition lock: of two wake-ups at once (a message
+        // and the swap-out's own check, say), only the first relaunches.
+        let woken = self
+            .transition_if(run, Lifecycle::KernelRestart, RunPatch::default(), |record| {
+                is_swapped(record) && self.live(run).is_none()
+            })
+            .await;
+        match woken {
+            Ok(None) => {}
+            Ok(Some(record)) => {
+                self.emit(run, "swap", json!({ "out": false }));
                 let kernel = self.clone();
                 tokio::spawn(async move {
                     let id = record.id.clone();

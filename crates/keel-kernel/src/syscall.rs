@@ -80,7 +80,7 @@ async fn serve_connection(kernel: Kernel, stream: UnixStream) {
         };
         let (id, method, params) = request;
         let Some((live, exec)) = run.clone() else {
-            let response = match hello(&kernel, &method, params) {
+            let response = match hello(&kernel, &method, params).await {
                 Ok((live, result)) => {
                     run = Some(live);
                     Response::ok(id, result)
@@ -182,7 +182,7 @@ fn exec_params(method: &str, mut params: Value, seq: u64) -> std::result::Result
     }
 }
 
-fn hello(
+async fn hello(
     kernel: &Kernel,
     method: &str,
     params: Value,
@@ -194,7 +194,7 @@ fn hello(
     }
     let params: HelloParams = serde_json::from_value(params)
         .map_err(|e| ErrorKind::InvalidParams.error(format!("hello takes {{\"token\": \"...\"}}: {e}")))?;
-    let live = kernel.live_by_token(&params.token).map(|live| (live, None));
+    let live = kernel.live_by_token_ready(&params.token).await.map(|live| (live, None));
     let live = live.or_else(|| kernel.exec_by_token(&params.token).map(|(live, seq)| (live, Some(seq))));
     let live = live.ok_or_else(|| {
         ErrorKind::Unauthenticated.error(

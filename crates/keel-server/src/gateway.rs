@@ -99,14 +99,18 @@ fn status_of(error: &RpcError) -> (StatusCode, String) {
 
 /// Finds the run from the API key the SDK sends (`Authorization: Bearer` for OpenAI,
 /// `x-api-key` for Anthropic; either is accepted on both endpoints).
-fn authenticate(kernel: &Kernel, headers: &HeaderMap, dialect: Dialect) -> Result<RunHandle, GatewayError> {
+async fn authenticate(
+    kernel: &Kernel,
+    headers: &HeaderMap,
+    dialect: Dialect,
+) -> Result<RunHandle, GatewayError> {
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     let api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
     let token = bearer.or(api_key).unwrap_or("");
-    kernel.authenticate(token).ok_or_else(|| {
+    kernel.authenticate(token).await.ok_or_else(|| {
         let kind = match dialect {
             Dialect::OpenAi => "invalid_api_key",
             Dialect::Anthropic => "authentication_error",
@@ -150,7 +154,7 @@ async fn embeddings(
 ) -> Result<Response, GatewayError> {
     use base64::Engine as _;
     let dialect = Dialect::OpenAi;
-    let run = authenticate(&kernel, &headers, dialect)?;
+    let run = authenticate(&kernel, &headers, dialect).await?;
     let raw = parse_body(&body, dialect)?;
     let invalid = |message: String| {
         GatewayError::new(dialect, StatusCode::BAD_REQUEST, "invalid_request_error", message)
@@ -207,7 +211,7 @@ async fn chat_completions(
     body: axum::body::Bytes,
 ) -> Result<Response, GatewayError> {
     let dialect = Dialect::OpenAi;
-    let run = authenticate(&kernel, &headers, dialect)?;
+    let run = authenticate(&kernel, &headers, dialect).await?;
     let raw = parse_body(&body, dialect)?;
     let include_usage =
         raw.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
@@ -298,7 +302,7 @@ async fn messages(
     body: axum::body::Bytes,
 ) -> Result<Response, GatewayError> {
     let dialect = Dialect::Anthropic;
-    let run = authenticate(&kernel, &headers, dialect)?;
+    let run = authenticate(&kernel, &headers, dialect).await?;
     let raw = parse_body(&body, dialect)?;
     let (request, stream) = anthropic::wire::messages_request_to_canonical(&raw).map_err(|err| {
         GatewayError::new(dialect, StatusCode::BAD_REQUEST, "invalid_request_error", err.to_string())

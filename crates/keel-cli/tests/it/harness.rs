@@ -120,11 +120,32 @@ impl Keel {
         value["run_id"].as_str().expect("run_id").to_owned()
     }
 
+    /// Waits for `run` to reach one of `wanted`; on timeout, the panic shows the run as
+    /// it is and its last events, so a failure says where it got stuck.
     pub fn wait_state(&self, run: &str, wanted: &[&str]) -> Value {
-        wait_for(&format!("run {run} to be {wanted:?}"), || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
             let view = self.inspect(run);
-            wanted.contains(&view["state"].as_str().unwrap_or_default()).then_some(view)
-        })
+            if wanted.contains(&view["state"].as_str().unwrap_or_default()) {
+                return view;
+            }
+            if Instant::now() >= deadline {
+                let logs = self.run(&["logs", run]);
+                let events = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&logs.stdout),
+                    String::from_utf8_lossy(&logs.stderr)
+                );
+                let tail: Vec<&str> =
+                    events.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+                panic!(
+                    "timed out waiting for run {run} to be {wanted:?}; it is {}\nlast events:\n{}",
+                    serde_json::json!({"state": view["state"], "wait_reason": view["wait_reason"], "pid": view["pid"]}),
+                    tail.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
     }
 }
 

@@ -77,3 +77,29 @@ fn answers_children_and_timers_bring_swapped_runs_back() {
     assert_eq!(done["state"], "succeeded", "{done}");
     assert!(done["output"]["slept_ms"].as_u64().unwrap() >= 3000, "{done}");
 }
+
+#[test]
+fn messages_that_arrive_while_runs_are_being_swapped_out_are_received_once() {
+    // Messages are sent across the moment each run is swapped out (1 s after it starts
+    // waiting, checked every 250 ms): some arrive before, some while its agent is being
+    // stopped, some after. Every run must end with its own message, received once, and
+    // no run may be left running without a process or relaunched twice.
+    let mut keel = Keel::new();
+    keel.start_daemon_with(&["--swap-after", "1"]);
+    let runs: Vec<String> = (0..12).map(|_| proc_run(&keel, json!({"recv": true}))).collect();
+    for run in &runs {
+        keel.wait_state(run, &["waiting"]);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    for (i, run) in runs.iter().enumerate() {
+        keel.ok(&["send", run, "--json", &json!({"n": i}).to_string()]);
+        std::thread::sleep(std::time::Duration::from_millis(90));
+    }
+    for (i, run) in runs.iter().enumerate() {
+        let done = keel.wait_state(run, &["succeeded", "failed", "cancelled"]);
+        assert_eq!(done["state"], "succeeded", "{done}");
+        assert_eq!(done["output"]["message"], json!({"n": i}), "{done}");
+        let recvs = done["journal"].as_array().unwrap().iter().filter(|e| e["method"] == "ipc.recv").count();
+        assert_eq!(recvs, 1, "{done}");
+    }
+}

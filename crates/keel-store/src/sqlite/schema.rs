@@ -295,11 +295,16 @@ pub(super) fn configure_writer(connection: &Connection) -> Result<()> {
     Ok(())
 }
 
-/// Settings of a read-only connection.
+/// Settings of a read-only connection. Its page cache is 1 MiB, not SQLite's 2 MB: up to
+/// eight readers are kept open, the file's pages are in the OS cache anyway, and a kernel
+/// holding thousands of parked runs should not spend 16 MB on copies of them.
 pub(super) fn configure_reader(connection: &Connection) -> Result<()> {
     connection
         .busy_timeout(BUSY_TIMEOUT)
         .map_err(sql_error("setting the busy timeout of a read connection"))?;
+    connection
+        .execute_batch("PRAGMA cache_size = -1024;")
+        .map_err(sql_error("setting the page cache size of a read connection"))?;
     connection.set_prepared_statement_cache_capacity(64);
     Ok(())
 }
