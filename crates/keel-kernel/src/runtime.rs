@@ -661,7 +661,7 @@ impl Kernel {
         applies: impl FnOnce(&RunRecord) -> bool,
     ) -> Result<Option<RunRecord>> {
         let run_lock = lock(&self.inner.transitions).entry(run.clone()).or_default().clone();
-        let _serial = run_lock.lock().await;
+        let serial = run_lock.lock_owned().await;
         let current = self.get(run).await?;
         if !applies(&current) {
             return Ok(None);
@@ -680,6 +680,33 @@ impl Kernel {
         if next.is_terminal() {
             patch.ended_at_ms = Some(Some(now));
         }
+        // From here the change is written and announced even if the caller stops waiting
+        // (a syscall whose agent died): the task holds the run's lock until the write is
+        // done, so no other change can read the state this one is replacing. (Released
+        // with the caller, the lock let a dropped wake-up land after a stop had read
+        // `waiting`, and the stop failed, leaving the run `running` with a dead process.)
+        let kernel = self.clone();
+        let run = run.clone();
+        let write = tokio::spawn(async move {
+            let _serial = serial;
+            kernel.write_transition(&run, current, next, patch).await
+        });
+        match write.await {
+            Ok(result) => result.map(Some),
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            Err(err) => Err(Error::Conflict(format!("the change of a run was abandoned: {err}"))),
+        }
+    }
+
+    /// The write and announcement of a transition decided by [`Kernel::transition_if`],
+    /// under the run's lock.
+    async fn write_transition(
+        &self,
+        run: &RunId,
+        current: RunRecord,
+        next: RunState,
+        patch: RunPatch,
+    ) -> Result<RunRecord> {
         let updated = self.inner.store.update_run(run, Some(current.state), patch).await?;
         if next.is_terminal() {
             lock(&self.inner.transitions).remove(run); // An ended run never changes again.
@@ -707,7 +734,7 @@ impl Kernel {
             }
         }
         self.emit(run, "state", data);
-        Ok(Some(updated))
+        Ok(updated)
     }
 
     async fn create(&self, request: CreateRun) -> Result<RunRecord> {

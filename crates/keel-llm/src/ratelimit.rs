@@ -320,8 +320,7 @@ impl Blocker {
 /// An LLM call waiting for its provider's capacity, as [`RateLimiter::waiting`] saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WaitingCall {
-    /// The provider's name. The limiter does not know it and leaves it empty;
-    /// [`crate::Provider::waiting_calls`] fills it in.
+    /// The provider's name (the limiter is told it by its provider).
     pub provider: String,
     pub model: String,
     /// The run making the call ([`Caller::run`]), when the caller said.
@@ -533,7 +532,7 @@ impl RateLimiter {
     /// their place in line and what holds the line back (for `keel ps`). Copies the queues
     /// under the lock and works out the order after releasing it; with nothing waiting it
     /// only looks at an empty map.
-    pub fn waiting(&self) -> Vec<WaitingCall> {
+    pub fn waiting(&self, provider: &str) -> Vec<WaitingCall> {
         let lines: Vec<(String, keel_core::sched::CallQueue, HashMap<u64, String>)> = {
             let waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
             waiting
@@ -563,7 +562,7 @@ impl RateLimiter {
                         states.get(&model).cloned().and_then(|mut state| state.blocked_by(now, call.cost));
                 }
                 calls.push(WaitingCall {
-                    provider: String::new(),
+                    provider: provider.to_owned(),
                     model: model.clone(),
                     run: runs.remove(&call.id),
                     tenant: call.tenant,
@@ -883,7 +882,7 @@ mod tests {
     async fn until_waiting(limiter: &RateLimiter, count: usize) -> Vec<WaitingCall> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let calls = limiter.waiting();
+            let calls = limiter.waiting("p");
             if calls.len() == count {
                 return calls;
             }
@@ -902,7 +901,7 @@ mod tests {
             "m".to_owned(),
             Limits { requests_per_minute: Some(1), tokens_per_minute: None },
         )])));
-        assert!(limiter.waiting().is_empty());
+        assert!(limiter.waiting("p").is_empty());
         // The one request of the minute goes at once; every later call waits ~60 s.
         assert_eq!(limiter.acquire("m", 0, Duration::ZERO).await, Ok(()));
         let mut tasks = Vec::new();
@@ -916,7 +915,7 @@ mod tests {
             ));
             until_waiting(&limiter, tasks.len()).await;
         }
-        let calls = limiter.waiting();
+        let calls = limiter.waiting("p");
         let places: Vec<(Option<&str>, usize, usize)> =
             calls.iter().map(|c| (c.run.as_deref(), c.position, c.queue_len)).collect();
         assert_eq!(
@@ -925,7 +924,7 @@ mod tests {
             "{calls:?}"
         );
         for call in &calls {
-            assert_eq!((call.model.as_str(), call.tenant.as_str(), call.provider.as_str()), ("m", "t", ""));
+            assert_eq!((call.model.as_str(), call.tenant.as_str(), call.provider.as_str()), ("m", "t", "p"));
             assert_eq!(call.blocked_by, Some(Blocker::Requests));
             assert!(call.waited_ms < 60_000, "{call:?}");
         }
@@ -933,19 +932,19 @@ mod tests {
 
         // A call that times out is gone, and was never listed past its wait.
         assert!(limiter.acquire("m", 0, Duration::from_millis(1)).await.is_err());
-        assert_eq!(limiter.waiting().len(), 3);
+        assert_eq!(limiter.waiting("p").len(), 3);
 
         // The normal call's run is stopped: its future is dropped, and it leaves the line.
         let normal = tasks.remove(1);
         normal.abort();
         assert!(normal.await.unwrap_err().is_cancelled());
         let places: Vec<(Option<String>, usize, usize)> =
-            limiter.waiting().into_iter().map(|c| (c.run, c.position, c.queue_len)).collect();
+            limiter.waiting("p").into_iter().map(|c| (c.run, c.position, c.queue_len)).collect();
         assert_eq!(places, [(Some("run-high".to_owned()), 1, 2), (Some("run-low".to_owned()), 2, 2)]);
         for task in tasks {
             task.abort();
             let _ = task.await;
         }
-        assert!(limiter.waiting().is_empty(), "dropped calls leave no trace");
+        assert!(limiter.waiting("p").is_empty(), "dropped calls leave no trace");
     }
 }

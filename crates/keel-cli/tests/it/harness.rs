@@ -19,6 +19,12 @@ pub fn agent(name: &str) -> String {
     agents().join(name).display().to_string()
 }
 
+/// The last `n` lines of `text`.
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// Polls `check` until it returns Some, or panics with `what` after a generous deadline.
 pub fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -95,7 +101,7 @@ impl Keel {
             .args(extra)
             .envs(self.daemon_env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(self.daemon_log())
             .spawn()
             .expect("spawn keel serve");
         self.daemon = Some(child);
@@ -120,6 +126,15 @@ impl Keel {
         value["run_id"].as_str().expect("run_id").to_owned()
     }
 
+    /// The daemon's stderr (appended across restarts), shown when a wait times out.
+    fn daemon_log(&self) -> Stdio {
+        let path = self.data.path().join("daemon.log");
+        match std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            Ok(file) => Stdio::from(file),
+            Err(_) => Stdio::null(),
+        }
+    }
+
     /// Waits for `run` to reach one of `wanted`; on timeout, the panic shows the run as
     /// it is and its last events, so a failure says where it got stuck.
     pub fn wait_state(&self, run: &str, wanted: &[&str]) -> Value {
@@ -130,18 +145,24 @@ impl Keel {
                 return view;
             }
             if Instant::now() >= deadline {
+                // The data directory goes with the test: keep a copy to look into.
+                let kept = std::env::temp_dir().join(format!("keel-failed-{run}"));
+                let _ = Command::new("cp").arg("-a").arg(self.data.path()).arg(&kept).status();
                 let logs = self.run(&["logs", run]);
                 let events = format!(
                     "{}{}",
                     String::from_utf8_lossy(&logs.stdout),
                     String::from_utf8_lossy(&logs.stderr)
                 );
-                let tail: Vec<&str> =
-                    events.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+                let log = std::fs::read_to_string(self.data.path().join("daemon.log")).unwrap_or_default();
                 panic!(
-                    "timed out waiting for run {run} to be {wanted:?}; it is {}\nlast events:\n{}",
+                    "timed out waiting for run {run} to be {wanted:?}; it is {}\nlast events:\n{}\n\
+                     runs:\n{}\ndaemon log:\n{}\n(data directory copied to {})",
                     serde_json::json!({"state": view["state"], "wait_reason": view["wait_reason"], "pid": view["pid"]}),
-                    tail.join("\n")
+                    last_lines(&events, 40),
+                    String::from_utf8_lossy(&self.run(&["ps", "--tree"]).stdout),
+                    last_lines(&log, 30),
+                    kept.display()
                 );
             }
             std::thread::sleep(Duration::from_millis(25));

@@ -213,12 +213,7 @@ impl Provider for OpenAiProvider {
     }
 
     fn waiting_calls(&self) -> Vec<crate::ratelimit::WaitingCall> {
-        let provider = self.name();
-        self.limiter
-            .waiting()
-            .into_iter()
-            .map(|call| crate::ratelimit::WaitingCall { provider: provider.to_owned(), ..call })
-            .collect()
+        self.limiter.waiting(self.name())
     }
 
     async fn chat(&self, request: &LlmChatParams, stream: Option<&DeltaSink>) -> Result<Served> {
