@@ -213,6 +213,17 @@ impl Admitter {
     /// A run asks to start. `Start` means it now counts as live. A run id already live or
     /// queued is not counted twice: the answer is its current state.
     pub fn submit(&mut self, ticket: Ticket, now_ms: u64) -> Admission {
+        self.admit(ticket, now_ms, true)
+    }
+
+    /// A run that gave its slot back (it was swapped out) asks for one again because what
+    /// it waited for happened: as [`Admitter::submit`], but never rejected, however long
+    /// the queue is, since refusing it would strand a run whose wait is already over.
+    pub fn resume(&mut self, ticket: Ticket, now_ms: u64) -> Admission {
+        self.admit(ticket, now_ms, false)
+    }
+
+    fn admit(&mut self, ticket: Ticket, now_ms: u64, may_reject: bool) -> Admission {
         if self.live.contains_key(&ticket.run) {
             return Admission::Start;
         }
@@ -223,7 +234,7 @@ impl Admitter {
         // No queued run can start (the contract above), so a run that fits takes the slot
         // without jumping anyone who could have used it.
         if let Some(blocker) = self.blocker(&ticket.tenant, &ticket.agent) {
-            if self.waiting.len() >= self.caps.queue as usize {
+            if may_reject && self.waiting.len() >= self.caps.queue as usize {
                 return Admission::Rejected {
                     retry_after_ms: self.retry_after_ms(),
                     reason: format!(
@@ -767,6 +778,35 @@ mod tests {
 
     fn caps(global: Option<u32>, per_tenant: Option<u32>, per_agent: Option<u32>, queue: u32) -> Caps {
         Caps { global, per_tenant, per_agent, queue }
+    }
+
+    #[test]
+    fn a_swapped_out_run_coming_back_queues_past_a_full_queue_and_starts_in_turn() {
+        let mut admitter = Admitter::new(caps(Some(1), None, None, 1), Weights::default(), 0);
+        assert_eq!(admitter.submit(ticket("parked", "t", "a", Priority::Normal, 0), 0), Admission::Start);
+        // Swapped out: its slot goes to the next run.
+        assert_eq!(admitter.finish("parked", 1), Vec::<String>::new());
+        assert_eq!(admitter.submit(ticket("busy", "t", "a", Priority::Normal, 2), 2), Admission::Start);
+        assert_eq!(
+            admitter.submit(ticket("new", "t", "a", Priority::Normal, 3), 3),
+            Admission::Queued { position: 1 }
+        );
+        // The queue is full, but its message came: it waits its turn, it is not refused.
+        assert!(matches!(
+            admitter.submit(ticket("other", "t", "a", Priority::Normal, 4), 4),
+            Admission::Rejected { .. }
+        ));
+        assert_eq!(
+            admitter.resume(ticket("parked", "t", "a", Priority::Normal, 5), 5),
+            Admission::Queued { position: 2 }
+        );
+        assert_eq!(
+            admitter.resume(ticket("parked", "t", "a", Priority::Normal, 6), 6),
+            Admission::Queued { position: 2 }
+        );
+        assert_eq!(admitter.finish("busy", 7), vec!["new".to_owned()]);
+        assert_eq!(admitter.finish("new", 8), vec!["parked".to_owned()]);
+        assert_eq!(admitter.resume(ticket("parked", "t", "a", Priority::Normal, 9), 9), Admission::Start);
     }
 
     #[test]

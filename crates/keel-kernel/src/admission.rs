@@ -161,6 +161,14 @@ impl Kernel {
         }
     }
 
+    /// A swapped-out run whose wait is over asks for its live slot back: `true` when it
+    /// may be relaunched now; otherwise it stays swapped out in the queue, never refused,
+    /// and `launch_queued` brings it back when a slot frees.
+    pub(crate) fn reclaim_slot(&self, record: &RunRecord) -> bool {
+        let ticket = ticket(&record.id, &record.tenant, &record.spec, now_ms());
+        matches!(self.inner.admissions.lock().resume(ticket, now_ms()), Admission::Start)
+    }
+
     /// Recovery: a run already live keeps its slot; a queued one queues again.
     pub(crate) fn restore_slot(&self, record: &RunRecord, live: bool) -> bool {
         let ticket = ticket(&record.id, &record.tenant, &record.spec, record.created_at_ms);

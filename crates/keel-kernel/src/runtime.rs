@@ -614,6 +614,8 @@ impl Kernel {
                     tracing::warn!(run = %run, "could not start the queued run: {err}");
                 }
             }
+            // A swapped-out run that waited for a slot to come back.
+            Ok(record) if crate::swap::is_swapped(&record) => self.wake_swapped(run).await,
             // Stopped while queued, or started otherwise: give the slot back.
             Ok(record) if record.state.is_terminal() => self.release_slot(run),
             _ => {}
@@ -1282,11 +1284,8 @@ impl Kernel {
         };
         let mut runs = self.inner.store.list_runs(&filter).await?;
         runs.reverse(); // Oldest first.
-        // Runs that were live keep their slots; queued ones queue again (in `recover`).
-        for run in runs.iter().filter(|r| !matches!(r.state, RunState::Created | RunState::Queued)) {
-            self.restore_slot(run, true);
-        }
-        // Swapped-out runs stay swapped out until what they wait for happens.
+        // Swapped-out runs stay swapped out until what they wait for happens, and hold no
+        // live slot meanwhile.
         let mut resident = Vec::with_capacity(runs.len());
         for run in runs {
             if !self.recover_swapped(&run).await {
@@ -1294,6 +1293,10 @@ impl Kernel {
             }
         }
         let runs = resident;
+        // Runs that were live keep their slots; queued ones queue again (in `recover`).
+        for run in runs.iter().filter(|r| !matches!(r.state, RunState::Created | RunState::Queued)) {
+            self.restore_slot(run, true);
+        }
         // Agents of the previous kernel die with it (PDEATHSIG), but descendants that
         // escaped may linger; they must not race the relaunched agents. One scan of /proc
         // serves every run.

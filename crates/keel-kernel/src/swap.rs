@@ -134,6 +134,8 @@ impl Kernel {
             }
             return;
         }
+        // A run with no process holds no live slot: queued runs may start meanwhile.
+        self.release_slot(&live.id);
         // What it waited for may have happened while the agent was being stopped.
         if let Ok(record) = self.get(&live.id).await
             && is_swapped(&record)
@@ -148,6 +150,16 @@ impl Kernel {
         if self.live(run).is_some() {
             return;
         }
+        // It gave its live slot back when it was swapped out, and needs one again; if
+        // none is free it waits in the admission queue, still swapped out.
+        let Ok(record) = self.get(run).await else { return };
+        if !is_swapped(&record) {
+            return;
+        }
+        if !self.reclaim_slot(&record) {
+            self.emit(run, "queued", json!({ "reason": self.queue_reason(run) }));
+            return;
+        }
         // Decided under the run's transition lock: of two wake-ups at once (a message
         // and the swap-out's own check, say), only the first relaunches.
         let woken = self
@@ -156,7 +168,13 @@ impl Kernel {
             })
             .await;
         match woken {
-            Ok(None) => {}
+            // Brought back by another wake-up (which holds the same slot), or ended
+            // meanwhile: then the slot just taken goes back.
+            Ok(None) => {
+                if self.get(run).await.is_ok_and(|record| record.state.is_terminal()) {
+                    self.release_slot(run);
+                }
+            }
             Ok(Some(record)) => {
                 self.emit(run, "swap", json!({ "out": false }));
                 let kernel = self.clone();

@@ -70,6 +70,40 @@ fn a_cap_queues_runs_a_full_queue_refuses_and_priority_picks_who_starts() {
     assert!(high_at <= low_at, "high {high_at} ran before low {low_at}");
 }
 
+#[test]
+fn a_swapped_out_run_gives_its_slot_back_and_queues_for_one_when_its_message_comes() {
+    // One live slot. A run parked on a message is swapped out and gives the slot to the
+    // queued run; when its message comes while the other holds the slot, it waits in the
+    // queue (still swapped out), and comes back when the slot frees.
+    let mut keel = Keel::new();
+    std::fs::write(keel.data.path().join("keel.toml"), "[scheduler]\nmax_live = 1\n").unwrap();
+    keel.start_daemon_with(&["--swap-after", "1"]);
+    let first = run(&keel, "normal", json!({"recv": true})).unwrap();
+    let second = run(&keel, "normal", json!({"recv": true})).unwrap();
+    assert_eq!(keel.inspect(&second)["state"], "queued");
+    let swapped = |id: &str| {
+        wait_for(&format!("run {id} to be swapped out"), || {
+            (keel.inspect(id)["swapped"] == true).then_some(())
+        })
+    };
+    swapped(&first);
+    // The freed slot went to the queued run, which now waits (resident) for its message.
+    keel.wait_state(&second, &["waiting"]);
+    keel.ok(&["send", &first, "--json", r#""one""#]);
+    let view = wait_for("the woken run to queue for a slot", || {
+        let view = keel.inspect(&first);
+        view["reason"].as_str().is_some_and(|r| r.starts_with("queued:")).then_some(view)
+    });
+    assert_eq!(view["swapped"], true, "it stays swapped out while it waits: {view}");
+    assert!(keel.ok(&["ps"]).contains("queued: 1 of 1"));
+    // The second run is swapped out in turn: its slot goes to the first, which finishes.
+    let done = keel.wait_state(&first, &["succeeded", "failed"]);
+    assert_eq!(done["output"]["message"], "one", "{done}");
+    keel.ok(&["send", &second, "--json", r#""two""#]);
+    let done = keel.wait_state(&second, &["succeeded", "failed"]);
+    assert_eq!(done["output"]["message"], "two", "{done}");
+}
+
 /// The issue's "`keel ps` shows what each run is waiting for": with a provider limited to
 /// one request a minute, the first run's call goes at once and the next two wait in the
 /// provider's queue, the high-priority one ahead; `keel ps` (table and tree) and `keel
