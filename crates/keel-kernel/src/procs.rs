@@ -295,14 +295,17 @@ impl Kernel {
     }
 
     /// Wakes the run parked for `reason`, unless something else keeps it waiting.
+    /// Only while `live` is the run's agent: once it has ended, the run is the swapper's or
+    /// the stopper's (see `settle_swapped`).
     pub(crate) async fn wake_run(&self, live: &Arc<LiveRun>, reason: WaitReason) {
         use keel_core::lifecycle::Command as Lifecycle;
-        if let Ok(record) = self.get(&live.id).await
-            && record.state == RunState::Waiting
-            && record.wait_reason == Some(reason)
-        {
-            let _ = self.transition(&live.id, Lifecycle::Wake, keel_store::RunPatch::default()).await;
-        }
+        let _ = self
+            .transition_if(&live.id, Lifecycle::Wake, keel_store::RunPatch::default(), |record| {
+                record.state == RunState::Waiting
+                    && record.wait_reason == Some(reason)
+                    && self.is_current(live)
+            })
+            .await;
     }
 
     /// The runs (not ended) whose parent is `run`, by parent.

@@ -652,6 +652,13 @@ impl Kernel {
         updated.ok_or_else(|| Error::Conflict(format!("run {run} changed while it was being changed")))
     }
 
+    /// The run's transition lock: held by every change of its state (and by anything that
+    /// writes its record on the strength of a state it read).
+    pub(crate) async fn run_lock(&self, run: &RunId) -> tokio::sync::OwnedMutexGuard<()> {
+        let run_lock = lock(&self.inner.transitions).entry(run.clone()).or_default().clone();
+        run_lock.lock_owned().await
+    }
+
     /// [`Kernel::transition`], if `applies` holds for the run as it is under the run's
     /// transition lock (`None` when it does not): for changes decided by reading the run,
     /// so that two deciders cannot both act on what one of them already changed.
@@ -662,8 +669,7 @@ impl Kernel {
         mut patch: RunPatch,
         applies: impl FnOnce(&RunRecord) -> bool,
     ) -> Result<Option<RunRecord>> {
-        let run_lock = lock(&self.inner.transitions).entry(run.clone()).or_default().clone();
-        let serial = run_lock.lock_owned().await;
+        let serial = self.run_lock(run).await;
         let current = self.get(run).await?;
         if !applies(&current) {
             return Ok(None);

@@ -113,7 +113,12 @@ impl Kernel {
     /// After a swapped-out agent's process ended: the run stays waiting, with no process.
     pub(crate) async fn settle_swapped(&self, live: &Arc<LiveRun>) {
         let patch = RunPatch { pid: Some(None), updated_at_ms: Some(now_ms()), ..RunPatch::default() };
-        if let Err(err) = self.store().update_run(&live.id, Some(RunState::Waiting), patch).await {
+        // Under the run's lock: a wake-up by the dead agent's own call either was written
+        // before (then this fails, below) or finds the agent gone and does nothing.
+        let serial = self.run_lock(&live.id).await;
+        let settled = self.store().update_run(&live.id, Some(RunState::Waiting), patch).await;
+        drop(serial);
+        if let Err(err) = settled {
             // Its wait ended just as the agent was being stopped (the message came, and the
             // agent's own call took it): the run is running with no process, so it comes
             // back by replay, which answers that call from the journal or the mailbox.
