@@ -224,28 +224,19 @@ fn main() {
     // The warm-up run ends too (`failed`: it never calls `run.exit`).
     wait_for("runs ended", &api, n + 1, |r| matches!(r["state"].as_str(), Some("succeeded" | "failed")));
     let resumed = started.elapsed();
-    let failures: Vec<String> = api
+    let failures: Vec<Value> = api
         .runs(n + 10)
-        .iter()
+        .into_iter()
         .filter(|r| r["state"] == "failed" && r["run_id"] != warm.as_str())
-        .map(|r| format!("{}: {}", r["run_id"], r["error"]))
         .collect();
     let failed = failures.len();
     for failure in &failures {
-        eprintln!("failed run {failure}");
+        let id = failure["run_id"].as_str().unwrap_or_default();
+        eprintln!("failed run {id}: {}", failure["error"]);
         // What the agent printed, and the run's last events, say which call failed.
-        let id = failure.split(':').next().unwrap_or_default().trim_matches('"');
-        let (_, events) = api.get(&format!("/v1/runs/{id}/events"));
-        for event in events["events"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .rev()
-            .take(30)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-        {
+        let (_, page) = api.get(&format!("/v1/runs/{id}/events"));
+        let events = page["events"].as_array().map(Vec::as_slice).unwrap_or_default();
+        for event in &events[events.len().saturating_sub(30)..] {
             eprintln!("    {event}");
         }
     }

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::harness::{Keel, agent, alive, wait_for};
+use crate::harness::{Keel, agent, wait_for};
 
 fn journal_len(view: &Value) -> usize {
     view["journal"].as_array().map_or(0, Vec::len)
@@ -47,12 +47,7 @@ fn sigkill_at_several_points_loses_nothing_and_pays_nothing_twice() {
             (journal_len(&view) >= kill_at || view["state"] == "succeeded").then_some(view)
         });
         assert_ne!(view["state"], "succeeded", "the run finished before kill point {kill_at}; slow it down");
-        let agent_pid = view["pid"].as_u64().map(|p| p as u32);
-        keel.kill_daemon();
-        if let Some(pid) = agent_pid {
-            wait_for("the agent to die with the daemon", || (!alive(pid)).then_some(()));
-        }
-        keel.start_daemon();
+        keel.crash_daemon_under(&view);
     }
     let done = keel.wait_state(&run, &["succeeded", "failed"]);
     assert_eq!(done["state"], "succeeded", "{done}");

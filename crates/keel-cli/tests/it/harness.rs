@@ -119,6 +119,17 @@ impl Keel {
         child.wait().expect("reap the daemon");
     }
 
+    /// SIGKILLs the daemon, waits until the agent of `view` (a run as `inspect` shows it)
+    /// has died with it, and starts a new daemon: a crash the next kernel recovers from.
+    pub fn crash_daemon_under(&mut self, view: &Value) {
+        let agent_pid = view["pid"].as_u64().map(|p| p as u32);
+        self.kill_daemon();
+        if let Some(pid) = agent_pid {
+            wait_for("the agent to die with the daemon", || (!alive(pid)).then_some(()));
+        }
+        self.start_daemon();
+    }
+
     pub fn detach(&self, args: &[&str]) -> String {
         let mut full = vec!["run", "--detach", "--json"];
         full.extend_from_slice(args);

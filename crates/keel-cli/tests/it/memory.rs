@@ -147,12 +147,7 @@ fn sigkill_mid_run_loses_and_duplicates_no_memory_write() {
             (len >= kill_at || view["state"] == "succeeded").then_some(view)
         });
         assert_ne!(view["state"], "succeeded", "the run finished before kill point {kill_at}");
-        let agent_pid = view["pid"].as_u64().map(|p| p as u32);
-        keel.kill_daemon();
-        if let Some(pid) = agent_pid {
-            wait_for("the agent to die with the daemon", || (!alive(pid)).then_some(()));
-        }
-        keel.start_daemon();
+        keel.crash_daemon_under(&view);
     }
     let done = keel.wait_state(&run, &["succeeded", "failed"]);
     assert_eq!(done["state"], "succeeded", "{done}");
@@ -333,12 +328,7 @@ fn embeddings_come_from_the_configured_upstream_once_per_put_across_a_crash() {
             .count();
         (puts >= 2).then_some(view)
     });
-    let agent_pid = view["pid"].as_u64().map(|p| p as u32);
-    keel.kill_daemon();
-    if let Some(pid) = agent_pid {
-        wait_for("the agent to die with the daemon", || (!alive(pid)).then_some(()));
-    }
-    keel.start_daemon();
+    keel.crash_daemon_under(&view);
     let done = keel.wait_state(&run, &["succeeded", "failed"]);
     let _ = upstream.kill();
     assert_eq!(done["state"], "succeeded", "{done}");

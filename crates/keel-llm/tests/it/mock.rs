@@ -221,6 +221,30 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// What every OpenAI POST must be: the endpoint's path, a JSON body, bearer auth with
+/// the configured key.
+fn check_openai_post(
+    path: &str,
+    expected: &str,
+    headers: &HeaderMap,
+    key: Option<&str>,
+    problems: &mut Vec<String>,
+) {
+    if path != expected {
+        problems.push(format!("path {path}, expected {expected}"));
+    }
+    if header(headers, "content-type") != Some("application/json") {
+        problems.push(format!("content-type {:?}", header(headers, "content-type")));
+    }
+    let expected_auth = key.map(|k| format!("Bearer {k}"));
+    if header(headers, "authorization") != expected_auth.as_deref() {
+        problems.push(format!(
+            "authorization {:?}, expected {expected_auth:?}",
+            header(headers, "authorization")
+        ));
+    }
+}
+
 /// OpenAI embeddings: `{"model", "input": [strings]}` (a list, never empty, no empty
 /// strings; at most 2048), optional `dimensions` and `encoding_format`, bearer auth.
 fn check_embeddings(
@@ -230,17 +254,8 @@ fn check_embeddings(
     key: Option<&str>,
     problems: &mut Vec<String>,
 ) {
+    check_openai_post(path, "/v1/embeddings", headers, key, problems);
     let mut fail = |p: String| problems.push(p);
-    if path != "/v1/embeddings" {
-        fail(format!("path {path}, expected /v1/embeddings"));
-    }
-    if header(headers, "content-type") != Some("application/json") {
-        fail(format!("content-type {:?}", header(headers, "content-type")));
-    }
-    let expected_auth = key.map(|k| format!("Bearer {k}"));
-    if header(headers, "authorization") != expected_auth.as_deref() {
-        fail(format!("authorization {:?}, expected {expected_auth:?}", header(headers, "authorization")));
-    }
     if !body["model"].as_str().is_some_and(|m| !m.is_empty() && !m.contains('/')) {
         fail(format!("model {:?}", body["model"]));
     }
@@ -271,17 +286,8 @@ fn check_openai(
     key: Option<&str>,
     problems: &mut Vec<String>,
 ) {
+    check_openai_post(path, "/v1/chat/completions", headers, key, problems);
     let mut fail = |p: String| problems.push(p);
-    if path != "/v1/chat/completions" {
-        fail(format!("path {path}, expected /v1/chat/completions"));
-    }
-    if header(headers, "content-type") != Some("application/json") {
-        fail(format!("content-type {:?}", header(headers, "content-type")));
-    }
-    let expected_auth = key.map(|k| format!("Bearer {k}"));
-    if header(headers, "authorization") != expected_auth.as_deref() {
-        fail(format!("authorization {:?}, expected {expected_auth:?}", header(headers, "authorization")));
-    }
     if headers.contains_key("x-api-key") {
         fail("an x-api-key header on an OpenAI request".into());
     }
