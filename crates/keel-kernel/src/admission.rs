@@ -23,7 +23,7 @@ use keel_types::RunId;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::runtime::now_ms;
+use crate::now_ms;
 use crate::{Error, Kernel, Result};
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -120,7 +120,7 @@ impl Admissions {
 
 /// The agent spec a run counts against (`max_live_per_agent`): its command.
 fn agent_key(spec: &Value) -> String {
-    crate::runtime::command_of(spec).join(" ")
+    crate::run::command_of(spec).join(" ")
 }
 
 fn priority_of(spec: &Value) -> Priority {

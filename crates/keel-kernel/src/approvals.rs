@@ -4,6 +4,7 @@
 //! space `approvals:<run>`) before it takes effect, so a decision made while the kernel
 //! was down, or just before it died, is found again when the agent asks anew.
 
+use keel_protocol::EventKind;
 use std::sync::Arc;
 
 use keel_protocol::api::ApprovalView;
@@ -14,7 +15,8 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use crate::lock;
-use crate::runtime::{LiveRun, now_ms};
+use crate::now_ms;
+use crate::run::LiveRun;
 use crate::{Error, Kernel, Result};
 
 /// Why a call waits for an operator.
@@ -98,7 +100,7 @@ impl Kernel {
         lock(&live.approvals).insert(seq, PendingApproval { view, reply: tx });
         self.emit(
             &live.id,
-            "approval",
+            EventKind::Approval,
             json!({ "call": seq, "tool": tool, "args": args, "kind": kind.as_str() }),
         );
         self.audit_run(
@@ -226,7 +228,7 @@ impl Kernel {
             if approve { "allowed" } else { "denied" },
             json!({ "call": call, "kind": kind.as_str(), "note": note }),
         );
-        self.emit(run, "decision", json!({ "call": call, "approve": approve, "note": note }));
+        self.emit(run, EventKind::Decision, json!({ "call": call, "approve": approve, "note": note }));
         if let Some(pending) = pending {
             let _ = pending.reply.send(Decision { approve, note });
         }

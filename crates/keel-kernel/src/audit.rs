@@ -8,6 +8,7 @@
 //! written: a kernel killed within a few milliseconds of an action can lose its record,
 //! never reorder or alter one.
 
+use keel_protocol::EventKind;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -144,7 +145,7 @@ impl crate::Kernel {
                 "outcome": record.outcome,
                 "detail": record.detail,
             });
-            self.emit(run, "audit", data);
+            self.emit(run, EventKind::Audit, data);
         }
         self.inner.events.audit.record(record, tenant_from_run);
     }
@@ -205,7 +206,7 @@ fn run_record(
     AuditRecord {
         tenant: tenant.to_owned(),
         run_id: Some(run.clone()),
-        at_ms: crate::runtime::now_ms(),
+        at_ms: crate::now_ms(),
         actor: actor.to_owned(),
         action: action.to_owned(),
         subject: subject.to_owned(),

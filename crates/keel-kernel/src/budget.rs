@@ -5,6 +5,7 @@
 //! A call reserves its worst case before it is journaled or sent and settles the actual
 //! after, so spend never exceeds a limit however many calls are in flight.
 
+use keel_protocol::EventKind;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,7 +20,8 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 
 use crate::lock;
-use crate::runtime::{LiveRun, now_ms};
+use crate::now_ms;
+use crate::run::LiveRun;
 use crate::{Error, Kernel, Result};
 
 /// How many identical LLM requests in a row park a run, unless the run says otherwise.
@@ -307,7 +309,7 @@ impl Kernel {
         let _serial = live.budget.parking.lock().await;
         let first = lock(&live.budget.reason).replace(reason.clone()).is_none();
         if first {
-            self.emit(&live.id, "budget", json!({ "parked": true, "reason": reason }));
+            self.emit(&live.id, EventKind::Budget, json!({ "parked": true, "reason": reason }));
         }
         let state = match self.get(&live.id).await {
             Ok(record) => record.state,
@@ -333,7 +335,7 @@ impl Kernel {
         if lock(&live.budget.reason).take().is_none() {
             return;
         }
-        self.emit(&live.id, "budget", json!({ "parked": false }));
+        self.emit(&live.id, EventKind::Budget, json!({ "parked": false }));
         if let Ok(record) = self.get(&live.id).await
             && record.state == RunState::Waiting
             && record.wait_reason == Some(WaitReason::Budget)
@@ -368,7 +370,7 @@ impl Kernel {
         let total = sum(&previous, &add);
         let value = serde_json::to_value(&total).map_err(|e| Error::InvalidRequest(e.to_string()))?;
         self.store().kv_put(TOPUP_SCOPE, run.as_str(), value).await?;
-        self.emit(run, "budget", json!({ "top_up": add, "continue": continue_loop }));
+        self.emit(run, EventKind::Budget, json!({ "top_up": add, "continue": continue_loop }));
         if let Some(live) = self.live(run) {
             let (limits, wall) = limits_of(&add);
             lock(&live.budget.account).top_up(limits);

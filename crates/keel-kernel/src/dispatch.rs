@@ -3,6 +3,7 @@
 //! result durably before the reply, so a crash at any instant loses no answered step and
 //! repeats no completed effect.
 
+use keel_protocol::EventKind;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -22,7 +23,8 @@ use crate::Kernel;
 use crate::ipc::{self, IpcCall};
 use crate::lock;
 use crate::memory;
-use crate::runtime::{LiveRun, now_ms};
+use crate::now_ms;
+use crate::run::LiveRun;
 
 pub(crate) type Reply = Result<Value, RpcError>;
 
@@ -244,7 +246,7 @@ impl Kernel {
                 if method == "run.exit" {
                     live.exited.store(true, Ordering::SeqCst);
                 }
-                self.emit(&live.id, "syscall", json!({ "seq": seq, "method": method, "status": entry.status.as_str(), "replayed": true }));
+                self.emit(&live.id, EventKind::Syscall, json!({ "seq": seq, "method": method, "status": entry.status.as_str(), "replayed": true }));
                 reply_of(&entry)
             }
             Decision::Reattach { seq } => {
@@ -305,7 +307,7 @@ impl Kernel {
         if let (Some(event), Value::Object(extra)) = (event.as_object_mut(), extra) {
             event.extend(extra);
         }
-        self.emit(&live.id, "syscall", event);
+        self.emit(&live.id, EventKind::Syscall, event);
         Ok(seq)
     }
 
@@ -402,7 +404,7 @@ impl Kernel {
         if let (Some(event), Value::Object(extra)) = (event.as_object_mut(), extra) {
             event.extend(extra);
         }
-        self.emit(&live.id, "syscall", event);
+        self.emit(&live.id, EventKind::Syscall, event);
         Ok(())
     }
 
@@ -431,7 +433,7 @@ impl Kernel {
             }
             Call::Emit(event) => {
                 self.record(live, method, params, hash, json!({})).await?;
-                self.emit(&live.id, "emit", event);
+                self.emit(&live.id, EventKind::Emit, event);
                 Ok(json!({}))
             }
             Call::Exit(output) => {

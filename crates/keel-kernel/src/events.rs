@@ -36,8 +36,8 @@ impl EventLog {
         EventLog { tx, heads, audit }
     }
 
-    pub(crate) fn emit(&self, run: &RunId, kind: &str, data: Value) {
-        let event = NewEvent { ts_ms: crate::runtime::now_ms(), kind: kind.to_owned(), data };
+    pub(crate) fn emit(&self, run: &RunId, kind: keel_protocol::EventKind, data: Value) {
+        let event = NewEvent { ts_ms: crate::now_ms(), kind: kind.as_str().to_owned(), data };
         // The writer only stops when the kernel is dropped; events after that are moot.
         let _ = self.tx.send(Message::Event(run.clone(), event));
     }
@@ -124,7 +124,10 @@ impl EventStream {
         loop {
             if let Some(event) = self.buffered.pop_front() {
                 self.after = event.seq;
-                if self.follow && event.kind == "state" && is_terminal_state_event(&event.data) {
+                if self.follow
+                    && event.kind == keel_protocol::EventKind::State.as_str()
+                    && is_terminal_state_event(&event.data)
+                {
                     self.done = true;
                 }
                 return Ok(Some(event));

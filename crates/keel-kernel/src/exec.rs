@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::Kernel;
 use crate::dispatch::Reply;
 use crate::lock;
-use crate::runtime::LiveRun;
+use crate::run::LiveRun;
 
 /// The most a program may ask for; its own limits may be lower.
 const MAX_TIMEOUT: Duration = Duration::from_secs(300);

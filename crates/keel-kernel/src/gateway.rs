@@ -10,7 +10,7 @@ use keel_protocol::rpc::{ErrorKind, LlmChatParams, LlmChatResult, LlmEmbedParams
 use keel_types::RunId;
 
 use crate::Kernel;
-use crate::runtime::LiveRun;
+use crate::run::LiveRun;
 
 /// A live run, authenticated by its token.
 #[derive(Clone)]

@@ -6,6 +6,7 @@
 //! (`retry` with the same idempotency key, `ask` an operator, or `fail`). Read-only tools
 //! have no effect to protect, so they are journaled complete at once, in one commit.
 
+use keel_protocol::EventKind;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,7 +19,7 @@ use serde_json::{Value, json};
 use crate::Kernel;
 use crate::approvals::ApprovalKind;
 use crate::dispatch::{Reply, ToolCall};
-use crate::runtime::LiveRun;
+use crate::run::LiveRun;
 
 /// Arguments larger than this are audited by digest, not in full.
 const AUDIT_ARGS_BYTES: usize = 4096;
@@ -60,7 +61,7 @@ impl Kernel {
                 "denied",
                 json!({ "args": audit_args(&p.args), "exec": p.exec, "grant": live.grant.patterns() }),
             );
-            self.emit(&live.id, "denied", json!({ "tool": p.name }));
+            self.emit(&live.id, EventKind::Denied, json!({ "tool": p.name }));
             return Err(ErrorKind::Denied.error(format!(
                 "tool {} is not granted to this run (its grant: {}); an operator can start the run with `--grant {}`",
                 p.name,
@@ -200,7 +201,7 @@ impl Kernel {
         }
         self.emit(
             &live.id,
-            "interrupted",
+            EventKind::Interrupted,
             json!({ "call": seq, "tool": name, "policy": def.policy.crash.as_str() }),
         );
         match def.policy.crash {

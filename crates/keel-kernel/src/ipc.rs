@@ -14,6 +14,7 @@
 //! taken, by receives from that mailbox (so a receive wakes one sender, not every sender
 //! of the kernel). A slow poll is the backstop; a waiter whose agent is gone stops waiting.
 
+use keel_protocol::EventKind;
 use std::collections::HashMap;
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
@@ -29,7 +30,8 @@ use serde_json::{Value, json};
 
 use crate::Kernel;
 use crate::dispatch::{internal, parse};
-use crate::runtime::{LiveRun, now_ms};
+use crate::now_ms;
+use crate::run::LiveRun;
 
 /// The most undelivered messages a mailbox holds unless `KEEL_MAILBOX_CAPACITY` says
 /// otherwise.
@@ -432,7 +434,7 @@ impl Kernel {
                 if signal != "pause" && signal != "resume" && signal != "stop" {
                     self.request_wake(to);
                 }
-                self.emit(to, "signal", json!({ "signal": signal, "from": from.map(RunId::as_str) }));
+                self.emit(to, EventKind::Signal, json!({ "signal": signal, "from": from.map(RunId::as_str) }));
                 Ok(json!({ "seq": seq }))
             }
             Err(StoreError::RunNotFound(run)) => Err(not_found(&run)),

@@ -17,11 +17,12 @@ mod exec;
 mod gateway;
 mod governance;
 mod ipc;
+mod kernel;
 mod llmqueue;
 mod memory;
 mod paths;
 mod procs;
-mod runtime;
+mod run;
 mod sandboxing;
 mod sdk;
 mod swap;
@@ -35,13 +36,19 @@ pub use admission::SchedulerConfig;
 /// Locks a std mutex. The state behind the kernel's mutexes (maps with single inserts and
 /// removes, plain numbers) stays consistent across a panic, so a poisoned lock is still
 /// safe to use.
+/// Now, in Unix milliseconds (0 if the clock is before 1970).
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 pub use error::{Error, Result};
 pub use events::EventStream;
 pub use gateway::RunHandle;
+pub use kernel::{Kernel, KernelOptions};
 pub use llmqueue::LlmQueues;
 pub use paths::DataDir;
-pub use runtime::{Command, CreateRun, Kernel, KernelOptions};
+pub use run::{Command, CreateRun};
 pub use tenants::{DEFAULT_TENANT, Principal};

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 
 use crate::Kernel;
 use crate::dispatch::{internal, parse};
-use crate::runtime::now_ms;
+use crate::now_ms;
 
 const MAX_NAME_BYTES: usize = 256;
 const MAX_KEY_BYTES: usize = 512;

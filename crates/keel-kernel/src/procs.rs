@@ -5,6 +5,7 @@
 //! `proc.wait` is journaled with the child's outcome, so after a crash the parent's wait
 //! replays it. Stopping a run stops its descendants (`Kernel::stop_descendants`).
 
+use keel_protocol::EventKind;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +19,8 @@ use serde_json::{Value, json};
 
 use crate::dispatch::Reply;
 use crate::dispatch::{internal, parse};
-use crate::runtime::{CreateRun, LiveRun, now_ms};
+use crate::now_ms;
+use crate::run::{CreateRun, LiveRun};
 use crate::{Command, Kernel};
 
 /// The longest `sys.sleep`: a day. Longer waits belong to a scheduler, not a timer.
@@ -174,7 +176,7 @@ impl Kernel {
         self.create_as(child.clone(), request)
             .await
             .map_err(|e| ErrorKind::InvalidParams.error(format!("proc.spawn: {e}")))?;
-        self.emit(&live.id, "spawn", json!({ "child": child.as_str() }));
+        self.emit(&live.id, EventKind::Spawn, json!({ "child": child.as_str() }));
         Ok(json!({ "run_id": child.as_str() }))
     }
 

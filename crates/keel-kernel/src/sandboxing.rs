@@ -3,6 +3,7 @@
 //! gets inside a sandbox (Keel's paths, a clean environment, bridges to the kernel's
 //! sockets), and the egress proxy of `allowlist` runs.
 
+use keel_protocol::EventKind;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -193,7 +194,7 @@ impl crate::Kernel {
             }
             let outcome = if event.allowed { "allowed" } else { "denied" };
             kernel.audit_run_any_tenant(&id, "agent", "egress", &event.host, outcome, data.clone());
-            kernel.emit(&id, "egress", data);
+            kernel.emit(&id, EventKind::Egress, data);
         });
         let path = self.inner.data_dir.egress_socket(run.as_str());
         let proxy = EgressProxy::start(&path, allowlist, self.inner.egress.clone(), audit)

@@ -7,6 +7,7 @@
 //! now answers at once. Only runs whose every call in flight is such a wait are swapped,
 //! so no LLM or tool call is ever interrupted (and paid twice) by swapping.
 
+use keel_protocol::EventKind;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -17,7 +18,8 @@ use keel_types::{EntryStatus, RunId, RunState, WaitReason};
 use serde_json::{Value, json};
 
 use crate::Kernel;
-use crate::runtime::{LiveRun, now_ms};
+use crate::now_ms;
+use crate::run::LiveRun;
 
 /// How often the swapper gives the allocator's free memory back even when nothing was
 /// swapped out (see `spawn_swapper`).
@@ -100,7 +102,7 @@ impl Kernel {
         }
         self.emit(
             &live.id,
-            "swap",
+            EventKind::Swap,
             json!({ "out": true, "wait_reason": record.wait_reason.map(|r| r.as_str()) }),
         );
         keel_sandbox::tree::kill_tree(Some(live.pid), live.id.as_str());
@@ -162,7 +164,7 @@ impl Kernel {
             return;
         }
         if !self.reclaim_slot(&record) {
-            self.emit(run, "queued", json!({ "reason": self.queue_reason(run) }));
+            self.emit(run, EventKind::Queued, json!({ "reason": self.queue_reason(run) }));
             return;
         }
         // Decided under the run's transition lock: of two wake-ups at once (a message
@@ -181,7 +183,7 @@ impl Kernel {
                 }
             }
             Ok(Some(record)) => {
-                self.emit(run, "swap", json!({ "out": false }));
+                self.emit(run, EventKind::Swap, json!({ "out": false }));
                 let kernel = self.clone();
                 tokio::spawn(async move {
                     let id = record.id.clone();

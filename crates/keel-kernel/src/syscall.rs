@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 
-use crate::runtime::LiveRun;
+use crate::run::LiveRun;
 use crate::{Error, Kernel, Result};
 
 pub(crate) fn listen(kernel: Kernel) -> Result<()> {

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::Kernel;
 use crate::lock;
-use crate::runtime::LiveRun;
+use crate::run::LiveRun;
 
 /// `http.fetch`'s client for a run, with the loopback bridge to its egress proxy.
 pub(crate) type Fetcher = (keel_tools::http::Fetcher, Option<crate::sandboxing::LoopbackBridge>);
@@ -442,10 +442,10 @@ impl Kernel {
         let child = match store.kv_get(&scope, key).await.map_err(|e| e.to_string())? {
             Some(Value::String(id)) => RunId::parse(&id).map_err(|e| e.to_string())?,
             _ => {
-                let id = RunId::generate(crate::runtime::now_ms());
+                let id = RunId::generate(crate::now_ms());
                 store.kv_put(&scope, key, json!(id.as_str())).await.map_err(|e| e.to_string())?;
                 let parent = self.get(&live.id).await.map_err(|e| e.to_string())?;
-                let request = crate::runtime::CreateRun::for_agent_tool(&parent, tool, args)?;
+                let request = crate::run::CreateRun::for_agent_tool(&parent, tool, args)?;
                 self.create_as(id.clone(), request).await.map_err(|e| format!("{name}: {e}"))?;
                 id
             }

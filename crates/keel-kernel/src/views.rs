@@ -20,7 +20,7 @@ pub fn run(record: &RunRecord, question: Option<String>) -> RunView {
         tenant: record.tenant.clone(),
         state: record.state.as_str().to_owned(),
         wait_reason: record.wait_reason.map(|r| r.as_str().to_owned()),
-        command: crate::runtime::command_of(&record.spec),
+        command: crate::run::command_of(&record.spec),
         created_at: record.created_at_ms,
         updated_at: record.updated_at_ms,
         ended_at: record.ended_at_ms,

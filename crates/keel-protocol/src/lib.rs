@@ -3,7 +3,10 @@
 //! every timestamp is Unix milliseconds (`*_at`, `ts`, `unix_ms`).
 
 pub mod api;
+pub mod event;
 pub mod rpc;
+
+pub use event::EventKind;
 
 /// The syscall protocol version this kernel speaks.
 pub const PROTOCOL_VERSION: u32 = 1;

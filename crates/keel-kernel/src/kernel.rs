@@ -1,0 +1,305 @@
+//! The kernel handle: [`Kernel`] (cheap to clone), what it is built from
+//! ([`KernelOptions`]), starting it, and its public API. Everything else in the crate is
+//! `pub(crate)`: the methods here are the kernel's whole surface.
+
+use keel_protocol::EventKind;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_sandbox::{Sandbox, tree};
+use keel_store::{EventRecord, JournalEntry, RunFilter, RunRecord, Seq, SqliteStore, Store};
+use keel_types::{RunId, RunState};
+use serde_json::Value;
+
+use crate::events::{EventLog, EventStream};
+use crate::lock;
+use crate::run::{Command, LiveRun};
+use crate::{DataDir, Error, Result};
+
+/// How a kernel is set up.
+pub struct KernelOptions {
+    pub data_dir: DataDir,
+    pub sandbox: Arc<dyn Sandbox>,
+    /// Seconds between SIGTERM and SIGKILL on stop, unless the run sets its own.
+    pub default_stop_grace: Duration,
+    /// The scripted provider's script for runs that bring none (`keel serve
+    /// --llm-script`). Copied into each run's spec when it is created, so a later change
+    /// of the kernel's configuration never changes what a recovering run replays against.
+    pub default_llm_script: Option<Value>,
+    /// Where the provider-compatible gateway listens on loopback (for agents outside a
+    /// sandbox); sandboxed agents reach it through `DataDir::gateway_socket`.
+    pub gateway_addr: Option<std::net::SocketAddr>,
+    /// The model providers (from keel.toml or the kernel's environment); each run gets
+    /// `for_run` of it, with its own script, model and fallbacks.
+    pub llm: keel_llm::Router,
+    /// What the egress proxies of `allowlist` runs share: credentials they inject,
+    /// `egress.resolve` overrides, the Keel CA (from the `[egress]` table of keel.toml).
+    pub egress: Arc<keel_sandbox::egress::EgressSettings>,
+    /// The `[tools]` table of keel.toml: command tools, MCP servers, agents as tools and
+    /// policy overrides.
+    pub tools: keel_tools::config::ToolsConfig,
+    /// How to start an interpreter worker (`keel` itself with a hidden argument); `None`
+    /// leaves `code.exec` for python/javascript unavailable, saying so.
+    pub interp_worker: Option<keel_interp::WorkerCommand>,
+    /// Swap out runs that have waited this long for something durable (see `swap.rs`);
+    /// `None` keeps every waiting agent resident.
+    pub swap_after: Option<Duration>,
+    /// The `[scheduler]` table of keel.toml: caps on live runs, the queue, aging, weights.
+    pub scheduler: crate::admission::SchedulerConfig,
+}
+
+/// The kernel. Cheap to clone; every clone is the same kernel.
+#[derive(Clone)]
+pub struct Kernel {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) sandbox: Arc<dyn Sandbox>,
+    pub(crate) data_dir: DataDir,
+    pub(crate) default_stop_grace: Duration,
+    pub(crate) default_llm_script: Option<Value>,
+    pub(crate) gateway_addr: Option<std::net::SocketAddr>,
+    pub(crate) llm: keel_llm::Router,
+    pub(crate) egress: Arc<keel_sandbox::egress::EgressSettings>,
+    pub(crate) live: Mutex<HashMap<RunId, Arc<LiveRun>>>,
+    pub(crate) tokens: Mutex<HashMap<String, Arc<LiveRun>>>,
+    /// Tokens of agents being launched, until their run is in `tokens` (see `try_launch`).
+    pub(crate) launching: Mutex<HashMap<String, tokio::sync::watch::Receiver<Option<Arc<LiveRun>>>>>,
+    /// Tokens of `code.exec` programs running as `cpython`: their run and the seq of
+    /// their `code.exec`.
+    pub(crate) exec_tokens: Mutex<HashMap<String, (Arc<LiveRun>, Seq)>>,
+    /// One lock per run, serialising its lifecycle changes so that read-decide-write
+    /// never races; runs do not wait for each other.
+    pub(crate) transitions: Mutex<HashMap<RunId, Arc<tokio::sync::Mutex<()>>>>,
+    pub(crate) events: EventLog,
+    pub(crate) shutting_down: AtomicBool,
+    /// Wake-ups for mailbox waiters (see `crate::ipc`).
+    pub(crate) mailboxes: crate::ipc::Mailboxes,
+    /// Admission control (caps on live runs, the queue).
+    pub(crate) admissions: crate::admission::Admissions,
+    /// Queued runs given a slot, to launch (served by one background task).
+    pub(crate) launches: tokio::sync::mpsc::UnboundedSender<RunId>,
+    /// Swapped-out runs to bring back (served by one background task).
+    pub(crate) wakeups: tokio::sync::mpsc::UnboundedSender<RunId>,
+    /// Runs whose descendants are to be stopped (served by one background task).
+    pub(crate) stop_trees: tokio::sync::mpsc::UnboundedSender<(RunId, Option<Duration>)>,
+    /// Fired whenever a run ends; `proc.wait` listens to it.
+    pub(crate) run_ended: tokio::sync::Notify,
+    /// The most undelivered messages a run's mailbox holds (`KEEL_MAILBOX_CAPACITY`).
+    pub(crate) mailbox_capacity: u64,
+    /// Every tool the kernel knows (built-ins, keel.toml's, mounted MCP servers').
+    pub(crate) tools: crate::tools::Registry,
+    /// Interpreter workers for `code.exec`.
+    pub(crate) interp: Option<keel_interp::Pool>,
+    /// Held for the kernel's life; dropping it releases the data directory.
+    pub(crate) _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl Kernel {
+    /// Brings back, in the background, the runs that were live when the previous kernel
+    /// stopped. Call it once the sockets agents use (the gateway's) are listening, since
+    /// relaunched agents connect at once. The daemon does; the kernel embedded in a
+    /// foreground `keel run` does not (the runs would end with it).
+    pub fn spawn_recovery(&self) {
+        // In the background, so the API answers (and shows `recovering` runs) while a large
+        // backlog is brought back.
+        let kernel = self.clone();
+        tokio::spawn(async move {
+            if let Err(err) = kernel.recover_all().await {
+                tracing::error!("recovery of interrupted runs stopped: {err}");
+            }
+        });
+    }
+
+    /// Opens the data directory (taking its exclusive lock), the store and the syscall
+    /// socket. Recovery of interrupted runs is separate: [`Kernel::spawn_recovery`].
+    pub async fn start(options: KernelOptions) -> Result<Kernel> {
+        let dir = options.data_dir.clone();
+        let dir_error = |source| Error::DataDir { dir: dir.root().display().to_string(), source };
+        std::fs::create_dir_all(dir.root()).map_err(dir_error)?;
+        let lock_file = take_lock(&dir)?;
+        crate::sdk::unpack(&dir.python_sdk()).map_err(dir_error)?;
+        let db_path = dir.database();
+        let store: Arc<dyn Store> = Arc::new(
+            tokio::task::spawn_blocking(move || SqliteStore::open(&db_path)).await.map_err(|e| {
+                Error::DataDir { dir: dir.root().display().to_string(), source: std::io::Error::other(e) }
+            })??,
+        );
+        let events = EventLog::start(store.clone());
+        let (stop_trees, mut stop_requests) = tokio::sync::mpsc::unbounded_channel();
+        let (wakeups, mut wake_requests) = tokio::sync::mpsc::unbounded_channel::<RunId>();
+        let (launches, mut launch_requests) = tokio::sync::mpsc::unbounded_channel::<RunId>();
+        let admissions = crate::admission::Admissions::new(&options.scheduler);
+        let swap_after = options.swap_after;
+        let kernel = Kernel {
+            inner: Arc::new(Inner {
+                store,
+                sandbox: options.sandbox,
+                data_dir: options.data_dir,
+                default_stop_grace: options.default_stop_grace,
+                default_llm_script: options.default_llm_script,
+                gateway_addr: options.gateway_addr,
+                llm: options.llm,
+                egress: options.egress,
+                live: Mutex::default(),
+                tokens: Mutex::default(),
+                launching: Mutex::default(),
+                exec_tokens: Mutex::default(),
+                transitions: Mutex::default(),
+                events,
+                shutting_down: AtomicBool::new(false),
+                mailboxes: crate::ipc::Mailboxes::default(),
+                run_ended: tokio::sync::Notify::new(),
+                stop_trees,
+                wakeups,
+                admissions,
+                launches,
+                mailbox_capacity: crate::ipc::capacity_from_env(),
+                tools: crate::tools::Registry::new(options.tools),
+                interp: options
+                    .interp_worker
+                    .map(|worker| keel_interp::Pool::new(keel_interp::PoolConfig { worker, size: 2 })),
+                _lock: lock_file,
+            }),
+        };
+        crate::syscall::listen(kernel.clone())?;
+        let launcher = kernel.clone();
+        tokio::spawn(async move {
+            while let Some(run) = launch_requests.recv().await {
+                launcher.launch_queued(&run).await;
+            }
+        });
+        let waker = kernel.clone();
+        tokio::spawn(async move {
+            while let Some(run) = wake_requests.recv().await {
+                waker.wake_swapped(&run).await;
+            }
+        });
+        if let Some(threshold) = swap_after {
+            kernel.spawn_swapper(threshold);
+        }
+        let stopper = kernel.clone();
+        tokio::spawn(async move {
+            while let Some((run, grace)) = stop_requests.recv().await {
+                stopper.stop_descendants(&run, grace).await;
+            }
+        });
+        Ok(kernel)
+    }
+
+    pub fn data_dir(&self) -> &DataDir {
+        &self.inner.data_dir
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// Names of the configured model providers (`openai`, `anthropic`, ...).
+    pub fn llm_provider_names(&self) -> Vec<String> {
+        self.inner.llm.provider_names()
+    }
+
+    pub fn sandbox_tier(&self) -> &'static str {
+        self.inner.sandbox.tier()
+    }
+
+    /// Stops serving: agents are killed, runs keep their state so the next kernel
+    /// recovers them. Waits until pending events are written.
+    pub async fn shutdown(&self) {
+        self.inner.shutting_down.store(true, Ordering::SeqCst);
+        let live: Vec<Arc<LiveRun>> = lock(&self.inner.live).values().cloned().collect();
+        for run in live {
+            tree::kill_tree(Some(run.pid), run.id.as_str());
+        }
+        self.inner.sandbox.shutdown().await;
+        self.inner.tools.close().await;
+        self.inner.events.flush().await;
+        let _ = std::fs::remove_file(self.inner.data_dir.syscall_socket());
+    }
+
+    /// Acts on an operator command; returns the run as it is afterwards.
+    pub async fn execute(&self, command: Command) -> Result<RunRecord> {
+        match command {
+            Command::Create(request) => self.create(request).await,
+            Command::Pause(run) => self.pause(&run).await,
+            Command::Resume(run) => self.resume(&run).await,
+            Command::Stop { run, grace } => self.stop(&run, grace).await,
+            Command::Answer { run, text } => self.answer(&run, text).await,
+            Command::TopUp { run, add, continue_loop } => self.top_up(&run, add, continue_loop).await,
+            Command::Decide { run, call, approve, note } => self.decide(&run, call, approve, note).await,
+        }
+    }
+
+    pub async fn get(&self, run: &RunId) -> Result<RunRecord> {
+        self.inner.store.get_run(run).await?.ok_or_else(|| Error::RunNotFound(run.clone()))
+    }
+
+    pub async fn list(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
+        Ok(self.inner.store.list_runs(filter).await?)
+    }
+
+    pub async fn journal(&self, run: &RunId) -> Result<Vec<JournalEntry>> {
+        self.get(run).await?;
+        Ok(self.inner.store.journal(run, 0).await?)
+    }
+
+    /// The open `human.ask` question of a run, if it waits for one.
+    pub async fn open_question(&self, run: &RunId) -> Result<Option<String>> {
+        if let Some(live) = self.live(run)
+            && let Some(ask) = lock(&live.ask).as_ref()
+        {
+            return Ok(Some(ask.question.clone()));
+        }
+        let record = self.get(run).await?;
+        if record.state != RunState::Waiting && record.state != RunState::Paused {
+            return Ok(None);
+        }
+        Ok(self.pending_ask_entry(run).await?.map(|(_, question)| question))
+    }
+
+    pub async fn events(&self, run: &RunId, after: Seq, follow: bool) -> Result<EventStream> {
+        self.get(run).await?;
+        Ok(EventStream::new(self.inner.store.clone(), &self.inner.events, run.clone(), after, follow))
+    }
+
+    /// Reads one page of events without following.
+    pub async fn events_page(&self, run: &RunId, after: Seq, limit: usize) -> Result<Vec<EventRecord>> {
+        self.get(run).await?;
+        Ok(self.inner.store.events(run, after, limit).await?)
+    }
+
+    pub(crate) fn emit(&self, run: &RunId, kind: EventKind, data: Value) {
+        self.inner.events.emit(run, kind, data);
+    }
+}
+
+/// Takes the data directory's exclusive lock, or explains who holds it.
+fn take_lock(dir: &DataDir) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    use nix::fcntl::{Flock, FlockArg};
+    let path = dir.lock_file();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|source| Error::DataDir { dir: dir.root().display().to_string(), source })?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(locked) => Ok(locked),
+        Err((_, errno)) => {
+            let info = std::fs::read_to_string(dir.kernel_info()).unwrap_or_default();
+            Err(Error::DataDirLocked {
+                dir: dir.root().display().to_string(),
+                detail: format!(
+                    "{errno}; kernel info: {}. Stop that kernel, or use another --data-dir / KEEL_DATA_DIR",
+                    if info.is_empty() { "none".into() } else { info.trim().to_owned() }
+                ),
+            })
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Lifecycle changes: decided by the pure state machine (`keel_core::lifecycle`), written
+//! with a compare-and-set on the previous state under the run's own transition lock.
+
+use keel_protocol::EventKind;
+
+use keel_core::lifecycle::{self, Command as Lifecycle};
+use keel_store::{RunPatch, RunRecord};
+use keel_types::{RunId, RunState, WaitReason};
+use serde_json::{Value, json};
+
+use crate::{Error, Result};
+use crate::{Kernel, lock, now_ms};
+
+impl Kernel {
+    /// Applies a lifecycle command: decides with the pure state machine, then writes the
+    /// new state only if nobody changed it meanwhile. Emits a `state` event.
+    pub(crate) async fn transition(
+        &self,
+        run: &RunId,
+        command: Lifecycle,
+        patch: RunPatch,
+    ) -> Result<RunRecord> {
+        let updated = self.transition_if(run, command, patch, |_| true).await?;
+        updated.ok_or_else(|| Error::Conflict(format!("run {run} changed while it was being changed")))
+    }
+
+    /// The run's transition lock: held by every change of its state (and by anything that
+    /// writes its record on the strength of a state it read).
+    pub(crate) async fn run_lock(&self, run: &RunId) -> tokio::sync::OwnedMutexGuard<()> {
+        let run_lock = lock(&self.inner.transitions).entry(run.clone()).or_default().clone();
+        run_lock.lock_owned().await
+    }
+
+    /// [`Kernel::transition`], if `applies` holds for the run as it is under the run's
+    /// transition lock (`None` when it does not): for changes decided by reading the run,
+    /// so that two deciders cannot both act on what one of them already changed.
+    pub(crate) async fn transition_if(
+        &self,
+        run: &RunId,
+        command: Lifecycle,
+        mut patch: RunPatch,
+        applies: impl FnOnce(&RunRecord) -> bool,
+    ) -> Result<Option<RunRecord>> {
+        let serial = self.run_lock(run).await;
+        let current = self.get(run).await?;
+        if !applies(&current) {
+            return Ok(None);
+        }
+        let next = lifecycle::transition(current.state, command)?;
+        let now = now_ms();
+        patch.state = Some(next);
+        patch.updated_at_ms = Some(now);
+        // A waiting run keeps its reason while paused, so resume knows where to go back.
+        patch.wait_reason = Some(match (next, command) {
+            (RunState::Waiting, Lifecycle::Park(reason)) => Some(reason),
+            (RunState::Waiting, _) => current.wait_reason.or(Some(WaitReason::Human)),
+            (RunState::Paused, _) => current.wait_reason,
+            _ => None,
+        });
+        if next.is_terminal() {
+            patch.ended_at_ms = Some(Some(now));
+        }
+        // From here the change is written and announced even if the caller stops waiting
+        // (a syscall whose agent died): the task holds the run's lock until the write is
+        // done, so no other change can read the state this one is replacing. (Released
+        // with the caller, the lock let a dropped wake-up land after a stop had read
+        // `waiting`, and the stop failed, leaving the run `running` with a dead process.)
+        let kernel = self.clone();
+        let run = run.clone();
+        let write = tokio::spawn(async move {
+            let _serial = serial;
+            kernel.write_transition(&run, current, next, patch).await
+        });
+        match write.await {
+            Ok(result) => result.map(Some),
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            Err(err) => Err(Error::Conflict(format!("the change of a run was abandoned: {err}"))),
+        }
+    }
+
+    /// The write and announcement of a transition decided by [`Kernel::transition_if`],
+    /// under the run's lock.
+    pub(crate) async fn write_transition(
+        &self,
+        run: &RunId,
+        current: RunRecord,
+        next: RunState,
+        patch: RunPatch,
+    ) -> Result<RunRecord> {
+        let updated = self.inner.store.update_run(run, Some(current.state), patch).await?;
+        if next.is_terminal() {
+            lock(&self.inner.transitions).remove(run); // An ended run never changes again.
+            self.inner.run_ended.notify_waiters();
+            self.release_slot(run);
+            // The parent gets back what is left of the child's budget slice, and comes
+            // back itself if it was swapped out waiting for its children.
+            if let Some(parent) =
+                updated.spec.get("parent").and_then(Value::as_str).and_then(|p| RunId::parse(p).ok())
+            {
+                self.return_slice(&parent, &updated);
+                self.request_wake(&parent);
+            }
+        }
+        let mut data = json!({ "state": next.as_str(), "from": current.state.as_str() });
+        if let Some(reason) = updated.wait_reason {
+            data["wait_reason"] = json!(reason.as_str());
+        }
+        if next.is_terminal() {
+            if let Some(error) = &updated.error {
+                data["error"] = json!(error);
+            }
+            if let Some(code) = updated.exit_code {
+                data["exit_code"] = json!(code);
+            }
+        }
+        self.emit(run, EventKind::State, data);
+        Ok(updated)
+    }
+}

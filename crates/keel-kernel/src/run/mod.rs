@@ -1,0 +1,15 @@
+//! Runs: their spec, the live-run registry, lifecycle transitions, launching, exit,
+//! operator commands and recovery. Each file is one concern of the run's life.
+
+mod control;
+mod exit;
+mod launch;
+mod lifecycle;
+mod recovery;
+mod registry;
+mod spec;
+
+pub use control::Command;
+pub(crate) use registry::{Launching, LiveRun, PendingAsk, Replay};
+pub use spec::CreateRun;
+pub(crate) use spec::{RunSpec, command_of};

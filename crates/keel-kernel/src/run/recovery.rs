@@ -1,0 +1,95 @@
+//! Recovery after a restart: every run that was live when the previous kernel stopped is
+//! brought back by relaunching its agent against its journal.
+
+use futures_util::StreamExt;
+use keel_core::lifecycle::Command as Lifecycle;
+use keel_sandbox::tree;
+use keel_store::{RunFilter, RunPatch, RunRecord};
+use keel_types::RunState;
+use nix::sys::signal::Signal;
+
+use crate::Kernel;
+use crate::Result;
+
+impl Kernel {
+    /// Brings back every run that was live when the previous kernel stopped, several at
+    /// a time so that their journal writes share commits.
+    pub(crate) async fn recover_all(&self) -> Result<()> {
+        let filter = RunFilter {
+            states: vec![
+                RunState::Created,
+                RunState::Queued,
+                RunState::Running,
+                RunState::Waiting,
+                RunState::Recovering,
+            ],
+            limit: None,
+            tenant: None,
+        };
+        let mut runs = self.inner.store.list_runs(&filter).await?;
+        runs.reverse(); // Oldest first.
+        // Swapped-out runs stay swapped out until what they wait for happens, and hold no
+        // live slot meanwhile.
+        let mut resident = Vec::with_capacity(runs.len());
+        for run in runs {
+            if !self.recover_swapped(&run).await {
+                resident.push(run);
+            }
+        }
+        let runs = resident;
+        // Runs that were live keep their slots; queued ones queue again (in `recover`).
+        for run in runs.iter().filter(|r| !matches!(r.state, RunState::Created | RunState::Queued)) {
+            self.restore_slot(run, true);
+        }
+        // Agents of the previous kernel die with it (PDEATHSIG), but descendants that
+        // escaped may linger; they must not race the relaunched agents. One scan of /proc
+        // serves every run.
+        let mut leftovers = tree::processes_by_marker();
+        for run in &runs {
+            if let Some(pid) = run.pid {
+                tree::signal_group(pid, Signal::SIGKILL);
+            }
+            if let Some(pids) = leftovers.remove(run.id.as_str()) {
+                tree::kill_pids(&pids);
+            }
+        }
+        const PARALLEL: usize = 16;
+        let kernel = self.clone();
+        futures_util::stream::iter(runs)
+            .for_each_concurrent(PARALLEL, |run| {
+                let kernel = kernel.clone();
+                async move {
+                    let id = run.id.clone();
+                    if let Err(err) = kernel.recover(run).await {
+                        tracing::warn!(run = %id, "could not recover the run: {err}");
+                    }
+                }
+            })
+            .await;
+        Ok(())
+    }
+
+    pub(crate) async fn recover(&self, run: RunRecord) -> Result<RunRecord> {
+        match run.state {
+            RunState::Created | RunState::Queued => {
+                let run = if run.state == RunState::Created {
+                    self.transition(&run.id, Lifecycle::Enqueue, RunPatch::default()).await?
+                } else {
+                    run
+                };
+                if !self.restore_slot(&run, false) {
+                    return Ok(run); // Still waiting for a live slot.
+                }
+                self.launch(run, false).await
+            }
+            _ => {
+                let record = if run.state == RunState::Recovering {
+                    run
+                } else {
+                    self.transition(&run.id, Lifecycle::KernelRestart, RunPatch::default()).await?
+                };
+                self.launch(record, true).await
+            }
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! The live runs of this kernel: each run's [`LiveRun`] (the agent process this kernel
+//! started and has not seen exit), found by run id or by token, and tokens of agents still
+//! being launched.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use keel_core::replay::ReplayMatcher;
+use keel_llm::Provider;
+use keel_sandbox::Sandbox;
+use keel_store::{JournalEntry, Seq};
+use keel_types::RunId;
+use tokio::sync::oneshot;
+
+use crate::Result;
+use crate::{Kernel, lock};
+
+/// A token registered as launching for as long as it lives (see `Kernel::try_launch`).
+pub(crate) struct Launching<'a> {
+    kernel: &'a Kernel,
+    token: String,
+}
+
+impl<'a> Launching<'a> {
+    pub(crate) fn register(
+        kernel: &'a Kernel,
+        token: &str,
+        ready: tokio::sync::watch::Receiver<Option<Arc<LiveRun>>>,
+    ) -> Launching<'a> {
+        lock(&kernel.inner.launching).insert(token.to_owned(), ready);
+        Launching { kernel, token: token.to_owned() }
+    }
+}
+
+impl Drop for Launching<'_> {
+    fn drop(&mut self) {
+        lock(&self.kernel.inner.launching).remove(&self.token);
+    }
+}
+
+/// A run whose agent process this kernel started and has not yet seen exit.
+pub(crate) struct LiveRun {
+    pub(crate) id: RunId,
+    /// The run's owner, fixed at creation (memory and mailboxes are scoped by it).
+    pub(crate) tenant: String,
+    pub(crate) attempt: u32,
+    pub(crate) pid: u32,
+    pub(crate) provider: Option<Arc<dyn Provider>>,
+    pub(crate) replay: tokio::sync::Mutex<Replay>,
+    /// Set by `run.exit`: later syscalls are refused.
+    pub(crate) exited: AtomicBool,
+    pub(crate) stopping: AtomicBool,
+    pub(crate) ask: Mutex<Option<PendingAsk>>,
+    pub(crate) budget: crate::budget::RunBudget,
+    /// The tools the run may call.
+    pub(crate) grant: keel_tools::grant::Grant,
+    /// Its priority class (for the order of LLM calls waiting for a provider).
+    pub(crate) priority: keel_core::sched::Priority,
+    /// The read-only tool calls of running `code.exec`s (by the exec's seq), journaled
+    /// together when it completes (see `exec.rs`).
+    pub(crate) exec_buffers: Mutex<HashMap<Seq, Vec<keel_store::NewEntry>>>,
+    /// Tool calls parked until an operator decides, by seq.
+    pub(crate) approvals: Mutex<BTreeMap<Seq, crate::approvals::PendingApproval>>,
+    /// Where the `fs.*` tools act on the host: the volume mounted at `/workspace`, or the
+    /// working directory of a `none`-tier run.
+    pub(crate) workspace: Option<PathBuf>,
+    /// The run's sandbox backend and profile, for the command tools it calls.
+    pub(crate) sandbox: Arc<dyn Sandbox>,
+    pub(crate) profile: keel_sandbox::Profile,
+    pub(crate) cwd: PathBuf,
+    /// `http.fetch`'s client: through the run's egress proxy, or none without egress.
+    pub(crate) fetcher: tokio::sync::OnceCell<Result<crate::tools::Fetcher, String>>,
+    /// Set when the agent is gone: syscalls still in flight are dropped (an LLM stream
+    /// closes, a tool's process tree is killed, an MCP call is cancelled).
+    pub(crate) ended: tokio::sync::watch::Sender<bool>,
+    /// Syscalls in flight, and how many of them are durable waits (see `swap.rs`).
+    pub(crate) inflight: std::sync::atomic::AtomicUsize,
+    pub(crate) waiting_calls: std::sync::atomic::AtomicUsize,
+    /// Set when the kernel stops the agent to swap the run out.
+    pub(crate) swapping: AtomicBool,
+    /// The run's egress proxy (`allowlist` runs); it stops when the run is dropped.
+    pub(crate) _egress: Option<keel_sandbox::egress::EgressProxy>,
+}
+
+pub(crate) struct Replay {
+    pub(crate) matcher: ReplayMatcher,
+    /// The recorded entries the matcher may point at, by seq.
+    pub(crate) recorded: HashMap<Seq, JournalEntry>,
+}
+
+pub(crate) struct PendingAsk {
+    pub(crate) seq: Seq,
+    pub(crate) question: String,
+    pub(crate) reply: oneshot::Sender<String>,
+}
+
+impl Kernel {
+    /// Whether `live` is still the live attempt of its run (its agent has not exited and
+    /// the run is not stopping), so a call waiting on its behalf should go on waiting.
+    pub(crate) fn is_current(&self, live: &Arc<LiveRun>) -> bool {
+        !live.stopping.load(Ordering::SeqCst)
+            && !self.inner.shutting_down.load(Ordering::SeqCst)
+            && lock(&self.inner.live).get(&live.id).is_some_and(|current| Arc::ptr_eq(current, live))
+    }
+
+    pub(crate) fn live(&self, run: &RunId) -> Option<Arc<LiveRun>> {
+        lock(&self.inner.live).get(run).cloned()
+    }
+
+    pub(crate) fn live_by_token(&self, token: &str) -> Option<Arc<LiveRun>> {
+        lock(&self.inner.tokens).get(token).cloned()
+    }
+
+    /// [`Kernel::live_by_token`], waiting for a run whose agent is still being launched
+    /// (see `try_launch`); `None` for an unknown token or a launch that failed.
+    pub(crate) async fn live_by_token_ready(&self, token: &str) -> Option<Arc<LiveRun>> {
+        // Launching first: a launch registers the run before it stops being launching.
+        let launching = lock(&self.inner.launching).get(token).cloned();
+        if let Some(mut ready) = launching {
+            return ready.wait_for(Option::is_some).await.ok()?.clone();
+        }
+        self.live_by_token(token)
+    }
+
+    /// Every run with an agent process of this kernel.
+    pub(crate) fn live_runs(&self) -> Vec<Arc<LiveRun>> {
+        lock(&self.inner.live).values().cloned().collect()
+    }
+
+    pub(crate) fn exec_by_token(&self, token: &str) -> Option<(Arc<LiveRun>, Seq)> {
+        lock(&self.inner.exec_tokens).get(token).cloned()
+    }
+}
