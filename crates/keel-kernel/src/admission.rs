@@ -21,9 +21,9 @@ use keel_core::sched::{Admission, Admitter, Caps, Priority, Ticket, Weights};
 use keel_store::RunRecord;
 use keel_types::RunId;
 use serde::Deserialize;
-use serde_json::Value;
 
 use crate::now_ms;
+use crate::run::RunSpec;
 use crate::{Error, Kernel, Result};
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -118,22 +118,33 @@ impl Admissions {
     }
 }
 
-/// The agent spec a run counts against (`max_live_per_agent`): its command.
-fn agent_key(spec: &Value) -> String {
-    crate::run::command_of(spec).join(" ")
-}
-
-fn priority_of(spec: &Value) -> Priority {
-    spec.get("priority").and_then(Value::as_str).and_then(|p| p.parse().ok()).unwrap_or_default()
-}
-
-pub(crate) fn ticket(id: &RunId, tenant: &str, spec: &Value, submitted_ms: u64) -> Ticket {
+/// A run's claim on a live slot. The agent spec it counts against
+/// (`max_live_per_agent`) is its command.
+pub(crate) fn ticket(id: &RunId, tenant: &str, spec: &RunSpec, submitted_ms: u64) -> Ticket {
     Ticket {
         run: id.to_string(),
         tenant: tenant.to_owned(),
-        agent: agent_key(spec),
-        priority: priority_of(spec),
+        agent: spec.command.join(" "),
+        priority: spec.priority(),
         submitted_ms,
+    }
+}
+
+/// [`ticket`] for a stored run. A spec that does not parse still gets its slot back (as
+/// a normal-priority run of no agent): the slot accounting must not leak.
+fn record_ticket(record: &RunRecord, submitted_ms: u64) -> Ticket {
+    match RunSpec::of(record) {
+        Ok(spec) => ticket(&record.id, &record.tenant, &spec, submitted_ms),
+        Err(err) => {
+            tracing::warn!(run = %record.id, "{err}");
+            Ticket {
+                run: record.id.to_string(),
+                tenant: record.tenant.clone(),
+                agent: String::new(),
+                priority: Priority::default(),
+                submitted_ms,
+            }
+        }
     }
 }
 
@@ -165,13 +176,13 @@ impl Kernel {
     /// may be relaunched now; otherwise it stays swapped out in the queue, never refused,
     /// and `launch_queued` brings it back when a slot frees.
     pub(crate) fn reclaim_slot(&self, record: &RunRecord) -> bool {
-        let ticket = ticket(&record.id, &record.tenant, &record.spec, now_ms());
+        let ticket = record_ticket(record, now_ms());
         matches!(self.inner.admissions.lock().resume(ticket, now_ms()), Admission::Start)
     }
 
     /// Recovery: a run already live keeps its slot; a queued one queues again.
     pub(crate) fn restore_slot(&self, record: &RunRecord, live: bool) -> bool {
-        let ticket = ticket(&record.id, &record.tenant, &record.spec, record.created_at_ms);
+        let ticket = record_ticket(record, record.created_at_ms);
         if live {
             self.inner.admissions.lock().restore_live(ticket);
             true

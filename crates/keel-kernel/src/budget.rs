@@ -107,16 +107,19 @@ impl Kernel {
     /// The run's effective limits: those it was created with plus every top-up (kept
     /// durably in the kv space, so they survive restarts). `None` if it has no budget.
     pub(crate) async fn budget_params(&self, record: &RunRecord) -> Result<Option<BudgetParams>> {
-        let initial: Option<BudgetParams> = record
-            .spec
-            .get("budget")
-            .filter(|v| !v.is_null())
-            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        let initial = crate::run::RunSpec::of(record)?.budget;
         let topups: Option<BudgetParams> = self
             .store()
             .kv_get(TOPUP_SCOPE, record.id.as_str())
             .await?
-            .and_then(|v| serde_json::from_value(v).ok());
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|e| {
+                Error::Store(keel_store::Error::Corrupt(format!(
+                    "the budget top-ups of run {}: {e}",
+                    record.id
+                )))
+            })?;
         Ok(match (initial, topups) {
             (Some(a), Some(b)) => Some(sum(&a, &b)),
             (a, b) => a.or(b),
@@ -131,11 +134,7 @@ impl Kernel {
         let mut account = Account::new(limits);
         account.record(record.usage);
         let slices = self.charge_children(&mut account, &record.id).await?;
-        let threshold = record
-            .spec
-            .get("loop_threshold")
-            .and_then(Value::as_u64)
-            .map_or(DEFAULT_LOOP_THRESHOLD, |t| t as u32);
+        let threshold = crate::run::RunSpec::of(record)?.loop_threshold.unwrap_or(DEFAULT_LOOP_THRESHOLD);
         Ok(RunBudget {
             account: Mutex::new(account),
             loops: Mutex::new(LoopDetector::new(threshold)),

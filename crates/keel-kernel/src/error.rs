@@ -15,6 +15,10 @@ pub enum Error {
     /// The request is well-formed but the run's state does not allow it.
     #[error("{0}")]
     Conflict(String),
+    /// A run's stored spec does not parse (another version of Keel wrote it, or it was
+    /// damaged); the run cannot be launched or acted on as it says.
+    #[error("the stored spec of run {run} cannot be read ({detail})")]
+    RunSpec { run: RunId, detail: String },
     #[error(transparent)]
     IllegalTransition(#[from] keel_core::lifecycle::IllegalTransition),
     /// The caller's token may not do this (e.g. a tenant's token managing tenants).

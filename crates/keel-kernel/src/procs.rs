@@ -101,8 +101,10 @@ fn outcome(record: &RunRecord) -> Value {
     })
 }
 
-fn parent_of(record: &RunRecord) -> Option<&str> {
-    record.spec.get("parent").and_then(Value::as_str)
+/// The run that started this one; none for a run whose spec does not parse (it is then
+/// nobody's child as far as signals and waits go).
+fn parent_of(record: &RunRecord) -> Option<RunId> {
+    crate::run::RunSpec::of(record).ok()?.parent
 }
 
 impl Kernel {
@@ -268,14 +270,11 @@ impl Kernel {
         let mut cursor = record.clone();
         for _ in 0..64 {
             match parent_of(&cursor) {
-                Some(parent) if parent == live.id.as_str() => return Ok(record),
-                Some(parent) => {
-                    let Ok(parent) = RunId::parse(parent) else { break };
-                    match self.store().get_run(&parent).await.map_err(internal)? {
-                        Some(next) => cursor = next,
-                        None => break,
-                    }
-                }
+                Some(parent) if parent == live.id => return Ok(record),
+                Some(parent) => match self.store().get_run(&parent).await.map_err(internal)? {
+                    Some(next) => cursor = next,
+                    None => break,
+                },
                 None => break,
             }
         }
@@ -324,7 +323,7 @@ impl Kernel {
             ..RunFilter::default()
         };
         let runs = self.store().list_runs(&filter).await.unwrap_or_default();
-        runs.iter().filter(|r| parent_of(r) == Some(run.as_str())).map(|r| r.id.clone()).collect()
+        runs.iter().filter(|r| parent_of(r).as_ref() == Some(run)).map(|r| r.id.clone()).collect()
     }
 
     /// Stopping a run stops its descendants, depth first.

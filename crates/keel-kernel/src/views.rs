@@ -20,7 +20,7 @@ pub fn run(record: &RunRecord, question: Option<String>) -> RunView {
         tenant: record.tenant.clone(),
         state: record.state.as_str().to_owned(),
         wait_reason: record.wait_reason.map(|r| r.as_str().to_owned()),
-        command: crate::run::command_of(&record.spec),
+        command: crate::run::command_of(record),
         created_at: record.created_at_ms,
         updated_at: record.updated_at_ms,
         ended_at: record.ended_at_ms,
@@ -35,7 +35,7 @@ pub fn run(record: &RunRecord, question: Option<String>) -> RunView {
         // Filled in by callers that can afford the lookups (see `Kernel::budget_view`).
         budget: None,
         reason: None,
-        parent: record.spec.get("parent").and_then(serde_json::Value::as_str).map(str::to_owned),
+        parent: crate::run::RunSpec::of(record).ok().and_then(|spec| spec.parent).map(|p| p.to_string()),
         swapped: crate::swap::is_swapped(record),
     }
 }

@@ -88,7 +88,7 @@ impl Kernel {
             return Ok(record); // Already stopping.
         }
         let grace = grace
-            .or_else(|| RunSpec::from_value(&record.spec).ok()?.stop_grace_secs.map(Duration::from_secs))
+            .or_else(|| RunSpec::of(&record).ok()?.stop_grace_secs.map(Duration::from_secs))
             .unwrap_or(self.inner.default_stop_grace);
         self.emit(run, EventKind::Stop, json!({ "grace_secs": grace.as_secs_f64() }));
         tree::signal_tree(Some(live.pid), run.as_str(), Signal::SIGTERM);

@@ -36,7 +36,7 @@ impl Kernel {
             .check(&crate::sandboxing::profile(request.sandbox.as_deref(), &self.inner.data_dir))
             .map_err(|e| Error::InvalidRequest(e.to_string()))?;
         let now = now_ms();
-        let spec = request.to_spec();
+        let spec = request.spec();
         // A live slot now, a place in the queue, or a refusal (429) before the run exists.
         let start = self.admit(crate::admission::ticket(&id, &request.tenant, &spec, now))?;
         let created = self
@@ -45,7 +45,7 @@ impl Kernel {
             .create_run(NewRun {
                 id: id.clone(),
                 tenant: request.tenant.clone(),
-                spec,
+                spec: spec.to_value(),
                 state: RunState::Created,
                 created_at_ms: now,
             })
@@ -112,7 +112,7 @@ impl Kernel {
     }
 
     pub(crate) async fn try_launch(&self, record: &RunRecord, recovering: bool) -> Result<RunRecord> {
-        let spec = RunSpec::from_value(&record.spec)?;
+        let spec = RunSpec::of(record)?;
         let script = match &spec.llm_script {
             Some(script) => {
                 Some(ScriptedProvider::from_value(script).map_err(|e| Error::InvalidRequest(e.to_string()))?)
@@ -182,12 +182,7 @@ impl Kernel {
             ask: Mutex::new(None),
             budget,
             grant,
-            priority: record
-                .spec
-                .get("priority")
-                .and_then(Value::as_str)
-                .and_then(|p| p.parse().ok())
-                .unwrap_or_default(),
+            priority: spec.priority(),
             approvals: Mutex::default(),
             exec_buffers: Mutex::default(),
             workspace,

@@ -6,7 +6,7 @@ use keel_protocol::EventKind;
 use keel_core::lifecycle::{self, Command as Lifecycle};
 use keel_store::{RunPatch, RunRecord};
 use keel_types::{RunId, RunState, WaitReason};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::{Error, Result};
 use crate::{Kernel, lock, now_ms};
@@ -94,9 +94,14 @@ impl Kernel {
             self.release_slot(run);
             // The parent gets back what is left of the child's budget slice, and comes
             // back itself if it was swapped out waiting for its children.
-            if let Some(parent) =
-                updated.spec.get("parent").and_then(Value::as_str).and_then(|p| RunId::parse(p).ok())
-            {
+            let parent = match crate::run::RunSpec::of(&updated) {
+                Ok(spec) => spec.parent,
+                Err(err) => {
+                    tracing::warn!(run = %run, "its parent cannot be told it ended: {err}");
+                    None
+                }
+            };
+            if let Some(parent) = parent {
                 self.return_slice(&parent, &updated);
                 self.request_wake(&parent);
             }

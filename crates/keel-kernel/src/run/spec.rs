@@ -4,11 +4,14 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use keel_core::sched::Priority;
 use keel_llm::ScriptedProvider;
 use keel_protocol::api::CreateRunParams;
+use keel_protocol::api::{BudgetParams, SandboxParams};
 use keel_store::RunRecord;
 use keel_types::RunId;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::{Error, Result};
 
@@ -130,23 +133,25 @@ impl CreateRun {
         })
     }
 
-    pub(crate) fn to_spec(&self) -> Value {
-        json!({
-            "command": self.command,
-            "cwd": self.cwd,
-            "env": self.env,
-            "llm_script": self.llm_script,
-            "stop_grace_secs": self.stop_grace_secs,
-            "model": self.model,
-            "fallback_models": self.fallback_models,
-            "budget": self.budget,
-            "loop_threshold": self.loop_threshold,
-            "sandbox": self.sandbox,
-            "grant": self.grant,
-            "input": self.input,
-            "parent": self.parent.as_ref().map(RunId::as_str),
-            "priority": self.priority,
-        })
+    /// The spec to store with the run.
+    pub(crate) fn spec(&self) -> RunSpec {
+        RunSpec {
+            version: SPEC_VERSION,
+            command: self.command.clone(),
+            cwd: self.cwd.clone(),
+            env: self.env.clone(),
+            llm_script: self.llm_script.clone(),
+            stop_grace_secs: self.stop_grace_secs,
+            model: self.model.clone(),
+            fallback_models: self.fallback_models.clone(),
+            budget: self.budget.clone(),
+            loop_threshold: self.loop_threshold,
+            sandbox: self.sandbox.as_deref().cloned(),
+            grant: self.grant.clone(),
+            input: self.input.clone(),
+            parent: self.parent.clone(),
+            priority: self.priority.clone(),
+        }
     }
 }
 
@@ -158,7 +163,7 @@ impl CreateRun {
         tool: &keel_tools::AgentTool,
         args: Value,
     ) -> std::result::Result<CreateRun, String> {
-        let spec = RunSpec::from_value(&parent.spec).map_err(|e| e.to_string())?;
+        let spec = RunSpec::of(parent).map_err(|e| e.to_string())?;
         Ok(CreateRun {
             command: tool.command.clone(),
             cwd: spec.cwd,
@@ -174,7 +179,7 @@ impl CreateRun {
             grant: spec.grant,
             input: Some(args),
             parent: Some(parent.id.clone()),
-            priority: parent.spec.get("priority").and_then(Value::as_str).map(str::to_owned),
+            priority: spec.priority,
         })
     }
 
@@ -196,72 +201,157 @@ impl CreateRun {
 /// environment).
 const MAX_INPUT_BYTES: usize = 120 * 1024;
 
-/// The parts of a stored run spec the runtime uses.
+/// The version of the stored spec format this kernel writes. Specs written before the
+/// field existed have none and read as version 1 (the same fields).
+pub(crate) const SPEC_VERSION: u32 = 1;
+
+fn version_one() -> u32 {
+    1
+}
+
+/// A run's spec as stored with the run: written once at creation by [`CreateRun::spec`],
+/// read back by [`RunSpec::of`] with the same type, so no field can be written and then
+/// forgotten (or read as "absent" because it failed to parse).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct RunSpec {
-    pub(crate) model: Option<String>,
-    pub(crate) fallback_models: Vec<String>,
+    #[serde(default = "version_one")]
+    pub(crate) version: u32,
     pub(crate) command: Vec<String>,
     pub(crate) cwd: PathBuf,
+    #[serde(default)]
     pub(crate) env: BTreeMap<String, String>,
+    /// The scripted provider's script, copied in at creation so a later change of the
+    /// kernel's configuration never changes what a recovering run replays against.
+    #[serde(default)]
     pub(crate) llm_script: Option<Value>,
+    #[serde(default)]
     pub(crate) stop_grace_secs: Option<u64>,
-    pub(crate) sandbox: Option<keel_protocol::api::SandboxParams>,
+    #[serde(default)]
+    pub(crate) model: Option<String>,
+    #[serde(default)]
+    pub(crate) fallback_models: Vec<String>,
+    /// The limits the run was created with (top-ups are kept apart, see `budget.rs`).
+    #[serde(default)]
+    pub(crate) budget: Option<BudgetParams>,
+    #[serde(default)]
+    pub(crate) loop_threshold: Option<u32>,
+    #[serde(default)]
+    pub(crate) sandbox: Option<SandboxParams>,
+    #[serde(default)]
     pub(crate) grant: Option<Vec<String>>,
+    #[serde(default)]
     pub(crate) input: Option<Value>,
+    /// The run that started this one (`proc.spawn`, an agent called as a tool).
+    #[serde(default, with = "optional_run_id")]
+    pub(crate) parent: Option<RunId>,
+    /// `high`, `normal` or `low`; absent is normal.
+    #[serde(default)]
+    pub(crate) priority: Option<String>,
 }
 
 impl RunSpec {
-    pub(crate) fn from_value(spec: &Value) -> Result<RunSpec> {
-        let corrupt = |what: &str| Error::Store(keel_store::Error::Corrupt(format!("run spec: {what}")));
-        let command = spec
-            .get("command")
-            .and_then(Value::as_array)
-            .ok_or_else(|| corrupt("no command"))?
-            .iter()
-            .map(|v| v.as_str().map(str::to_owned).ok_or_else(|| corrupt("command is not a list of strings")))
-            .collect::<Result<Vec<_>>>()?;
-        let cwd = PathBuf::from(spec.get("cwd").and_then(Value::as_str).ok_or_else(|| corrupt("no cwd"))?);
-        let env = spec
-            .get("env")
-            .and_then(Value::as_object)
-            .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect())
-            .unwrap_or_default();
-        let llm_script = spec.get("llm_script").filter(|v| !v.is_null()).cloned();
-        let stop_grace_secs = spec.get("stop_grace_secs").and_then(Value::as_u64);
-        let model = spec.get("model").and_then(Value::as_str).map(str::to_owned);
-        let fallback_models = spec
-            .get("fallback_models")
-            .and_then(Value::as_array)
-            .map(|models| models.iter().filter_map(|m| m.as_str().map(str::to_owned)).collect())
-            .unwrap_or_default();
-        let sandbox = match spec.get("sandbox").filter(|v| !v.is_null()) {
-            Some(value) => {
-                Some(serde_json::from_value(value.clone()).map_err(|e| corrupt(&format!("sandbox: {e}")))?)
-            }
-            None => None,
-        };
-        let grant = match spec.get("grant").filter(|v| !v.is_null()) {
-            Some(value) => {
-                Some(serde_json::from_value(value.clone()).map_err(|e| corrupt(&format!("grant: {e}")))?)
-            }
-            None => None,
-        };
-        let input = spec.get("input").filter(|v| !v.is_null()).cloned();
-        Ok(RunSpec {
-            model,
-            fallback_models,
-            command,
-            cwd,
-            env,
-            llm_script,
-            stop_grace_secs,
-            sandbox,
-            grant,
-            input,
-        })
+    /// Reads the spec stored with a run. A spec that does not parse, or that a newer
+    /// kernel wrote, is an error naming the run, never a spec with fields missing.
+    pub(crate) fn of(record: &RunRecord) -> Result<RunSpec> {
+        let bad = |detail: String| Error::RunSpec { run: record.id.clone(), detail };
+        let spec: RunSpec = serde_json::from_value(record.spec.clone()).map_err(|e| bad(e.to_string()))?;
+        if spec.version > SPEC_VERSION {
+            return Err(bad(format!(
+                "it is spec version {}, newer than this kernel's {SPEC_VERSION}; run a newer keel",
+                spec.version
+            )));
+        }
+        Ok(spec)
+    }
+
+    /// The spec as stored.
+    pub(crate) fn to_value(&self) -> Value {
+        // A struct of strings, numbers, paths and JSON values always serializes.
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+
+    /// The run's priority class (a stored name this kernel does not know reads as normal).
+    pub(crate) fn priority(&self) -> Priority {
+        self.priority.as_deref().and_then(|p| p.parse().ok()).unwrap_or_default()
     }
 }
 
-pub(crate) fn command_of(spec: &Value) -> Vec<String> {
-    RunSpec::from_value(spec).map(|s| s.command).unwrap_or_default()
+/// A run's command, for listings: empty if its spec does not parse (the listing still
+/// shows the run; acting on it reports the bad spec).
+pub(crate) fn command_of(record: &RunRecord) -> Vec<String> {
+    RunSpec::of(record).map(|spec| spec.command).unwrap_or_default()
+}
+
+/// `Option<RunId>` as an optional string.
+mod optional_run_id {
+    use keel_types::RunId;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(id: &Option<RunId>, out: S) -> Result<S::Ok, S::Error> {
+        match id {
+            Some(id) => out.serialize_some(id.as_str()),
+            None => out.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(input: D) -> Result<Option<RunId>, D::Error> {
+        Option::<String>::deserialize(input)?
+            .map(|text| RunId::parse(&text).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(spec: Value) -> RunRecord {
+        RunRecord {
+            id: RunId::generate(1),
+            tenant: "default".into(),
+            spec,
+            state: keel_types::RunState::Created,
+            wait_reason: None,
+            attempt: 0,
+            pid: None,
+            exit_code: None,
+            output: None,
+            error: None,
+            usage: Default::default(),
+            provider_calls: 0,
+            created_at_ms: 1,
+            updated_at_ms: 1,
+            ended_at_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_spec_written_before_versions_reads_as_version_1_with_every_field() {
+        // The shape kernels wrote before the spec was typed: every key, nulls included.
+        let stored = serde_json::json!({
+            "command": ["python3", "agent.py"], "cwd": "/tmp", "env": {"A": "1"},
+            "llm_script": null, "stop_grace_secs": 3, "model": null, "fallback_models": [],
+            "budget": {"usd": 1.5}, "loop_threshold": null, "sandbox": null, "grant": ["echo"],
+            "input": null, "parent": "run_00000000000000000000000001", "priority": "high",
+        });
+        let spec = RunSpec::of(&record(stored)).unwrap();
+        assert_eq!(spec.version, 1);
+        assert_eq!(spec.command, ["python3", "agent.py"]);
+        assert_eq!(spec.budget.as_ref().and_then(|b| b.usd), Some(1.5));
+        assert_eq!(spec.parent.as_ref().map(RunId::as_str), Some("run_00000000000000000000000001"));
+        assert_eq!(spec.priority(), Priority::High);
+        assert_eq!(RunSpec::of(&record(spec.to_value())).unwrap(), spec, "written and read by one type");
+    }
+
+    #[test]
+    fn a_spec_that_does_not_parse_is_an_error_naming_the_run_not_missing_fields() {
+        let bad_budget = serde_json::json!({"command": ["x"], "cwd": "/", "budget": {"usd": "lots"}});
+        let err = RunSpec::of(&record(bad_budget)).unwrap_err().to_string();
+        assert!(err.contains("spec") && err.contains("budget") || err.contains("usd"), "{err}");
+        let newer = serde_json::json!({"version": 99, "command": ["x"], "cwd": "/"});
+        let err = RunSpec::of(&record(newer)).unwrap_err().to_string();
+        assert!(err.contains("99") && err.contains("newer"), "{err}");
+        let no_command = serde_json::json!({"cwd": "/"});
+        assert!(RunSpec::of(&record(no_command)).is_err());
+    }
 }
