@@ -254,7 +254,10 @@ impl RunSpec {
     /// kernel wrote, is an error naming the run, never a spec with fields missing.
     pub(crate) fn of(record: &RunRecord) -> Result<RunSpec> {
         let bad = |detail: String| Error::RunSpec { run: record.id.clone(), detail };
-        let spec: RunSpec = serde_json::from_value(record.spec.clone()).map_err(|e| bad(e.to_string()))?;
+        let spec: RunSpec = serde_path_to_error::deserialize(&record.spec).map_err(|e| {
+            let path = e.path().to_string();
+            bad(format!("at `{path}`: {}", e.into_inner()))
+        })?;
         if spec.version > SPEC_VERSION {
             return Err(bad(format!(
                 "it is spec version {}, newer than this kernel's {SPEC_VERSION}; run a newer keel",
@@ -347,7 +350,10 @@ mod tests {
     fn a_spec_that_does_not_parse_is_an_error_naming_the_run_not_missing_fields() {
         let bad_budget = serde_json::json!({"command": ["x"], "cwd": "/", "budget": {"usd": "lots"}});
         let err = RunSpec::of(&record(bad_budget)).unwrap_err().to_string();
-        assert!(err.contains("spec") && err.contains("budget") || err.contains("usd"), "{err}");
+        assert!(
+            err.contains("stored spec of run") && err.contains("`budget.usd`"),
+            "names run and field: {err}"
+        );
         let newer = serde_json::json!({"version": 99, "command": ["x"], "cwd": "/"});
         let err = RunSpec::of(&record(newer)).unwrap_err().to_string();
         assert!(err.contains("99") && err.contains("newer"), "{err}");
