@@ -8,7 +8,7 @@ use keel_protocol::EventKind;
 use std::sync::Arc;
 
 use keel_protocol::api::ApprovalView;
-use keel_protocol::rpc::{ErrorKind, RpcError};
+use keel_protocol::rpc::ErrorKind;
 use keel_store::{RunRecord, Seq};
 use keel_types::{EntryStatus, RunId, WaitReason};
 use serde_json::{Value, json};
@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 use crate::lock;
 use crate::now_ms;
 use crate::run::LiveRun;
+use crate::syscall::SyscallError;
 use crate::{Error, Kernel, Result};
 
 /// Why a call waits for an operator.
@@ -61,13 +62,13 @@ impl Kernel {
         run: &RunId,
         seq: Seq,
         kind: ApprovalKind,
-    ) -> std::result::Result<Option<Decision>, RpcError> {
+    ) -> std::result::Result<Option<Decision>, SyscallError> {
         let key = format!("{}:{seq}", kind.as_str());
         let value = self
             .store()
             .kv_get(&scope(run), &key)
             .await
-            .map_err(|e| ErrorKind::Internal.error(format!("the kernel failed: {e}")))?;
+            .map_err(|e| SyscallError::new(ErrorKind::Internal, format!("the kernel failed: {e}")))?;
         Ok(value.map(|v| Decision {
             approve: v.get("approve").and_then(Value::as_bool).unwrap_or(false),
             note: v.get("note").and_then(Value::as_str).map(str::to_owned),
@@ -83,7 +84,7 @@ impl Kernel {
         tool: &str,
         args: &Value,
         kind: ApprovalKind,
-    ) -> std::result::Result<Decision, RpcError> {
+    ) -> std::result::Result<Decision, SyscallError> {
         if let Some(decision) = self.stored_decision(&live.id, seq, kind).await? {
             return Ok(decision);
         }
@@ -119,7 +120,9 @@ impl Kernel {
             return Ok(decision);
         }
         let _waiting = crate::swap::Busy::new(&live.waiting_calls);
-        rx.await.map_err(|_| ErrorKind::Cancelled.error("the run is ending; the call was not approved"))
+        rx.await.map_err(|_| {
+            SyscallError::new(ErrorKind::Cancelled, "the run is ending; the call was not approved")
+        })
     }
 
     async fn wake_if_no_approvals(&self, live: &Arc<LiveRun>) {

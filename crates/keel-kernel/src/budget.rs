@@ -12,7 +12,6 @@ use std::time::Duration;
 use keel_core::budget::{Account, Exhausted, Limits, LoopDetector, ReservationId};
 use keel_core::lifecycle::Command as Lifecycle;
 use keel_protocol::api::{BudgetParams, BudgetView};
-use keel_protocol::rpc::RpcError;
 use keel_store::{RunPatch, RunRecord};
 use keel_types::{RunId, RunState, Usage, WaitReason};
 use nix::sys::signal::Signal;
@@ -22,6 +21,7 @@ use tokio::sync::Notify;
 use crate::lock;
 use crate::now_ms;
 use crate::run::LiveRun;
+use crate::syscall::SyscallError;
 use crate::{Error, Kernel, Result};
 
 /// How many identical LLM requests in a row park a run, unless the run says otherwise.
@@ -188,12 +188,15 @@ impl Kernel {
         live: &Arc<LiveRun>,
         child: &RunId,
         slice: &BudgetParams,
-    ) -> std::result::Result<(), RpcError> {
+    ) -> std::result::Result<(), SyscallError> {
         let _table = live.budget.slice_table.lock().await;
         let id = lock(&live.budget.account).carve(limits_of(slice).0).map_err(|exhausted| {
-            keel_protocol::rpc::ErrorKind::BudgetExhausted.error(format!(
-                "proc.spawn: the child's budget does not fit in what is left of this run's: {exhausted}"
-            ))
+            SyscallError::new(
+                keel_protocol::rpc::ErrorKind::BudgetExhausted,
+                format!(
+                    "proc.spawn: the child's budget does not fit in what is left of this run's: {exhausted}"
+                ),
+            )
         })?;
         let store = self.store();
         let mut table = match store.kv_get(SLICE_SCOPE, live.id.as_str()).await {
@@ -201,13 +204,13 @@ impl Kernel {
             Ok(_) => serde_json::Map::new(),
             Err(err) => {
                 self.release_budget(live, id);
-                return Err(keel_protocol::rpc::ErrorKind::Internal.error(err.to_string()));
+                return Err(SyscallError::new(keel_protocol::rpc::ErrorKind::Internal, err.to_string()));
             }
         };
         table.insert(child.to_string(), json!(slice));
         if let Err(err) = store.kv_put(SLICE_SCOPE, live.id.as_str(), Value::Object(table)).await {
             self.release_budget(live, id);
-            return Err(keel_protocol::rpc::ErrorKind::Internal.error(err.to_string()));
+            return Err(SyscallError::new(keel_protocol::rpc::ErrorKind::Internal, err.to_string()));
         }
         lock(&live.budget.slices).insert(child.to_string(), id);
         Ok(())
@@ -244,7 +247,7 @@ impl Kernel {
     }
 
     /// Notes an LLM request for the loop detector; parks the run while it repeats.
-    pub(crate) async fn check_loop(&self, live: &Arc<LiveRun>, key: &str) -> Result<(), RpcError> {
+    pub(crate) async fn check_loop(&self, live: &Arc<LiveRun>, key: &str) -> Result<(), SyscallError> {
         loop {
             let looping = lock(&live.budget.loops).observe(key);
             if !looping {
@@ -270,7 +273,7 @@ impl Kernel {
         &self,
         live: &Arc<LiveRun>,
         amount: Usage,
-    ) -> Result<ReservationId, RpcError> {
+    ) -> Result<ReservationId, SyscallError> {
         loop {
             let notified = live.budget.changed.notified();
             let attempt: Result<ReservationId, (Exhausted, usize)> = {
@@ -304,7 +307,7 @@ impl Kernel {
 
     /// Records why the run is parked and moves it to `waiting(budget)`. Never fails the
     /// call that asked: at worst the state lags (and is logged), the wait itself holds.
-    async fn park_for_budget(&self, live: &Arc<LiveRun>, reason: String) -> Result<(), RpcError> {
+    async fn park_for_budget(&self, live: &Arc<LiveRun>, reason: String) -> Result<(), SyscallError> {
         let _serial = live.budget.parking.lock().await;
         let first = lock(&live.budget.reason).replace(reason.clone()).is_none();
         if first {

@@ -8,14 +8,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_protocol::rpc::{CodeExecParams, ErrorKind, ExecLimits, ExecToolCall, RpcError};
+use keel_protocol::rpc::{CodeExecParams, ErrorKind, ExecLimits, ExecToolCall};
 use keel_store::Seq;
 use serde_json::{Value, json};
 
 use crate::Kernel;
-use crate::dispatch::Reply;
 use crate::lock;
 use crate::run::LiveRun;
+use crate::syscall::Reply;
+use crate::syscall::SyscallError;
 
 /// The most a program may ask for; its own limits may be lower.
 const MAX_TIMEOUT: Duration = Duration::from_secs(300);
@@ -92,16 +93,19 @@ impl keel_interp::ToolHandler for NestedTools {
 
 impl Kernel {
     pub(crate) async fn exec_code(&self, live: &Arc<LiveRun>, seq: Seq, params: CodeExecParams) -> Reply {
-        let limits = limits(&params.limits).map_err(|e| ErrorKind::InvalidParams.error(e))?;
+        let limits = limits(&params.limits).map_err(|e| SyscallError::new(ErrorKind::InvalidParams, e))?;
         let tools: Vec<String> = self.granted_tools(live).await.into_iter().map(|d| d.name).collect();
         if params.lang == "cpython" {
             return self.exec_cpython(live, seq, params, tools, limits).await;
         }
         let lang: keel_interp::Lang = params.lang.parse().map_err(|_| {
-            ErrorKind::InvalidParams.error(format!("code.exec: unknown language {:?}", params.lang))
+            SyscallError::new(
+                ErrorKind::InvalidParams,
+                format!("code.exec: unknown language {:?}", params.lang),
+            )
         })?;
         let pool = self.inner.interp.as_ref().ok_or_else(|| {
-            ErrorKind::ToolError.error("code.exec: this kernel has no interpreter workers (it was embedded without the keel binary); use lang cpython")
+            SyscallError::new(ErrorKind::ToolError, "code.exec: this kernel has no interpreter workers (it was embedded without the keel binary); use lang cpython")
         })?;
         let job = keel_interp::Job { lang, code: params.code, inputs: params.inputs, tools, limits };
         let handler = NestedTools { kernel: self.clone(), live: live.clone(), exec: seq };
@@ -133,14 +137,16 @@ impl Kernel {
     }
 }
 
-pub(crate) fn exec_error(kind: &str, message: &str, stdout: String, tool_calls: &[ExecToolCall]) -> RpcError {
-    let mut error = ErrorKind::ToolError.error(format!("code.exec: {kind}: {message}"));
-    if let Some(data) = error.data.as_mut() {
-        data["exec_error"] = json!(kind);
-        data["stdout"] = json!(stdout);
-        data["tool_calls"] = json!(tool_calls);
-    }
-    error
+pub(crate) fn exec_error(
+    kind: &str,
+    message: &str,
+    stdout: String,
+    tool_calls: &[ExecToolCall],
+) -> SyscallError {
+    SyscallError::new(ErrorKind::ToolError, format!("code.exec: {kind}: {message}"))
+        .with("exec_error", kind)
+        .with("stdout", stdout)
+        .with("tool_calls", json!(tool_calls))
 }
 
 /// The wrapper that runs a `cpython` program (see the file).

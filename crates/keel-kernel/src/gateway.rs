@@ -6,11 +6,12 @@
 use std::sync::Arc;
 
 use keel_llm::DeltaSink;
-use keel_protocol::rpc::{ErrorKind, LlmChatParams, LlmChatResult, LlmEmbedParams, LlmEmbedResult, RpcError};
+use keel_protocol::rpc::{ErrorKind, LlmChatParams, LlmChatResult, LlmEmbedParams, LlmEmbedResult};
 use keel_types::RunId;
 
 use crate::Kernel;
 use crate::run::LiveRun;
+use crate::syscall::SyscallError;
 
 /// A live run, authenticated by its token.
 #[derive(Clone)]
@@ -36,9 +37,20 @@ impl Kernel {
         run: &RunHandle,
         request: LlmChatParams,
         stream: Option<DeltaSink>,
-    ) -> Result<LlmChatResult, RpcError> {
-        let params = serde_json::to_value(&request)
-            .map_err(|e| ErrorKind::InvalidParams.error(format!("the request cannot be encoded: {e}")))?;
+    ) -> Result<LlmChatResult, keel_protocol::rpc::RpcError> {
+        self.chat_syscall(run, request, stream).await.map_err(Into::into)
+    }
+
+    /// [`Kernel::chat`], failing as a syscall does.
+    pub(crate) async fn chat_syscall(
+        &self,
+        run: &RunHandle,
+        request: LlmChatParams,
+        stream: Option<DeltaSink>,
+    ) -> Result<LlmChatResult, SyscallError> {
+        let params = serde_json::to_value(&request).map_err(|e| {
+            SyscallError::new(ErrorKind::InvalidParams, format!("the request cannot be encoded: {e}"))
+        })?;
         // The HTTP request may outlive the agent (its task is detached from the
         // connection): when the agent is gone, the call is dropped and its upstream
         // stream closed, like a syscall on the socket.
@@ -46,21 +58,37 @@ impl Kernel {
         let result = tokio::select! {
             result = self.syscall_streaming(&run.0, "llm.chat", params, stream) => result?,
             _ = ended.wait_for(|ended| *ended) => {
-                return Err(ErrorKind::Cancelled.error("llm.chat: the run's agent is gone; the call was dropped"));
+                return Err(SyscallError::new(ErrorKind::Cancelled, "llm.chat: the run's agent is gone; the call was dropped"));
             }
         };
-        serde_json::from_value(result)
-            .map_err(|e| ErrorKind::Internal.error(format!("the journaled LLM response is unreadable: {e}")))
+        serde_json::from_value(result).map_err(|e| {
+            SyscallError::new(ErrorKind::Internal, format!("the journaled LLM response is unreadable: {e}"))
+        })
     }
 
     /// Embeddings for `run` (the gateway's `/v1/embeddings`), through the journaled
     /// `llm.embed` syscall: metered into the run's usage, answered from the journal on replay.
-    pub async fn embed(&self, run: &RunHandle, request: LlmEmbedParams) -> Result<LlmEmbedResult, RpcError> {
-        let params = serde_json::to_value(&request)
-            .map_err(|e| ErrorKind::InvalidParams.error(format!("the request cannot be encoded: {e}")))?;
+    pub async fn embed(
+        &self,
+        run: &RunHandle,
+        request: LlmEmbedParams,
+    ) -> Result<LlmEmbedResult, keel_protocol::rpc::RpcError> {
+        self.embed_syscall(run, request).await.map_err(Into::into)
+    }
+
+    /// [`Kernel::embed`], failing as a syscall does.
+    pub(crate) async fn embed_syscall(
+        &self,
+        run: &RunHandle,
+        request: LlmEmbedParams,
+    ) -> Result<LlmEmbedResult, SyscallError> {
+        let params = serde_json::to_value(&request).map_err(|e| {
+            SyscallError::new(ErrorKind::InvalidParams, format!("the request cannot be encoded: {e}"))
+        })?;
         let result = self.syscall(&run.0, "llm.embed", params).await?;
-        serde_json::from_value(result)
-            .map_err(|e| ErrorKind::Internal.error(format!("the journaled embeddings are unreadable: {e}")))
+        serde_json::from_value(result).map_err(|e| {
+            SyscallError::new(ErrorKind::Internal, format!("the journaled embeddings are unreadable: {e}"))
+        })
     }
 }
 
@@ -100,10 +128,8 @@ impl keel_mcp::ToolHost for McpHost {
         let params = serde_json::json!({ "name": name, "args": args });
         match self.0.syscall(&live, "tool.call", params).await {
             Ok(reply) => Ok(reply.get("result").cloned().unwrap_or(serde_json::Value::Null)),
-            Err(err) if err.code == ErrorKind::Denied.code() => Err(keel_mcp::HostError::Denied(err.message)),
-            Err(err) if err.code == ErrorKind::NotFound.code() => {
-                Err(keel_mcp::HostError::NotFound(err.message))
-            }
+            Err(err) if err.is(ErrorKind::Denied) => Err(keel_mcp::HostError::Denied(err.message)),
+            Err(err) if err.is(ErrorKind::NotFound) => Err(keel_mcp::HostError::NotFound(err.message)),
             Err(err) => Err(keel_mcp::HostError::Failed(err.message)),
         }
     }

@@ -10,7 +10,7 @@ use keel_protocol::EventKind;
 use std::sync::Arc;
 use std::time::Instant;
 
-use keel_protocol::rpc::{ErrorKind, RpcError, ToolCallParams};
+use keel_protocol::rpc::{ErrorKind, ToolCallParams};
 use keel_store::Seq;
 use keel_tools::CrashPolicy;
 use keel_types::Usage;
@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 
 use crate::Kernel;
 use crate::approvals::ApprovalKind;
-use crate::dispatch::{Reply, ToolCall};
 use crate::run::LiveRun;
+use crate::syscall::{Effect, JournalCall, Journaling, Reply, SyscallError, ToolCall};
 
 /// Arguments larger than this are audited by digest, not in full.
 const AUDIT_ARGS_BYTES: usize = 4096;
@@ -33,21 +33,25 @@ fn audit_args(args: &Value) -> Value {
     json!({ "sha256": hex::encode(sha2::Sha256::digest(text.as_bytes())), "bytes": text.len() })
 }
 
-fn tool_error(name: &str, err: String) -> RpcError {
-    ErrorKind::ToolError.error(format!("tool {name} failed: {err}"))
+fn tool_error(name: &str, err: String) -> SyscallError {
+    SyscallError::new(ErrorKind::ToolError, format!("tool {name} failed: {err}"))
 }
 
 impl Kernel {
     /// Grant, existence and schema: a call that fails any is refused before it is
     /// journaled (a denial is audited).
-    pub(crate) async fn govern(&self, live: &Arc<LiveRun>, params: &Value) -> Result<ToolCall, RpcError> {
+    pub(crate) async fn govern(&self, live: &Arc<LiveRun>, params: &Value) -> Result<ToolCall, SyscallError> {
         let p: ToolCallParams = serde_json::from_value(params.clone()).map_err(|e| {
-            ErrorKind::InvalidParams
-                .error(format!("tool.call: {e}; expected params {{\"name\":\"echo\",\"args\":{{...}}}}"))
+            SyscallError::new(
+                ErrorKind::InvalidParams,
+                format!("tool.call: {e}; expected params {{\"name\":\"echo\",\"args\":{{...}}}}"),
+            )
         })?;
         if !p.args.is_object() {
-            return Err(ErrorKind::InvalidParams
-                .error(format!("tool.call: `args` of {} must be a JSON object", p.name)));
+            return Err(SyscallError::new(
+                ErrorKind::InvalidParams,
+                format!("tool.call: `args` of {} must be a JSON object", p.name),
+            ));
         }
         // The grant is checked before the name is looked up, so a run learns nothing of
         // the tools outside its grant.
@@ -62,37 +66,44 @@ impl Kernel {
                 json!({ "args": audit_args(&p.args), "exec": p.exec, "grant": live.grant.patterns() }),
             );
             self.emit(&live.id, EventKind::Denied, json!({ "tool": p.name }));
-            return Err(ErrorKind::Denied.error(format!(
-                "tool {} is not granted to this run (its grant: {}); an operator can start the run with `--grant {}`",
-                p.name,
-                live.grant.patterns().join(", "),
-                p.name
-            )));
+            return Err(SyscallError::new(
+                ErrorKind::Denied,
+                format!(
+                    "tool {} is not granted to this run (its grant: {}); an operator can start the run with `--grant {}`",
+                    p.name,
+                    live.grant.patterns().join(", "),
+                    p.name
+                ),
+            ));
         }
         let def = self.inner.tools.resolve(&p.name).await.map_err(|e| {
-            ErrorKind::NotFound.error(format!("{e}; `tool.list` shows the tools this run may call"))
+            SyscallError::new(
+                ErrorKind::NotFound,
+                format!("{e}; `tool.list` shows the tools this run may call"),
+            )
         })?;
         keel_tools::schema::validate(&def.input_schema, &p.args)
-            .map_err(|e| ErrorKind::InvalidParams.error(format!("{}: {e}", p.name)))?;
+            .map_err(|e| SyscallError::new(ErrorKind::InvalidParams, format!("{}: {e}", p.name)))?;
         Ok(ToolCall { def, args: p.args, exec: p.exec })
     }
 
-    pub(crate) async fn perform_tool(
-        &self,
-        live: &Arc<LiveRun>,
-        method: &str,
-        call: ToolCall,
-        params: Value,
-        hash: String,
-        reuse: Option<Seq>,
-    ) -> Reply {
+    /// A governed call: its rate limit, a budget reservation, then journaled by its
+    /// policy: a read-only tool without approval is run and journaled complete at once
+    /// (a failed read is replayed as the same failure); any other gets its intent
+    /// journaled, waits for approval and the crash-window policy (`gate`), then runs.
+    pub(crate) async fn perform_tool(&self, journal: JournalCall<'_>, call: ToolCall) -> Reply {
+        let live = journal.live;
         let ToolCall { def, args, exec } = call;
         let name = def.name.clone();
-        if reuse.is_none() {
-            self.inner.tools.rate_limit(&def).await.map_err(|e| ErrorKind::ToolError.error(e))?;
+        if journal.reuse.is_none() {
+            self.inner
+                .tools
+                .rate_limit(&def)
+                .await
+                .map_err(|e| SyscallError::new(ErrorKind::ToolError, e))?;
         }
-        let reservation = self.reserve(live, Usage { tool_calls: 1, ..Usage::default() }).await?;
         let usage = Usage { tool_calls: 1, ..Usage::default() };
+        let reservation = self.reserve(live, usage).await?;
         let started = Instant::now();
         if def.policy.read_only && !def.policy.requires_approval {
             // No effect to protect: run it, then journal what it answered.
@@ -104,44 +115,63 @@ impl Kernel {
                 .map_err(|e| tool_error(&name, e));
             self.settle_budget(live, reservation, usage);
             if let Some(exec) = exec
-                && self.buffer_exec_read(live, exec, method, &params, &hash, &outcome, usage)
+                && self.buffer_exec_read(
+                    live,
+                    exec,
+                    journal.method,
+                    &journal.params,
+                    &journal.hash,
+                    &outcome,
+                    usage,
+                )
             {
                 self.audit_call(live, 0, &name, &args, Some(exec), &outcome, started);
                 return outcome;
             }
-            let extra = json!({ "tool": name, "duration_ms": started.elapsed().as_millis() as u64 });
-            let seq = self.record_outcome(live, method, params, hash, &outcome, usage, extra).await?;
-            self.audit_call(live, seq, &name, &args, exec, &outcome, started);
-            return outcome;
+            let event = json!({ "tool": name, "duration_ms": started.elapsed().as_millis() as u64 });
+            let effect = Effect::reply(outcome).usage(usage).event(event);
+            let done =
+                self.journaled(journal, Journaling::Complete { failures: true }, |_| async { effect }).await;
+            if let Some(seq) = done.seq {
+                self.audit_call(live, seq, &name, &args, exec, &done.reply, started);
+            }
+            return done.reply;
         }
-        let seq = self
-            .intend_unless_retry(live, reuse, method, params, hash)
-            .await
-            .inspect_err(|_| self.release_budget(live, reservation))?;
-        let outcome = match self.gate(live, &def, &args, seq, reuse.is_some()).await {
-            Ok(()) => {
-                // The key ties the effect to this journal entry: a retry after a crash
-                // passes the same one, so a tool can make its effect happen once.
-                let key = format!("{}:{seq}", live.id);
-                self.run_tool(live, &def, args.clone(), &key)
-                    .await
-                    .map(|r| json!({ "result": r }))
-                    .map_err(|e| tool_error(&name, e))
-            }
-            Err(err) if err.code == ErrorKind::Cancelled.code() => {
-                // The run is ending while the call waited for an operator: leave the
-                // intent pending; a relaunched agent asking again waits again.
-                self.release_budget(live, reservation);
-                return Err(err);
-            }
-            Err(err) => Err(err),
+        let retried = journal.reuse.is_some();
+        let (def, args) = (&def, &args);
+        let effect = |seq: Option<Seq>| async move {
+            let seq = seq.unwrap_or_default();
+            let reply = match self.gate(live, def, args, seq, retried).await {
+                Ok(()) => {
+                    // The key ties the effect to this journal entry: a retry after a crash
+                    // passes the same one, so a tool can make its effect happen once.
+                    let key = format!("{}:{seq}", live.id);
+                    self.run_tool(live, def, args.clone(), &key)
+                        .await
+                        .map(|r| json!({ "result": r }))
+                        .map_err(|e| tool_error(&name, e))
+                }
+                Err(err) if err.is(ErrorKind::Cancelled) => {
+                    // The run is ending while the call waited for an operator: the intent
+                    // stays pending; a relaunched agent asking again waits again.
+                    self.release_budget(live, reservation);
+                    return Effect::reply(Err(err));
+                }
+                Err(err) => Err(err),
+            };
+            self.settle_budget(live, reservation, usage);
+            let event = json!({ "tool": name, "duration_ms": started.elapsed().as_millis() as u64 });
+            Effect::reply(reply).usage(usage).event(event)
         };
-        self.settle_budget(live, reservation, usage);
-        let record = outcome.clone().unwrap_or(Value::Null);
-        let extra = json!({ "tool": name, "duration_ms": started.elapsed().as_millis() as u64 });
-        self.complete(live, seq, method, &outcome, record, usage, false, extra).await?;
-        self.audit_call(live, seq, &name, &args, exec, &outcome, started);
-        outcome
+        let done = self.journaled(journal, Journaling::IntentThenResult, effect).await;
+        match done.seq {
+            None => self.release_budget(live, reservation), // The intent failed: never ran.
+            Some(seq) if !matches!(&done.reply, Err(err) if err.is(ErrorKind::Cancelled)) => {
+                self.audit_call(live, seq, &def.name, args, exec, &done.reply, started);
+            }
+            Some(_) => {}
+        }
+        done.reply
     }
 
     /// A read-only call made by a running `code.exec` program is journaled with the
@@ -161,7 +191,7 @@ impl Kernel {
     ) -> bool {
         let mut buffers = live.exec_buffers.lock().unwrap_or_else(|p| p.into_inner());
         let Some(buffer) = buffers.get_mut(&exec) else { return false };
-        buffer.push(crate::dispatch::completed_entry(
+        buffer.push(crate::syscall::completed_entry(
             live.attempt,
             method,
             params.clone(),
@@ -180,7 +210,7 @@ impl Kernel {
         args: &Value,
         seq: Seq,
         retried: bool,
-    ) -> Result<(), RpcError> {
+    ) -> Result<(), SyscallError> {
         let name = &def.name;
         if def.policy.requires_approval {
             // Decided before the crash: the tool may have started. Decided only now: it
@@ -188,10 +218,13 @@ impl Kernel {
             let decided_before = self.stored_decision(&live.id, seq, ApprovalKind::Required).await?.is_some();
             let decision = self.await_approval(live, seq, name, args, ApprovalKind::Required).await?;
             if !decision.approve {
-                return Err(ErrorKind::Denied.error(format!(
-                    "tool {name} (call {seq}) was denied by an operator{}",
-                    decision.note.map(|n| format!(": {n}")).unwrap_or_default()
-                )));
+                return Err(SyscallError::new(
+                    ErrorKind::Denied,
+                    format!(
+                        "tool {name} (call {seq}) was denied by an operator{}",
+                        decision.note.map(|n| format!(": {n}")).unwrap_or_default()
+                    ),
+                ));
             }
             if !(retried && decided_before) {
                 return Ok(());
@@ -207,19 +240,26 @@ impl Kernel {
         match def.policy.crash {
             CrashPolicy::Retry => Ok(()),
             CrashPolicy::Ask => {
-                let decision = self.await_approval(live, seq, name, args, ApprovalKind::RetryAfterCrash).await?;
+                let decision =
+                    self.await_approval(live, seq, name, args, ApprovalKind::RetryAfterCrash).await?;
                 if decision.approve {
                     Ok(())
                 } else {
-                    Err(ErrorKind::ToolError.error(format!(
-                        "tool {name} (call {seq}) was interrupted by a kernel crash and an operator chose not to run it again{}",
-                        decision.note.map(|n| format!(": {n}")).unwrap_or_default()
-                    )))
+                    Err(SyscallError::new(
+                        ErrorKind::ToolError,
+                        format!(
+                            "tool {name} (call {seq}) was interrupted by a kernel crash and an operator chose not to run it again{}",
+                            decision.note.map(|n| format!(": {n}")).unwrap_or_default()
+                        ),
+                    ))
                 }
             }
-            CrashPolicy::Fail => Err(ErrorKind::ToolError.error(format!(
-                "tool {name} (call {seq}) was interrupted by a kernel crash and its crash policy is `fail`: its effect is unknown, so it is not run again"
-            ))),
+            CrashPolicy::Fail => Err(SyscallError::new(
+                ErrorKind::ToolError,
+                format!(
+                    "tool {name} (call {seq}) was interrupted by a kernel crash and its crash policy is `fail`: its effect is unknown, so it is not run again"
+                ),
+            )),
         }
     }
 
@@ -246,7 +286,7 @@ impl Kernel {
             Ok(_) => "ok",
             Err(err) => {
                 detail["error"] = json!(err.message);
-                if err.code == ErrorKind::Denied.code() { "denied" } else { "error" }
+                if err.is(ErrorKind::Denied) { "denied" } else { "error" }
             }
         };
         self.audit_run(&live.id, &live.tenant, "agent", "tool.call", name, result, detail);

@@ -22,16 +22,15 @@ use std::time::Duration;
 
 use keel_protocol::rpc::{
     ErrorKind, IpcMessage, IpcPublishParams, IpcRecvParams, IpcRegisterParams, IpcSendParams, IpcTopicParams,
-    RpcError,
 };
-use keel_store::{Error as StoreError, NewMessage};
+use keel_store::{Error as StoreError, NewMessage, Seq};
 use keel_types::RunId;
 use serde_json::{Value, json};
 
 use crate::Kernel;
-use crate::dispatch::{internal, parse};
 use crate::now_ms;
 use crate::run::LiveRun;
+use crate::syscall::{Reply, SyscallError, internal, parse};
 
 /// The most undelivered messages a mailbox holds unless `KEEL_MAILBOX_CAPACITY` says
 /// otherwise.
@@ -141,7 +140,7 @@ impl IpcCall {
 const MAX_NAME_BYTES: usize = 64;
 
 /// A run name: 1-64 of letters, digits, `-`, `_`, `.`, not shaped like a run id.
-fn name(method: &str, name: &str) -> Result<String, RpcError> {
+fn name(method: &str, name: &str) -> Result<String, SyscallError> {
     let valid = !name.is_empty()
         && name.len() <= MAX_NAME_BYTES
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
@@ -154,7 +153,7 @@ fn name(method: &str, name: &str) -> Result<String, RpcError> {
     Ok(name.to_owned())
 }
 
-fn topic(method: &str, topic: String) -> Result<String, RpcError> {
+fn topic(method: &str, topic: String) -> Result<String, SyscallError> {
     if topic.is_empty() || topic.len() > MAX_TOPIC_BYTES || topic.chars().any(char::is_control) {
         return Err(bad(format!(
             "{method}: `topic` must be 1 to {MAX_TOPIC_BYTES} bytes without control characters"
@@ -163,8 +162,8 @@ fn topic(method: &str, topic: String) -> Result<String, RpcError> {
     Ok(topic)
 }
 
-fn bad(message: String) -> RpcError {
-    ErrorKind::InvalidParams.error(message)
+fn bad(message: String) -> SyscallError {
+    SyscallError::new(ErrorKind::InvalidParams, message)
 }
 
 /// Whether `method` is an IPC syscall.
@@ -183,7 +182,7 @@ pub fn capacity_from_env() -> u64 {
 }
 
 /// Checks an IPC call's params.
-pub fn check(method: &str, params: &Value) -> Result<IpcCall, RpcError> {
+pub fn check(method: &str, params: &Value) -> Result<IpcCall, SyscallError> {
     Ok(match method {
         "ipc.send" => {
             let p: IpcSendParams = parse(
@@ -235,12 +234,14 @@ pub fn check(method: &str, params: &Value) -> Result<IpcCall, RpcError> {
                 wait: p.wait.unwrap_or(true),
             }
         }
-        other => return Err(ErrorKind::UnknownMethod.error(format!("unknown ipc method {other:?}"))),
+        other => {
+            return Err(SyscallError::new(ErrorKind::UnknownMethod, format!("unknown ipc method {other:?}")));
+        }
     })
 }
 
-fn not_found(to: &RunId) -> RpcError {
-    ErrorKind::NotFound.error(format!("ipc.send: no run {to} (of this tenant)"))
+fn not_found(to: &RunId) -> SyscallError {
+    SyscallError::new(ErrorKind::NotFound, format!("ipc.send: no run {to} (of this tenant)"))
 }
 
 impl Kernel {
@@ -254,7 +255,7 @@ impl Kernel {
         call: IpcCall,
         idempotency_key: Option<String>,
         still_wanted: impl Fn() -> bool,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Value, SyscallError> {
         let (to, topic, message, correlation_id, wait) = match call {
             IpcCall::Send { to, message, correlation_id, wait } => {
                 (Some(to), None, message, correlation_id, wait)
@@ -307,13 +308,19 @@ impl Kernel {
                     Err(StoreError::RunNotFound(run)) => return Err(not_found(&run)),
                     Err(StoreError::MailboxFull { capacity, run }) => {
                         if !wait {
-                            return Err(ErrorKind::WouldBlock.error(format!(
-                                "{method}: the mailbox of run {run} is full ({capacity} undelivered messages); \
+                            return Err(SyscallError::new(
+                                ErrorKind::WouldBlock,
+                                format!(
+                                    "{method}: the mailbox of run {run} is full ({capacity} undelivered messages); \
                                  nothing was sent. Retry later, or send with wait: true to wait for room"
-                            )));
+                                ),
+                            ));
                         }
                         if !still_wanted() {
-                            return Err(ErrorKind::Cancelled.error(format!("{method}: the run is ending")));
+                            return Err(SyscallError::new(
+                                ErrorKind::Cancelled,
+                                format!("{method}: the run is ending"),
+                            ));
                         }
                         match notified.as_mut().as_pin_mut() {
                             Some(notified) if full.as_ref().is_some_and(|wait| wait.run == run) => {
@@ -340,7 +347,7 @@ impl Kernel {
         live: &Arc<LiveRun>,
         timeout_ms: Option<u64>,
         idempotency_key: &str,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Value, SyscallError> {
         let deadline = timeout_ms.map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
         let _waiting = crate::swap::Busy::new(&live.waiting_calls);
         // A wait that lasts shows as `waiting(message)` (and may be swapped out); a quick
@@ -372,7 +379,10 @@ impl Kernel {
                 return Ok(json!({ "message": message }));
             }
             if !self.is_current(live) {
-                return Err(ErrorKind::Cancelled.error("ipc.recv: the run is ending; no message will come"));
+                return Err(SyscallError::new(
+                    ErrorKind::Cancelled,
+                    "ipc.recv: the run is ending; no message will come",
+                ));
             }
             let mut wake = tokio::time::Instant::now() + POLL;
             if long && !parked {
@@ -397,7 +407,7 @@ impl Kernel {
         tenant: &str,
         run: &RunId,
         call: IpcCall,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Value, SyscallError> {
         let IpcCall::Subscribe { topic, subscribe } = call else {
             return Err(internal("subscribe called with another call"));
         };
@@ -417,7 +427,7 @@ impl Kernel {
         signal: &str,
         data: Value,
         idempotency_key: Option<String>,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Value, SyscallError> {
         let message = NewMessage {
             tenant: tenant.to_owned(),
             from: from.cloned(),
@@ -434,13 +444,20 @@ impl Kernel {
                 if signal != "pause" && signal != "resume" && signal != "stop" {
                     self.request_wake(to);
                 }
-                self.emit(to, EventKind::Signal, json!({ "signal": signal, "from": from.map(RunId::as_str) }));
+                self.emit(
+                    to,
+                    EventKind::Signal,
+                    json!({ "signal": signal, "from": from.map(RunId::as_str) }),
+                );
                 Ok(json!({ "seq": seq }))
             }
             Err(StoreError::RunNotFound(run)) => Err(not_found(&run)),
-            Err(StoreError::MailboxFull { capacity, run }) => Err(ErrorKind::WouldBlock.error(format!(
-                "signal {signal}: the mailbox of run {run} is full ({capacity} undelivered messages); nothing was sent"
-            ))),
+            Err(StoreError::MailboxFull { capacity, run }) => Err(SyscallError::new(
+                ErrorKind::WouldBlock,
+                format!(
+                    "signal {signal}: the mailbox of run {run} is full ({capacity} undelivered messages); nothing was sent"
+                ),
+            )),
             Err(err) => Err(internal(err)),
         }
     }
@@ -452,7 +469,18 @@ impl Kernel {
         run: &RunId,
         signal: &str,
         data: Value,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Value, keel_protocol::rpc::RpcError> {
+        self.signal_run_syscall(tenant, run, signal, data).await.map_err(Into::into)
+    }
+
+    /// [`Kernel::signal_run`], failing as a syscall does.
+    pub(crate) async fn signal_run_syscall(
+        &self,
+        tenant: &str,
+        run: &RunId,
+        signal: &str,
+        data: Value,
+    ) -> Result<Value, SyscallError> {
         if matches!(signal, "stop" | "pause" | "resume") {
             return Err(bad(format!("`{signal}` controls the process: use `keel {signal} {run}`")));
         }
@@ -465,9 +493,12 @@ impl Kernel {
     }
 
     /// The run registered as `name` in `tenant` (and not ended), for `ipc.send`.
-    pub(crate) async fn resolve_name(&self, tenant: &str, name: &str) -> Result<RunId, RpcError> {
+    pub(crate) async fn resolve_name(&self, tenant: &str, name: &str) -> Result<RunId, SyscallError> {
         let missing = || {
-            ErrorKind::NotFound.error(format!("ipc.send: no run of this tenant is registered as {name:?}"))
+            SyscallError::new(
+                ErrorKind::NotFound,
+                format!("ipc.send: no run of this tenant is registered as {name:?}"),
+            )
         };
         let scope = format!("names:{tenant}");
         let Some(Value::String(id)) = self.store().kv_get(&scope, name).await.map_err(internal)? else {
@@ -487,20 +518,21 @@ impl Kernel {
         tenant: &str,
         run: &RunId,
         name: &str,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Value, SyscallError> {
         if let Ok(holder) = self.resolve_name(tenant, name).await
             && &holder != run
         {
-            return Err(ErrorKind::Denied.error(format!(
-                "ipc.register: the name {name:?} is taken by run {holder}, which has not ended"
-            )));
+            return Err(SyscallError::new(
+                ErrorKind::Denied,
+                format!("ipc.register: the name {name:?} is taken by run {holder}, which has not ended"),
+            ));
         }
         self.store().kv_put(&format!("names:{tenant}"), name, json!(run.as_str())).await.map_err(internal)?;
         Ok(json!({}))
     }
 
     /// Replaces a send to a name by a send to the run that holds it.
-    pub(crate) async fn resolve_send(&self, tenant: &str, call: IpcCall) -> Result<IpcCall, RpcError> {
+    pub(crate) async fn resolve_send(&self, tenant: &str, call: IpcCall) -> Result<IpcCall, SyscallError> {
         match call {
             IpcCall::SendNamed { name, message, correlation_id, wait } => {
                 let to = self.resolve_name(tenant, &name).await?;
@@ -512,10 +544,73 @@ impl Kernel {
 
     /// An operator's message to a run (the HTTP API and `keel send`), with the checks of
     /// `ipc.send`; not journaled (there is no sending run). Answers `{"seq": n}`.
-    pub async fn send_message(&self, tenant: &str, params: Value) -> Result<Value, RpcError> {
+    pub async fn send_message(
+        &self,
+        tenant: &str,
+        params: Value,
+    ) -> Result<Value, keel_protocol::rpc::RpcError> {
+        self.send_message_syscall(tenant, params).await.map_err(Into::into)
+    }
+
+    /// [`Kernel::send_message`], failing as a syscall does.
+    pub(crate) async fn send_message_syscall(
+        &self,
+        tenant: &str,
+        params: Value,
+    ) -> Result<Value, SyscallError> {
         let call = check("ipc.send", &params)?;
         let call = self.resolve_send(tenant, call).await?;
         self.mailbox_send(tenant, None, call, None, || true).await
+    }
+}
+
+impl Kernel {
+    /// The `ipc.*` syscalls under their journaling rules: naming and subscribing are
+    /// idempotent and journaled once done; sends, receives and publishes journal their
+    /// intent first, and their key `run_id:seq` makes a retry after a crash answer what
+    /// the first attempt did (a send its first seq, a receive the message it took).
+    pub(crate) async fn perform_ipc(&self, journal: crate::syscall::JournalCall<'_>, call: IpcCall) -> Reply {
+        use crate::syscall::{Effect, Journaling};
+        let live = journal.live;
+        let tenant = live.tenant.clone();
+        // A name resolves to the run holding it now; the journal keeps the name.
+        let call = self.resolve_send(&tenant, call).await?;
+        let complete = Journaling::Complete { failures: false };
+        if let IpcCall::Register { name } = &call {
+            let registered = self.register_name(&tenant, &live.id, name).await;
+            return self.journaled(journal, complete, |_| async { Effect::reply(registered) }).await.reply;
+        }
+        if let IpcCall::Send { to, .. } = &call {
+            // An unknown target (or another tenant's run) leaves nothing to replay.
+            let target = self.store().get_run(to).await.map_err(internal)?;
+            if target.is_none_or(|run| run.tenant != tenant) {
+                return Err(SyscallError::new(
+                    ErrorKind::NotFound,
+                    format!("ipc.send: no run {to} (of this tenant)"),
+                ));
+            }
+        }
+        if !call.has_intent() {
+            // Idempotent on its own: a crash before the entry is journaled makes the
+            // replayed agent do it again, to the same effect.
+            let subscribed = self.subscribe(&tenant, &live.id, call).await;
+            return self.journaled(journal, complete, |_| async { Effect::reply(subscribed) }).await.reply;
+        }
+        let effect = |seq: Option<Seq>| async move {
+            let key = format!("{}:{}", live.id, seq.unwrap_or_default());
+            Effect::reply(match call {
+                IpcCall::Recv { timeout_ms } => self.mailbox_recv(live, timeout_ms, &key).await,
+                subscribe @ IpcCall::Subscribe { .. } => self.subscribe(&tenant, &live.id, subscribe).await,
+                send @ (IpcCall::Send { .. } | IpcCall::Publish { .. }) => {
+                    self.mailbox_send(&tenant, Some(&live.id), send, Some(key), || self.is_current(live))
+                        .await
+                }
+                IpcCall::SendNamed { .. } | IpcCall::Register { .. } => {
+                    Err(internal("names are resolved above"))
+                }
+            })
+        };
+        self.journaled(journal, Journaling::IntentThenResult, effect).await.reply
     }
 }
 

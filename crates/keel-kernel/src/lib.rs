@@ -10,7 +10,7 @@ mod admission;
 mod approvals;
 mod audit;
 mod budget;
-mod dispatch;
+
 mod error;
 mod events;
 mod exec;

@@ -18,15 +18,16 @@
 use keel_llm::Embedder;
 use keel_protocol::rpc::{
     ErrorKind, LlmEmbedParams, LlmEmbedResult, MemGetResult, MemKeyParams, MemPutParams, MemSearchHit,
-    MemSearchMode, MemSearchParams, MemThreadAppendParams, MemThreadReadParams, RpcError, ThreadEntry,
+    MemSearchMode, MemSearchParams, MemThreadAppendParams, MemThreadReadParams, ThreadEntry,
 };
 use keel_store::{MemoryEmbedding, MemorySearch, SearchMode, Store};
 use keel_types::Usage;
 use serde_json::{Value, json};
 
 use crate::Kernel;
-use crate::dispatch::{internal, parse};
 use crate::now_ms;
+use crate::syscall::SyscallError;
+use crate::syscall::{internal, parse};
 
 const MAX_NAME_BYTES: usize = 256;
 const MAX_KEY_BYTES: usize = 512;
@@ -89,11 +90,11 @@ impl MemCall {
     }
 }
 
-fn bad(message: String) -> RpcError {
-    ErrorKind::InvalidParams.error(message)
+fn bad(message: String) -> SyscallError {
+    SyscallError::new(ErrorKind::InvalidParams, message)
 }
 
-fn name(method: &str, field: &str, value: String, max: usize) -> Result<String, RpcError> {
+fn name(method: &str, field: &str, value: String, max: usize) -> Result<String, SyscallError> {
     if value.is_empty() || value.len() > max {
         return Err(bad(format!("{method}: `{field}` must be 1 to {max} bytes long")));
     }
@@ -113,7 +114,7 @@ const MAX_EMBED_INPUTS: usize = 2048;
 const MAX_EMBED_INPUT_BYTES: usize = 64 * 1024;
 
 /// Checks a memory call's params. `method` must be one of the `mem.*` methods.
-pub fn check(method: &str, params: &Value) -> Result<MemCall, RpcError> {
+pub fn check(method: &str, params: &Value) -> Result<MemCall, SyscallError> {
     Ok(match method {
         "mem.thread.append" => {
             let p: MemThreadAppendParams = parse(
@@ -208,7 +209,10 @@ pub fn check(method: &str, params: &Value) -> Result<MemCall, RpcError> {
             MemCall::Embed { input: p.input }
         }
         other => {
-            return Err(ErrorKind::UnknownMethod.error(format!("unknown memory method {other:?}")));
+            return Err(SyscallError::new(
+                ErrorKind::UnknownMethod,
+                format!("unknown memory method {other:?}"),
+            ));
         }
     })
 }
@@ -225,7 +229,7 @@ async fn embed_one(
     embedder: &dyn Embedder,
     text: &str,
     usage: &mut Usage,
-) -> Result<Option<MemoryEmbedding>, RpcError> {
+) -> Result<Option<MemoryEmbedding>, SyscallError> {
     if !text.chars().any(char::is_alphanumeric) {
         return Ok(None);
     }
@@ -239,13 +243,14 @@ async fn embed(
     embedder: &dyn Embedder,
     texts: &[String],
     usage: &mut Usage,
-) -> Result<Vec<Vec<f32>>, RpcError> {
+) -> Result<Vec<Vec<f32>>, SyscallError> {
     let embedded = embedder.embed(texts).await.map_err(|err| {
-        let mut error = ErrorKind::ProviderError
-            .error(format!("embedding with model {:?} failed: {err}", embedder.model()));
-        if let (Some(data), Some(class)) = (error.data.as_mut(), err.class()) {
-            data["class"] = json!(class.as_str());
-            data["status"] = json!(class.http_status());
+        let mut error = SyscallError::new(
+            ErrorKind::ProviderError,
+            format!("embedding with model {:?} failed: {err}", embedder.model()),
+        );
+        if let Some(class) = err.class() {
+            error = error.with("class", class.as_str()).with("status", class.http_status());
         }
         error
     })?;
@@ -269,7 +274,7 @@ pub async fn perform(
     tenant: &str,
     call: MemCall,
     idempotency_key: Option<&str>,
-) -> Result<Performed, RpcError> {
+) -> Result<Performed, SyscallError> {
     let mut usage = Usage::default();
     let result = perform_call(store, embedder, tenant, call, idempotency_key, &mut usage).await?;
     Ok(Performed { result, usage })
@@ -282,7 +287,7 @@ async fn perform_call(
     call: MemCall,
     idempotency_key: Option<&str>,
     usage: &mut Usage,
-) -> Result<Value, RpcError> {
+) -> Result<Value, SyscallError> {
     match call {
         MemCall::Embed { input } => {
             let embeddings = embed(embedder, &input, usage).await?;
@@ -373,9 +378,27 @@ impl Kernel {
     /// A memory call from outside any run (the HTTP API and `keel mem`): the same params,
     /// checks and answers as the `mem.*` syscall `method`, for `tenant`. Not journaled:
     /// there is no run to replay.
-    pub async fn memory(&self, tenant: &str, method: &str, params: Value) -> Result<Value, RpcError> {
+    pub async fn memory(
+        &self,
+        tenant: &str,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, keel_protocol::rpc::RpcError> {
+        self.memory_syscall(tenant, method, params).await.map_err(Into::into)
+    }
+
+    /// [`Kernel::memory`], failing as a syscall does.
+    pub(crate) async fn memory_syscall(
+        &self,
+        tenant: &str,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, SyscallError> {
         if !method.starts_with("mem.") {
-            return Err(ErrorKind::UnknownMethod.error(format!("{method:?} is not a memory method")));
+            return Err(SyscallError::new(
+                ErrorKind::UnknownMethod,
+                format!("{method:?} is not a memory method"),
+            ));
         }
         let call = check(method, &params)?;
         let embedder = self.embedder();
@@ -394,7 +417,17 @@ impl Kernel {
         tenant: &str,
         namespace: &str,
         key: &str,
-    ) -> Result<Option<keel_store::MemoryRecord>, RpcError> {
+    ) -> Result<Option<keel_store::MemoryRecord>, keel_protocol::rpc::RpcError> {
+        self.memory_record_syscall(tenant, namespace, key).await.map_err(Into::into)
+    }
+
+    /// [`Kernel::memory_record`], failing as a syscall does.
+    pub(crate) async fn memory_record_syscall(
+        &self,
+        tenant: &str,
+        namespace: &str,
+        key: &str,
+    ) -> Result<Option<keel_store::MemoryRecord>, SyscallError> {
         let MemCall::Get { namespace, key } =
             check("mem.get", &json!({ "namespace": namespace, "key": key }))?
         else {

@@ -10,17 +10,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_protocol::rpc::{
-    ErrorKind, ProcSignalParams, ProcSpawnParams, ProcWaitParams, RpcError, SysSleepParams,
-};
+use keel_protocol::rpc::{ErrorKind, ProcSignalParams, ProcSpawnParams, ProcWaitParams, SysSleepParams};
 use keel_store::{RunFilter, RunRecord};
 use keel_types::{RunId, RunState, WaitReason};
 use serde_json::{Value, json};
 
-use crate::dispatch::Reply;
-use crate::dispatch::{internal, parse};
 use crate::now_ms;
 use crate::run::{CreateRun, LiveRun};
+use crate::syscall::Reply;
+use crate::syscall::SyscallError;
+use crate::syscall::{internal, parse};
 use crate::{Command, Kernel};
 
 /// The longest `sys.sleep`: a day. Longer waits belong to a scheduler, not a timer.
@@ -38,11 +37,12 @@ pub(crate) fn is_proc_method(method: &str) -> bool {
     matches!(method, "proc.spawn" | "proc.wait" | "proc.signal" | "sys.sleep")
 }
 
-fn run_id(method: &str, text: &str) -> Result<RunId, RpcError> {
-    RunId::parse(text).map_err(|e| ErrorKind::InvalidParams.error(format!("{method}: `run_id`: {e}")))
+fn run_id(method: &str, text: &str) -> Result<RunId, SyscallError> {
+    RunId::parse(text)
+        .map_err(|e| SyscallError::new(ErrorKind::InvalidParams, format!("{method}: `run_id`: {e}")))
 }
 
-pub(crate) fn check(method: &str, params: &Value) -> Result<ProcCall, RpcError> {
+pub(crate) fn check(method: &str, params: &Value) -> Result<ProcCall, SyscallError> {
     Ok(match method {
         "proc.spawn" => {
             let p: ProcSpawnParams =
@@ -51,7 +51,8 @@ pub(crate) fn check(method: &str, params: &Value) -> Result<ProcCall, RpcError> 
                 (Some(command), None) if !command.is_empty() && !command[0].is_empty() => {}
                 (None, Some(agent)) if !agent.is_empty() => {}
                 _ => {
-                    return Err(ErrorKind::InvalidParams.error(
+                    return Err(SyscallError::new(
+                        ErrorKind::InvalidParams,
                         "proc.spawn: give exactly one of `command` (a non-empty list) or `agent` (an agent tool's name)",
                     ));
                 }
@@ -59,8 +60,10 @@ pub(crate) fn check(method: &str, params: &Value) -> Result<ProcCall, RpcError> 
             if let Some(priority) = &p.priority
                 && !matches!(priority.as_str(), "high" | "normal" | "low")
             {
-                return Err(ErrorKind::InvalidParams
-                    .error(format!("proc.spawn: priority {priority:?} is not high, normal or low")));
+                return Err(SyscallError::new(
+                    ErrorKind::InvalidParams,
+                    format!("proc.spawn: priority {priority:?} is not high, normal or low"),
+                ));
             }
             ProcCall::Spawn(p)
         }
@@ -71,22 +74,29 @@ pub(crate) fn check(method: &str, params: &Value) -> Result<ProcCall, RpcError> 
         "proc.signal" => {
             let p: ProcSignalParams = parse(method, params, "{\"run_id\":\"run_...\",\"signal\":\"stop\"}")?;
             if !valid_signal(&p.signal) {
-                return Err(ErrorKind::InvalidParams.error(format!(
-                    "proc.signal: signal {:?} is not stop, pause, resume or a custom name (1-64 letters, digits, '-', '_', '.')",
-                    p.signal
-                )));
+                return Err(SyscallError::new(
+                    ErrorKind::InvalidParams,
+                    format!(
+                        "proc.signal: signal {:?} is not stop, pause, resume or a custom name (1-64 letters, digits, '-', '_', '.')",
+                        p.signal
+                    ),
+                ));
             }
             ProcCall::Signal { child: run_id(method, &p.run_id)?, signal: p.signal }
         }
         "sys.sleep" => {
             let p: SysSleepParams = parse(method, params, "{\"ms\":1000}")?;
             if p.ms > MAX_SLEEP_MS {
-                return Err(ErrorKind::InvalidParams
-                    .error(format!("sys.sleep: `ms` is at most {MAX_SLEEP_MS} (a day)")));
+                return Err(SyscallError::new(
+                    ErrorKind::InvalidParams,
+                    format!("sys.sleep: `ms` is at most {MAX_SLEEP_MS} (a day)"),
+                ));
             }
             ProcCall::Sleep { ms: p.ms }
         }
-        other => return Err(ErrorKind::UnknownMethod.error(format!("unknown method {other:?}"))),
+        other => {
+            return Err(SyscallError::new(ErrorKind::UnknownMethod, format!("unknown method {other:?}")));
+        }
     })
 }
 
@@ -122,11 +132,17 @@ impl Kernel {
         let parent = self.get(&live.id).await.map_err(internal)?;
         let mut request = match (&params.command, &params.agent) {
             (_, Some(agent)) => {
-                let def = self.inner.tools.resolve(agent).await.map_err(|e| ErrorKind::NotFound.error(e))?;
+                let def = self
+                    .inner
+                    .tools
+                    .resolve(agent)
+                    .await
+                    .map_err(|e| SyscallError::new(ErrorKind::NotFound, e))?;
                 let keel_tools::ToolKind::Agent(tool) = &def.kind else {
-                    return Err(ErrorKind::InvalidParams.error(format!(
-                        "proc.spawn: {agent} is a tool, not an agent; name a [[tools.agent]] entry"
-                    )));
+                    return Err(SyscallError::new(
+                        ErrorKind::InvalidParams,
+                        format!("proc.spawn: {agent} is a tool, not an agent; name a [[tools.agent]] entry"),
+                    ));
                 };
                 CreateRun::for_agent_tool(&parent, tool, params.input.clone().unwrap_or(Value::Null))
                     .map_err(internal)?
@@ -134,12 +150,15 @@ impl Kernel {
             (Some(command), None) => {
                 CreateRun::child_of(&parent, command.clone(), params.input.clone()).map_err(internal)?
             }
-            (None, None) => return Err(ErrorKind::InvalidParams.error("proc.spawn: no command")),
+            (None, None) => {
+                return Err(SyscallError::new(ErrorKind::InvalidParams, "proc.spawn: no command"));
+            }
         };
         request.env.extend(params.env.clone());
         if let Some(patterns) = &params.grant {
-            let narrower = keel_tools::grant::Grant::parse(patterns)
-                .map_err(|e| ErrorKind::InvalidParams.error(format!("proc.spawn: grant: {e}")))?;
+            let narrower = keel_tools::grant::Grant::parse(patterns).map_err(|e| {
+                SyscallError::new(ErrorKind::InvalidParams, format!("proc.spawn: grant: {e}"))
+            })?;
             for pattern in narrower.patterns() {
                 // A child never gets more than its parent: every pattern must lie within
                 // the parent's grant (a `*` pattern is checked by its prefix).
@@ -147,10 +166,13 @@ impl Kernel {
                 let within =
                     live.grant.allows(&pattern) || (pattern.ends_with('*') && covered(&live.grant, probe));
                 if !within {
-                    return Err(ErrorKind::Denied.error(format!(
-                        "proc.spawn: grant {pattern:?} is wider than this run's ({})",
-                        live.grant.patterns().join(", ")
-                    )));
+                    return Err(SyscallError::new(
+                        ErrorKind::Denied,
+                        format!(
+                            "proc.spawn: grant {pattern:?} is wider than this run's ({})",
+                            live.grant.patterns().join(", ")
+                        ),
+                    ));
                 }
             }
             request.grant = Some(patterns.clone());
@@ -161,9 +183,11 @@ impl Kernel {
         let slice = match &params.budget {
             Some(budget) => {
                 let budget: keel_protocol::api::BudgetParams = serde_json::from_value(budget.clone())
-                    .map_err(|e| ErrorKind::InvalidParams.error(format!("proc.spawn: budget: {e}")))?;
+                    .map_err(|e| {
+                        SyscallError::new(ErrorKind::InvalidParams, format!("proc.spawn: budget: {e}"))
+                    })?;
                 crate::budget::validate(&budget, "proc.spawn budget")
-                    .map_err(|e| ErrorKind::InvalidParams.error(e.to_string()))?;
+                    .map_err(|e| SyscallError::new(ErrorKind::InvalidParams, e.to_string()))?;
                 request.budget = Some(budget.clone());
                 Some(budget)
             }
@@ -177,7 +201,7 @@ impl Kernel {
         }
         self.create_as(child.clone(), request)
             .await
-            .map_err(|e| ErrorKind::InvalidParams.error(format!("proc.spawn: {e}")))?;
+            .map_err(|e| SyscallError::new(ErrorKind::InvalidParams, format!("proc.spawn: {e}")))?;
         self.emit(&live.id, EventKind::Spawn, json!({ "child": child.as_str() }));
         Ok(json!({ "run_id": child.as_str() }))
     }
@@ -203,7 +227,7 @@ impl Kernel {
                 break Ok(outcome(&record));
             }
             if !self.is_current(live) {
-                break Err(ErrorKind::Cancelled.error("proc.wait: the run is ending"));
+                break Err(SyscallError::new(ErrorKind::Cancelled, "proc.wait: the run is ending"));
             }
             let poll = tokio::time::sleep(Duration::from_millis(500));
             match deadline {
@@ -240,7 +264,7 @@ impl Kernel {
         };
         let record = Box::pin(self.execute(command))
             .await
-            .map_err(|e| ErrorKind::InvalidParams.error(format!("proc.signal: {e}")))?;
+            .map_err(|e| SyscallError::new(ErrorKind::InvalidParams, format!("proc.signal: {e}")))?;
         Ok(json!({ "run_id": child.as_str(), "state": record.state.as_str() }))
     }
 
@@ -264,8 +288,8 @@ impl Kernel {
 
     /// `child` when it is a descendant of the caller (of its tenant), else `not_found`
     /// (another run's children answer like runs that do not exist).
-    async fn descendant(&self, live: &Arc<LiveRun>, child: &RunId) -> Result<RunRecord, RpcError> {
-        let missing = || ErrorKind::NotFound.error(format!("no child run {child} of this run"));
+    async fn descendant(&self, live: &Arc<LiveRun>, child: &RunId) -> Result<RunRecord, SyscallError> {
+        let missing = || SyscallError::new(ErrorKind::NotFound, format!("no child run {child} of this run"));
         let record = self.store().get_run(child).await.map_err(internal)?.ok_or_else(missing)?;
         let mut cursor = record.clone();
         for _ in 0..64 {

@@ -104,6 +104,26 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind, for lookups by name or code.
+    pub const ALL: [ErrorKind; 16] = [
+        ErrorKind::ParseError,
+        ErrorKind::InvalidRequest,
+        ErrorKind::TooLarge,
+        ErrorKind::UnknownMethod,
+        ErrorKind::InvalidParams,
+        ErrorKind::Unauthenticated,
+        ErrorKind::Denied,
+        ErrorKind::NotFound,
+        ErrorKind::RunExited,
+        ErrorKind::ProviderError,
+        ErrorKind::NoProvider,
+        ErrorKind::ToolError,
+        ErrorKind::BudgetExhausted,
+        ErrorKind::Internal,
+        ErrorKind::Cancelled,
+        ErrorKind::WouldBlock,
+    ];
+
     pub fn code(self) -> i64 {
         match self {
             ErrorKind::ParseError => -32700,

@@ -117,7 +117,7 @@ async fn serve_connection(kernel: Kernel, stream: UnixStream) {
             };
             let response = match reply {
                 Ok(result) => Response::ok(id, result),
-                Err(error) => Response::err(id, error),
+                Err(error) => Response::err(id, error.to_rpc()),
             };
             let _ = tx.send(response);
         });

@@ -1,0 +1,484 @@
+//! Syscall dispatch. Every journaled syscall is first matched against the replay journal
+//! (after a restart); a live call journals its intent durably before the effect and its
+//! result durably before the reply, so a crash at any instant loses no answered step and
+//! repeats no completed effect.
+
+use keel_protocol::EventKind;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use keel_core::lifecycle::Command as Lifecycle;
+use keel_core::replay::{Decision, params_hash};
+use keel_llm::{DeltaSink, Provider};
+use keel_protocol::rpc::{
+    CodeExecParams, ErrorKind, HumanAskParams, LlmChatParams, RunEmitParams, RunExitParams,
+    StateCheckpointParams,
+};
+use keel_store::{JournalEntry, RunPatch, Seq};
+use keel_types::{EntryStatus, RunState, Usage};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::Kernel;
+use crate::ipc::{self, IpcCall};
+use crate::lock;
+use crate::memory;
+use crate::now_ms;
+use crate::run::LiveRun;
+
+use super::journal::{self, Effect, Journaling};
+use super::{Reply, SyscallError, internal};
+
+/// A syscall whose params were checked: what the journal records and replays.
+enum Call {
+    LlmChat(LlmChatParams),
+    Tool(ToolCall),
+    Exec(CodeExecParams),
+    Checkpoint,
+    Now,
+    Random,
+    Ask(String),
+    Emit(Value),
+    Exit(Value),
+    Mem(memory::MemCall),
+    Ipc(IpcCall),
+    Proc(crate::procs::ProcCall),
+}
+
+pub(crate) fn parse<T: DeserializeOwned>(
+    method: &str,
+    params: &Value,
+    shape: &str,
+) -> Result<T, SyscallError> {
+    serde_json::from_value(params.clone()).map_err(|e| {
+        SyscallError::new(ErrorKind::InvalidParams, format!("{method}: {e}; expected params {shape}"))
+    })
+}
+
+/// A tool call that passed governance: granted, known, arguments valid.
+pub(crate) struct ToolCall {
+    pub(crate) def: keel_tools::ToolDef,
+    pub(crate) args: Value,
+    /// The seq of the `code.exec` whose program made the call.
+    pub(crate) exec: Option<u64>,
+}
+
+/// The largest program `code.exec` takes, in bytes.
+const MAX_CODE_BYTES: usize = 256 * 1024;
+
+/// Checks params before anything is journaled, so a bad call leaves no trace to replay.
+/// Tool calls are governed later, in [`Kernel::govern`].
+fn check(method: &str, params: &Value) -> Result<Call, SyscallError> {
+    let empty = |m: &str| -> Result<(), SyscallError> {
+        match params.as_object() {
+            Some(map) if map.is_empty() => Ok(()),
+            _ => Err(SyscallError::new(ErrorKind::InvalidParams, format!("{m} takes no params; send {{}}"))),
+        }
+    };
+    Ok(match method {
+        "llm.chat" => {
+            let p: LlmChatParams =
+                parse(method, params, "{\"messages\":[{\"role\":\"user\",\"content\":\"...\"}]}")?;
+            if p.messages.is_empty() {
+                return Err(SyscallError::new(
+                    ErrorKind::InvalidParams,
+                    "llm.chat: `messages` is empty; send at least one message",
+                ));
+            }
+            Call::LlmChat(p)
+        }
+        "code.exec" => {
+            let p: CodeExecParams = parse(
+                method,
+                params,
+                "{\"lang\":\"python\",\"code\":\"...\",\"inputs\":{...},\"limits\":{...}}",
+            )?;
+            if !matches!(p.lang.as_str(), "python" | "py" | "javascript" | "js" | "cpython") {
+                return Err(SyscallError::new(
+                    ErrorKind::InvalidParams,
+                    format!(
+                        "code.exec: language {:?} is not supported; use python, javascript or cpython",
+                        p.lang
+                    ),
+                ));
+            }
+            if p.code.len() > MAX_CODE_BYTES {
+                return Err(SyscallError::new(
+                    ErrorKind::InvalidParams,
+                    format!("code.exec: the program is over {MAX_CODE_BYTES} bytes"),
+                ));
+            }
+            crate::exec::limits(&p.limits).map_err(|e| SyscallError::new(ErrorKind::InvalidParams, e))?;
+            Call::Exec(p)
+        }
+        "state.checkpoint" => {
+            parse::<StateCheckpointParams>(method, params, "{\"state\": <any JSON>}")?;
+            Call::Checkpoint
+        }
+        "sys.now" => {
+            empty(method)?;
+            Call::Now
+        }
+        "sys.random" => {
+            empty(method)?;
+            Call::Random
+        }
+        "human.ask" => Call::Ask(parse::<HumanAskParams>(method, params, "{\"question\":\"...\"}")?.question),
+        "run.emit" => Call::Emit(parse::<RunEmitParams>(method, params, "{\"event\": <any JSON>}")?.event),
+        "run.exit" => Call::Exit(parse::<RunExitParams>(method, params, "{\"output\": <any JSON>}")?.output),
+        m if memory::is_memory_method(m) && keel_protocol::rpc::METHODS.contains(&m) => {
+            Call::Mem(memory::check(method, params)?)
+        }
+        m if ipc::is_ipc_method(m) && keel_protocol::rpc::METHODS.contains(&m) => {
+            Call::Ipc(ipc::check(method, params)?)
+        }
+        m if crate::procs::is_proc_method(m) => Call::Proc(crate::procs::check(method, params)?),
+        other => {
+            return Err(SyscallError::new(
+                ErrorKind::UnknownMethod,
+                format!(
+                    "unknown method {other:?}; protocol 1 has: {}",
+                    keel_protocol::rpc::METHODS.join(", ")
+                ),
+            ));
+        }
+    })
+}
+
+/// A provider failure as the agent sees it; `data` carries the class, the upstream status
+/// and any retry-after, so the compatibility endpoints can answer with the right status.
+fn provider_error(err: &keel_llm::Error) -> SyscallError {
+    let mut error = SyscallError::new(ErrorKind::ProviderError, err.to_string());
+    if let Some(class) = err.class() {
+        error = error.with("class", class.as_str()).with("status", class.http_status());
+    }
+    if let Some(after) = err.retry_after() {
+        error = error.with("retry_after_ms", after.as_millis() as u64);
+    }
+    error
+}
+
+/// The reply a journal entry stands for (the same bytes, live or replayed).
+fn reply_of(entry: &JournalEntry) -> Reply {
+    match entry.status {
+        EntryStatus::Ok => Ok(match entry.method.as_str() {
+            "llm.chat" => {
+                entry.result.as_ref().and_then(|r| r.get("response")).cloned().unwrap_or(Value::Null)
+            }
+            "state.checkpoint" => json!({ "seq": entry.seq }),
+            _ => entry.result.clone().unwrap_or(Value::Null),
+        }),
+        _ => Err(entry
+            .error
+            .clone()
+            .and_then(|e| serde_json::from_value(e).ok())
+            .map(SyscallError::from_rpc)
+            .unwrap_or_else(|| SyscallError::new(ErrorKind::Internal, "the journaled call failed"))),
+    }
+}
+
+impl Kernel {
+    pub(crate) async fn syscall(&self, live: &Arc<LiveRun>, method: &str, params: Value) -> Reply {
+        self.syscall_streaming(live, method, params, None).await
+    }
+
+    /// A syscall whose LLM deltas, if it makes a live streamed call, go to `stream`. A
+    /// replayed call sends no deltas: the caller renders the journaled result instead.
+    pub(crate) async fn syscall_streaming(
+        &self,
+        live: &Arc<LiveRun>,
+        method: &str,
+        params: Value,
+        stream: Option<DeltaSink>,
+    ) -> Reply {
+        let _busy = crate::swap::Busy::new(&live.inflight);
+        if live.exited.load(Ordering::SeqCst) {
+            return Err(SyscallError::new(
+                ErrorKind::RunExited,
+                format!("{method}: this run already called run.exit; the agent should end its process now"),
+            ));
+        }
+        match method {
+            "state.restore" => return self.restore(live).await,
+            "tool.list" => {
+                let tools: Vec<_> = self.granted_tools(live).await.iter().map(crate::tools::spec).collect();
+                return Ok(json!({ "tools": tools }));
+            }
+            // A no-op for liveness checks and for measuring the channel; not journaled.
+            "sys.ping" => return Ok(json!({})),
+            _ => {}
+        }
+        let call = match method {
+            // Governed: granted, known, arguments valid against the tool's schema.
+            "tool.call" => Call::Tool(self.govern(live, &params).await?),
+            _ => check(method, &params)?,
+        };
+        let hash = params_hash(method, &params);
+        let (decision, recorded) = {
+            let mut replay = live.replay.lock().await;
+            let decision = replay.matcher.decide(method, &hash);
+            let recorded = match &decision {
+                Decision::Replay { seq } | Decision::Reattach { seq } => replay.recorded.get(seq).cloned(),
+                Decision::Live { .. } => None,
+            };
+            (decision, recorded)
+        };
+        match decision {
+            Decision::Replay { seq } => {
+                let entry = recorded.ok_or_else(|| internal(format!("journal entry {seq} vanished")))?;
+                if method == "run.exit" {
+                    live.exited.store(true, Ordering::SeqCst);
+                }
+                self.emit(&live.id, EventKind::Syscall, json!({ "seq": seq, "method": method, "status": entry.status.as_str(), "replayed": true }));
+                reply_of(&entry)
+            }
+            Decision::Reattach { seq } => {
+                // The crash window: the intent is journaled, the result is not. Reread it
+                // (an operator may have answered meanwhile), else apply the call's policy;
+                // every call of protocol 1 is safe to retry (built-in tools are idempotent
+                // and get the key run_id:seq; a scripted LLM call has no outside effect).
+                let current = self.store().journal(&live.id, seq - 1).await.map_err(internal)?;
+                if let Some(entry) =
+                    current.into_iter().find(|e| e.seq == seq && e.status != EntryStatus::Pending)
+                {
+                    return reply_of(&entry);
+                }
+                self.perform(live, method, call, params, Some(seq), stream).await
+            }
+            Decision::Live { first } => {
+                if first {
+                    self.go_live(live).await;
+                }
+                self.perform(live, method, call, params, None, stream).await
+            }
+        }
+    }
+
+    /// The first call without a journaled match ends replay: `recovering` becomes `running`.
+    async fn go_live(&self, live: &Arc<LiveRun>) {
+        if let Ok(record) = self.get(&live.id).await
+            && record.state == RunState::Recovering
+            && let Err(err) = self.transition(&live.id, Lifecycle::Recovered, RunPatch::default()).await
+        {
+            tracing::warn!(run = %live.id, "could not mark the run recovered: {err}");
+        }
+    }
+
+    async fn restore(&self, live: &Arc<LiveRun>) -> Reply {
+        let checkpoint = self.store().latest_entry(&live.id, "state.checkpoint").await.map_err(internal)?;
+        let state = checkpoint.and_then(|e| e.params.get("state").cloned()).unwrap_or(Value::Null);
+        Ok(json!({ "state": state }))
+    }
+
+    /// Performs a checked call under its journaling rule (see `journal.rs`).
+    async fn perform(
+        &self,
+        live: &Arc<LiveRun>,
+        method: &str,
+        call: Call,
+        params: Value,
+        reuse: Option<Seq>,
+        stream: Option<DeltaSink>,
+    ) -> Reply {
+        let hash = params_hash(method, &params);
+        let journal = journal::Call { live, method, params, hash, reuse };
+        let complete = Journaling::Complete { failures: false };
+        match call {
+            Call::Now => {
+                let now = json!({ "unix_ms": now_ms() });
+                self.journaled(journal, complete, |_| async { Effect::reply(Ok(now)) }).await.reply
+            }
+            Call::Random => {
+                let mut bytes = [0u8; 8];
+                keel_types::fill_random(&mut bytes);
+                let value = json!({ "value": u64::from_le_bytes(bytes) });
+                self.journaled(journal, complete, |_| async { Effect::reply(Ok(value)) }).await.reply
+            }
+            Call::Emit(event) => {
+                let reply =
+                    self.journaled(journal, complete, |_| async { Effect::reply(Ok(json!({}))) }).await;
+                if reply.reply.is_ok() {
+                    self.emit(&live.id, EventKind::Emit, event);
+                }
+                reply.reply
+            }
+            Call::Exit(output) => {
+                self.journaled(journal, complete, |_| async { Effect::reply(Ok(json!({}))) }).await.reply?;
+                live.exited.store(true, Ordering::SeqCst);
+                let patch = RunPatch { output: Some(Some(output)), ..RunPatch::default() };
+                self.store().update_run(&live.id, None, patch).await.map_err(internal)?;
+                Ok(json!({}))
+            }
+            Call::Checkpoint => {
+                let done =
+                    self.journaled(journal, complete, |_| async { Effect::reply(Ok(Value::Null)) }).await;
+                done.reply?;
+                // Replay now starts from this checkpoint, so a journal tail the restarted
+                // agent never asked for again can no longer be asked for.
+                self.abandon_replay_tail(live).await;
+                Ok(json!({ "seq": done.seq }))
+            }
+            Call::LlmChat(request) => self.llm_chat(journal, request, stream).await,
+            Call::Tool(call) => self.perform_tool(journal, call).await,
+            Call::Proc(crate::procs::ProcCall::Signal { child, signal }) => {
+                // Stop, pause and resume are idempotent: journaled once done.
+                let signalled = self.proc_signal(live, &child, &signal).await;
+                self.journaled(journal, complete, |_| async { Effect::reply(signalled) }).await.reply
+            }
+            Call::Proc(call) => {
+                // A timer runs from its journaled intent's start, across crashes.
+                let started = match reuse {
+                    Some(seq) => live.replay.lock().await.recorded.get(&seq).map(|e| e.started_at_ms),
+                    None => None,
+                }
+                .unwrap_or_else(now_ms);
+                let effect = |seq: Option<Seq>| async move {
+                    let key = format!("{}:{}", live.id, seq.unwrap_or_default());
+                    Effect::reply(match call {
+                        crate::procs::ProcCall::Spawn(spawn) => self.proc_spawn(live, spawn, &key).await,
+                        crate::procs::ProcCall::Wait { child, timeout_ms } => {
+                            self.proc_wait(live, &child, timeout_ms).await
+                        }
+                        crate::procs::ProcCall::Sleep { ms } => self.sys_sleep(live, ms, started).await,
+                        crate::procs::ProcCall::Signal { .. } => Err(internal("signal is handled above")),
+                    })
+                };
+                self.journaled(journal, Journaling::IntentThenResult, effect).await.reply
+            }
+            Call::Exec(exec) => {
+                let effect = |seq: Option<Seq>| async move {
+                    let seq = seq.unwrap_or_default();
+                    let started = std::time::Instant::now();
+                    lock(&live.exec_buffers).insert(seq, Vec::new());
+                    let reply = self.exec_code(live, seq, exec).await;
+                    // The program's reads are journaled with its result, in one commit.
+                    let reads = lock(&live.exec_buffers).remove(&seq).unwrap_or_default();
+                    let mut effect = Effect::reply(reply)
+                        .event(json!({ "duration_ms": started.elapsed().as_millis() as u64 }));
+                    effect.with = reads;
+                    effect
+                };
+                self.journaled(journal, Journaling::IntentThenResult, effect).await.reply
+            }
+            Call::Mem(call) => {
+                let tenant = live.tenant.clone();
+                let embedder = self.embedder();
+                // A read has no effect to protect; journaling what it read makes the
+                // replay answer the same however memory changed since (and never embeds
+                // a query again). A read that failed leaves nothing to replay. A write's
+                // key ties it to its journal entry: retried after a crash, an append or
+                // delete answers what it answered the first time.
+                let how = if call.is_write() { Journaling::IntentThenResult } else { complete };
+                let effect = |seq: Option<Seq>| async move {
+                    let key = seq.map(|seq| format!("{}:{seq}", live.id));
+                    let performed = memory::perform(
+                        self.store().as_ref(),
+                        embedder.as_ref(),
+                        &tenant,
+                        call,
+                        key.as_deref(),
+                    )
+                    .await;
+                    let usage = performed.as_ref().map(|p| p.usage).unwrap_or_default();
+                    Effect::reply(performed.map(|p| p.result)).usage(usage)
+                };
+                self.journaled(journal, how, effect).await.reply
+            }
+            Call::Ipc(call) => self.perform_ipc(journal, call).await,
+            Call::Ask(question) => {
+                let effect = |seq: Option<Seq>| async move {
+                    let seq = seq.unwrap_or_default();
+                    let answer = match self.park_for_answer(live, seq, question).await {
+                        Ok(answer) => answer,
+                        Err(err) => return Effect::reply(Err(internal(err))),
+                    };
+                    let _waiting = crate::swap::Busy::new(&live.waiting_calls);
+                    Effect::reply(match answer.await {
+                        Ok(text) => Ok(json!({ "answer": text })),
+                        Err(_) => Err(SyscallError::new(
+                            ErrorKind::Cancelled,
+                            "human.ask: the run is ending; no answer will come",
+                        )),
+                    })
+                };
+                self.journaled(journal, Journaling::IntentAnsweredElsewhere, effect).await.reply
+            }
+        }
+    }
+
+    /// `llm.chat`: the loop detector, then a worst-case budget reservation before the
+    /// intent is journaled, so spend never exceeds the budget however many calls are in
+    /// flight; the provider call in the caller's place in its queue; settlement after.
+    async fn llm_chat(
+        &self,
+        journal: journal::Call<'_>,
+        request: LlmChatParams,
+        stream: Option<DeltaSink>,
+    ) -> Reply {
+        let live = journal.live;
+        let provider: Arc<dyn Provider> = live
+            .provider
+            .clone()
+            .ok_or_else(|| SyscallError::new(ErrorKind::NoProvider, keel_llm::router::NO_PROVIDER_HELP))?;
+        if journal.reuse.is_none() {
+            self.check_loop(live, &journal.hash).await?;
+        }
+        let input = keel_llm::estimate_input_tokens(&request);
+        let max_output = request.max_tokens.map_or(keel_llm::DEFAULT_MAX_OUTPUT_TOKENS, u64::from);
+        let worst = Usage {
+            input_tokens: input,
+            output_tokens: max_output,
+            llm_calls: 1,
+            tool_calls: 0,
+            cost_micro_usd: (provider.worst_case_cost_usd(&request, input, max_output) * 1_000_000.0).ceil()
+                as u64,
+        };
+        let reservation = self.reserve(live, worst).await?;
+        let effect = |_| async move {
+            let started = std::time::Instant::now();
+            // Calls waiting for the provider's capacity go in priority and fair-share
+            // order between tenants; the run shows its place in `keel ps`.
+            let caller = keel_llm::ratelimit::Caller {
+                tenant: live.tenant.clone(),
+                priority: live.priority,
+                run: Some(live.id.to_string()),
+            };
+            let chat = provider.chat(&request, stream.as_ref());
+            let mut effect = match keel_llm::ratelimit::CALLER.scope(caller, chat).await {
+                Ok(served) => {
+                    let usage = Usage {
+                        input_tokens: served.response.usage.input_tokens,
+                        output_tokens: served.response.usage.output_tokens,
+                        llm_calls: 1,
+                        tool_calls: 0,
+                        cost_micro_usd: (served.response.cost_usd * 1_000_000.0).round() as u64,
+                    };
+                    match serde_json::to_value(&served.response) {
+                        Ok(response) => {
+                            let record = json!({ "response": response, "provider": served.meta });
+                            let mut effect = Effect::reply(Ok(response)).usage(usage);
+                            effect.record = Some(record);
+                            effect.served = true;
+                            effect
+                        }
+                        Err(err) => Effect::reply(Err(internal(err))).usage(usage),
+                    }
+                }
+                Err(err) => {
+                    Effect::reply(Err(provider_error(&err))).usage(Usage { llm_calls: 1, ..Usage::default() })
+                }
+            };
+            self.settle_budget(live, reservation, effect.usage);
+            effect.event = json!({
+                "input_tokens": effect.usage.input_tokens, "output_tokens": effect.usage.output_tokens,
+                "duration_ms": started.elapsed().as_millis() as u64,
+            });
+            effect
+        };
+        let done = self.journaled(journal, Journaling::IntentThenResult, effect).await;
+        if done.seq.is_none() {
+            self.release_budget(live, reservation); // The intent failed: the call never ran.
+        }
+        done.reply
+    }
+}
