@@ -1,12 +1,14 @@
 //! The Store API: the durable state of the kernel (runs, their journals, content-addressed
 //! payload blobs, run events and a key-value space), with one contract every backend
-//! meets. `conformance` holds the suite that proves it; `sqlite` is the embedded backend.
+//! meets. `conformance` holds the suite that proves it (with the `conformance` feature);
+//! `sqlite` is the embedded backend.
 //!
 //! Durability contract, for every backend: a write method that returns `Ok` has made its
 //! effect durable (it survives a process kill and a power cut the backend can survive).
 //! Writes issued concurrently may be committed together (group commit); each caller still
 //! sees `Ok` only after its own write is durable.
 
+#[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod sqlite;
 
