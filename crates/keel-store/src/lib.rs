@@ -8,8 +8,10 @@
 //! Writes issued concurrently may be committed together (group commit); each caller still
 //! sees `Ok` only after its own write is durable.
 
+pub mod chain;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod search;
 pub mod sqlite;
 
 use async_trait::async_trait;

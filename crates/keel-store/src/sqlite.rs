@@ -24,13 +24,14 @@ use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::chain::{self, Blob};
 use crate::{
     ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, Error, EventRecord,
     JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent,
     NewMessage, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats, TenantRecord,
     ThreadMessage,
 };
-use writer::{Blob, EncodedCompletion, EncodedEntry, EncodedEvent, WriteCommand};
+use writer::{EncodedCompletion, EncodedEntry, EncodedEvent, WriteCommand};
 
 /// How many write commands may wait for the writer before callers are held back. Large
 /// enough that a burst from many runs forms big batches, small enough to bound memory.
@@ -271,7 +272,7 @@ impl Store for SqliteStore {
     async fn append_entry(&self, run: &RunId, entry: NewEntry) -> Result<Seq> {
         // Serializing and hashing happen here, in the caller's task, so the single writer
         // thread spends its time on SQLite only.
-        let (params, params_chain) = Blob::of_params(&entry.params);
+        let (params, params_chain) = chain::split_params(&entry.params);
         let entry = EncodedEntry {
             method: entry.method,
             params,

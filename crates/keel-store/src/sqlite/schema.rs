@@ -103,7 +103,7 @@ CREATE TABLE kv (
 /// - `message_chain` stores the `messages` of journal params (an LLM conversation re-sent
 ///   on every call) one message at a time: node `hash` is message `message_blob` after
 ///   the prefix `prev`, and a params blob names its last node. A call that re-sends a
-///   history stores only the messages that are new (see `writer::Blob::of_params`).
+///   history stores only the messages that are new (see `crate::chain`).
 /// - Long-term records live in `memory`, with an external-content FTS5 index over their
 ///   `text` kept in step by triggers (so a put, overwrite or delete updates the index in
 ///   the same transaction). `memory_deletes` remembers what a delete with an idempotency
