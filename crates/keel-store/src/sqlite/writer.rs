@@ -430,23 +430,7 @@ fn create_run(connection: &Connection, run: NewRun) -> Result<RunRecord> {
     if inserted == 0 {
         return Err(Error::RunExists(run.id));
     }
-    Ok(RunRecord {
-        id: run.id,
-        tenant: run.tenant,
-        spec: run.spec,
-        state: run.state,
-        wait_reason: None,
-        created_at_ms: run.created_at_ms,
-        updated_at_ms: run.created_at_ms,
-        ended_at_ms: None,
-        attempt: 1,
-        pid: None,
-        exit_code: None,
-        output: None,
-        error: None,
-        usage: Usage::default(),
-        provider_calls: 0,
-    })
+    Ok(run.into_record())
 }
 
 fn update_run(
@@ -463,7 +447,7 @@ fn update_run(
     {
         return Err(Error::StateConflict { run: id, expected, actual: run.state });
     }
-    super::apply_patch(&mut run, patch);
+    patch.apply_to(&mut run);
     run_sql(
         connection,
         "updating a run",
