@@ -4,8 +4,8 @@
 //!
 //! Here: the `Store` trait and its `Error`. Beside it, `records` (the plain data the
 //! trait reads and writes, re-exported here), and the pure parts every backend shares:
-//! `chain` (content-addressed payloads and the message chain) and `search` (fusion,
-//! cosine similarity, embedding encoding). `conformance` holds the suite that proves a
+//! `chain` (content-addressed payloads and the message chain), `search` (fusion,
+//! cosine similarity, embedding encoding) and `audit` (verifying the audit chain). `conformance` holds the suite that proves a
 //! backend (with the `conformance` feature); `sqlite` is the embedded backend.
 //!
 //! Durability contract, for every backend: a write method that returns `Ok` has made its
@@ -13,6 +13,7 @@
 //! Writes issued concurrently may be committed together (group commit); each caller still
 //! sees `Ok` only after its own write is durable.
 
+pub mod audit;
 pub mod chain;
 #[cfg(feature = "conformance")]
 pub mod conformance;
