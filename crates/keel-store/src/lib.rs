@@ -5,7 +5,8 @@
 //! Here: the `Store` trait and its `Error`. Beside it, `records` (the plain data the
 //! trait reads and writes, re-exported here), and the pure parts every backend shares:
 //! `chain` (content-addressed payloads and the message chain), `search` (fusion,
-//! cosine similarity, embedding encoding) and `audit` (verifying the audit chain). `conformance` holds the suite that proves a
+//! cosine similarity, embedding encoding), `audit` (verifying the audit chain) and
+//! `mailbox` (who may reach a run, room, delivery markers). `conformance` holds the suite that proves a
 //! backend (with the `conformance` feature); `sqlite` is the embedded backend.
 //!
 //! Durability contract, for every backend: a write method that returns `Ok` has made its
@@ -17,6 +18,7 @@ pub mod audit;
 pub mod chain;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod mailbox;
 mod records;
 pub mod search;
 pub mod sqlite;

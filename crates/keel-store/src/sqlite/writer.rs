@@ -12,8 +12,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::queries::{self, seq_param};
 use crate::chain::{self, Blob, ChainLink};
-use crate::search;
 use crate::{Error, MailboxMessage, MemoryEmbedding, NewMessage, NewRun, Result, RunPatch, RunRecord, Seq};
+use crate::{mailbox, search};
 
 /// The most commands one transaction serves. Bounds how long the first caller of a big
 /// batch waits, and the memory of the answers held until the commit.
@@ -764,10 +764,7 @@ fn require_tenant_run(connection: &Connection, tenant: &str, run: &RunId) -> Res
         params![run.as_str()],
         |row| row.get::<_, String>(0).map_err(sql_error("reading a run's tenant")),
     )?;
-    if owner.as_deref() != Some(tenant) {
-        return Err(Error::RunNotFound(run.clone()));
-    }
-    Ok(())
+    mailbox::check_owner(run, owner.as_deref(), tenant)
 }
 
 fn mailbox_send(connection: &Connection, to: &RunId, message: &NewMessage, text: &str) -> Result<Seq> {
@@ -790,10 +787,7 @@ fn deliver(connection: &Connection, to: &RunId, message: &NewMessage, text: &str
             return Ok(seq);
         }
     }
-    let len = queries::mailbox_len(connection, to)?;
-    if len >= message.capacity {
-        return Err(Error::MailboxFull { run: to.clone(), capacity: message.capacity });
-    }
+    mailbox::check_room(to, queries::mailbox_len(connection, to)?, message.capacity)?;
     let next = queries::query_first(
         connection,
         "finding the end of a mailbox",
@@ -894,8 +888,7 @@ fn mailbox_receive(
     let Some(message) = select("receive_key IS NULL AND ?2 IS NULL", None)? else {
         return Ok(None);
     };
-    // Without a key, a marker no key can collide with (keys are never empty-prefixed).
-    let marker = key.map_or_else(|| format!("\u{1}delivered:{}", message.seq), str::to_owned);
+    let marker = key.map_or_else(|| mailbox::delivered_marker(message.seq), str::to_owned);
     run_sql(
         connection,
         "marking a mailbox message delivered",
