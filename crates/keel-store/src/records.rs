@@ -97,33 +97,21 @@ impl RunPatch {
             output,
             error,
         } = self;
-        if let Some(state) = state {
-            run.state = state;
+        /// A field the patch names takes the patch's value.
+        fn set<T>(field: &mut T, value: Option<T>) {
+            if let Some(value) = value {
+                *field = value;
+            }
         }
-        if let Some(wait_reason) = wait_reason {
-            run.wait_reason = wait_reason;
-        }
-        if let Some(updated_at_ms) = updated_at_ms {
-            run.updated_at_ms = updated_at_ms;
-        }
-        if let Some(ended_at_ms) = ended_at_ms {
-            run.ended_at_ms = ended_at_ms;
-        }
-        if let Some(attempt) = attempt {
-            run.attempt = attempt;
-        }
-        if let Some(pid) = pid {
-            run.pid = pid;
-        }
-        if let Some(exit_code) = exit_code {
-            run.exit_code = exit_code;
-        }
-        if let Some(output) = output {
-            run.output = output;
-        }
-        if let Some(error) = error {
-            run.error = error;
-        }
+        set(&mut run.state, state);
+        set(&mut run.wait_reason, wait_reason);
+        set(&mut run.updated_at_ms, updated_at_ms);
+        set(&mut run.ended_at_ms, ended_at_ms);
+        set(&mut run.attempt, attempt);
+        set(&mut run.pid, pid);
+        set(&mut run.exit_code, exit_code);
+        set(&mut run.output, output);
+        set(&mut run.error, error);
     }
 }
 
