@@ -24,13 +24,14 @@ use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::chain::{self, Blob};
 use crate::{
     ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, Error, EventRecord,
     JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent,
     NewMessage, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats, TenantRecord,
     ThreadMessage,
 };
-use writer::{Blob, EncodedCompletion, EncodedEntry, EncodedEvent, WriteCommand};
+use writer::{EncodedCompletion, EncodedEntry, EncodedEvent, WriteCommand};
 
 /// How many write commands may wait for the writer before callers are held back. Large
 /// enough that a burst from many runs forms big batches, small enough to bound memory.
@@ -213,40 +214,6 @@ impl ReadPool {
     }
 }
 
-/// Applies a patch to a run: `None` keeps a field, `Some(value)` sets it (`Some(None)`
-/// clears an optional one).
-fn apply_patch(run: &mut RunRecord, patch: RunPatch) {
-    let RunPatch { state, wait_reason, updated_at_ms, ended_at_ms, attempt, pid, exit_code, output, error } =
-        patch;
-    if let Some(state) = state {
-        run.state = state;
-    }
-    if let Some(wait_reason) = wait_reason {
-        run.wait_reason = wait_reason;
-    }
-    if let Some(updated_at_ms) = updated_at_ms {
-        run.updated_at_ms = updated_at_ms;
-    }
-    if let Some(ended_at_ms) = ended_at_ms {
-        run.ended_at_ms = ended_at_ms;
-    }
-    if let Some(attempt) = attempt {
-        run.attempt = attempt;
-    }
-    if let Some(pid) = pid {
-        run.pid = pid;
-    }
-    if let Some(exit_code) = exit_code {
-        run.exit_code = exit_code;
-    }
-    if let Some(output) = output {
-        run.output = output;
-    }
-    if let Some(error) = error {
-        run.error = error;
-    }
-}
-
 #[async_trait]
 impl Store for SqliteStore {
     async fn create_run(&self, run: NewRun) -> Result<RunRecord> {
@@ -271,7 +238,7 @@ impl Store for SqliteStore {
     async fn append_entry(&self, run: &RunId, entry: NewEntry) -> Result<Seq> {
         // Serializing and hashing happen here, in the caller's task, so the single writer
         // thread spends its time on SQLite only.
-        let (params, params_chain) = Blob::of_params(&entry.params);
+        let (params, params_chain) = chain::split_params(&entry.params);
         let entry = EncodedEntry {
             method: entry.method,
             params,
@@ -528,72 +495,5 @@ impl Store for SqliteStore {
 
     async fn stats(&self) -> Result<StoreStats> {
         self.read(queries::stats).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use keel_types::{Usage, WaitReason};
-    use serde_json::json;
-
-    use super::*;
-
-    fn sample_run() -> RunRecord {
-        RunRecord {
-            id: RunId::parse("run_00000000000000000000000001").unwrap(),
-            tenant: "t".to_owned(),
-            spec: json!({"cmd": "x"}),
-            state: RunState::Waiting,
-            wait_reason: Some(WaitReason::Human),
-            created_at_ms: 1,
-            updated_at_ms: 2,
-            ended_at_ms: Some(3),
-            attempt: 1,
-            pid: Some(42),
-            exit_code: Some(0),
-            output: Some(json!("done")),
-            error: Some("boom".to_owned()),
-            usage: Usage::default(),
-            provider_calls: 0,
-        }
-    }
-
-    #[test]
-    fn empty_patch_changes_nothing() {
-        let mut run = sample_run();
-        apply_patch(&mut run, RunPatch::default());
-        assert_eq!(run, sample_run());
-    }
-
-    #[test]
-    fn patch_sets_and_clears_each_field() {
-        let mut run = sample_run();
-        apply_patch(
-            &mut run,
-            RunPatch {
-                state: Some(RunState::Running),
-                wait_reason: Some(None),
-                updated_at_ms: Some(9),
-                ended_at_ms: Some(None),
-                attempt: Some(2),
-                pid: Some(None),
-                exit_code: Some(None),
-                output: Some(None),
-                error: Some(None),
-            },
-        );
-        let expected = RunRecord {
-            state: RunState::Running,
-            wait_reason: None,
-            updated_at_ms: 9,
-            ended_at_ms: None,
-            attempt: 2,
-            pid: None,
-            exit_code: None,
-            output: None,
-            error: None,
-            ..sample_run()
-        };
-        assert_eq!(run, expected);
     }
 }

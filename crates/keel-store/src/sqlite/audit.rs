@@ -7,7 +7,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::queries::seq_param;
 use super::writer::sql_error;
-use crate::{AuditBreak, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Error, Result, Seq};
+use crate::audit::AuditWalk;
+use crate::{AuditEntry, AuditFilter, AuditRecord, AuditVerify, Error, Result, Seq};
 
 /// An `AuditRecord` with its JSON prepared by the caller, so the writer thread only
 /// hashes short strings and runs SQL.
@@ -108,82 +109,22 @@ pub(super) fn list(connection: &Connection, filter: &AuditFilter) -> Result<Vec<
     Ok(entries)
 }
 
-/// Walks the chain in seq order, one row at a time, and stops at the first break.
+/// Walks the chain in seq order, one row at a time, and stops at the first break (the
+/// checks are `crate::audit::AuditWalk`'s).
 pub(super) fn verify(connection: &Connection) -> Result<AuditVerify> {
     let head = head(connection)?;
     let mut statement = connection
         .prepare_cached(&format!("SELECT {COLUMNS} FROM audit ORDER BY seq"))
         .map_err(sql_error("reading the audit log"))?;
     let mut rows = statement.query([]).map_err(sql_error("reading the audit log"))?;
-    let mut checked: u64 = 0;
-    let mut prev = GENESIS.to_owned();
-    let broken = |seq: Seq, reason: String, checked: u64, prev: String| AuditVerify {
-        entries: checked,
-        head_hash: prev,
-        broken: Some(AuditBreak { seq, reason }),
-    };
+    let mut walk = AuditWalk::default();
     while let Some(row) = rows.next().map_err(sql_error("reading the audit log"))? {
-        let expected = checked + 1;
         let seq = row.get::<_, i64>("seq").map_err(sql_error("reading an audit seq"))?;
-        if seq != seq_param(expected) {
-            let reason = if seq > seq_param(expected) {
-                format!("entry {expected} is missing: the entry after {checked} is numbered {seq}")
-            } else {
-                format!("entry {seq} is out of place: expected entry {expected}")
-            };
-            return Ok(broken(expected, reason, checked, prev));
+        if let Err(verdict) = walk.check(seq, || decode(row)) {
+            return Ok(verdict);
         }
-        let entry = match decode(row) {
-            Ok(entry) => entry,
-            Err(problem) => return Ok(broken(expected, format!("unreadable: {problem}"), checked, prev)),
-        };
-        if entry.prev_hash != prev {
-            let reason = format!(
-                "entry {expected} does not link to the entry before it (its prev_hash is {}, the chain \
-                 says {prev}): an entry was removed, inserted or reordered",
-                entry.prev_hash
-            );
-            return Ok(broken(expected, reason, checked, prev));
-        }
-        let computed = entry_hash(&prev, expected, &entry.record.canonical_json());
-        if computed != entry.hash {
-            let reason = format!(
-                "entry {expected} was modified: its content hashes to {computed}, not to its stored hash {}",
-                entry.hash
-            );
-            return Ok(broken(expected, reason, checked, prev));
-        }
-        checked = expected;
-        prev = entry.hash;
     }
-    let reason = match head {
-        None if checked == 0 => None,
-        None => {
-            Some((checked, format!("the audit head is missing although the log holds {checked} entries")))
-        }
-        Some((head_seq, _)) if head_seq > checked => Some((
-            checked + 1,
-            format!(
-                "entries {} to {head_seq} were removed: the log ends at entry {checked} but its head \
-                 records {head_seq}",
-                checked + 1
-            ),
-        )),
-        Some((head_seq, _)) if head_seq < checked => Some((
-            head_seq + 1,
-            format!("entries after {head_seq} were added outside Keel: the head records {head_seq}"),
-        )),
-        Some((_, head_hash)) if head_hash != prev => Some((
-            checked,
-            format!("entry {checked} does not match the head hash {head_hash}: the log was rewritten"),
-        )),
-        Some(_) => None,
-    };
-    Ok(AuditVerify {
-        entries: checked,
-        head_hash: prev,
-        broken: reason.map(|(seq, reason)| AuditBreak { seq, reason }),
-    })
+    Ok(walk.finish(head))
 }
 
 /// Decodes a row; a value that cannot be read is described in words (corrupt data for

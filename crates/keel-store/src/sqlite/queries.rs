@@ -9,9 +9,9 @@ use rusqlite::types::FromSql;
 use rusqlite::{Connection, Params, Row, params, params_from_iter};
 use serde_json::Value;
 
-use std::collections::HashMap;
-
-use super::writer::{SPLIT_KEY, sql_error};
+use super::writer::sql_error;
+use crate::chain::{ChainCache, ChainNode};
+use crate::search::{self, BestHits, CosineQuery};
 use crate::{
     Error, EventRecord, JournalEntry, MailboxMessage, MemoryHit, MemoryRecord, MemorySearch, Result,
     RunFilter, RunRecord, SearchMode, Seq, StoreStats, ThreadMessage,
@@ -96,61 +96,38 @@ pub(super) fn journal(connection: &Connection, run: &RunId, after: Seq) -> Resul
     )?;
     let mut chain = ChainCache::default();
     for entry in &mut entries {
-        expand_params(connection, &mut chain, entry, run)?;
+        join_params(connection, &mut chain, entry, run)?;
     }
     Ok(entries)
 }
 
-/// Message chain nodes already read: hash -> (prev, message).
-#[derive(Default)]
-struct ChainCache {
-    nodes: HashMap<String, (Option<String>, Value)>,
-}
-
-/// Turns a params blob that refers to the message chain back into the params as written.
-fn expand_params(
+/// Gives params stored split (see `chain`) their `messages` back from `message_chain`.
+fn join_params(
     connection: &Connection,
     cache: &mut ChainCache,
     entry: &mut JournalEntry,
     run: &RunId,
 ) -> Result<()> {
-    let Some(split) = entry.params.as_object().filter(|o| o.len() == 1).and_then(|o| o.get(SPLIT_KEY)) else {
-        return Ok(());
-    };
-    let place = format!("params of journal entry {} of run {run}", entry.seq);
-    let mut fields = match split.get("fields") {
-        Some(Value::Object(fields)) => fields.clone(),
-        _ => return Err(Error::Corrupt(format!("{place}: a split payload without fields"))),
-    };
-    if let Some(last) = split.get("chain").and_then(Value::as_str) {
-        let mut messages = Vec::new();
-        let mut next = Some(last.to_owned());
-        while let Some(hash) = next {
-            if !cache.nodes.contains_key(&hash) {
-                let node = query_first(
-                    connection,
-                    "reading a message chain node",
-                    "SELECT c.prev AS prev, c.message_blob AS message_blob, b.bytes AS message_bytes \
-                     FROM message_chain c LEFT JOIN blobs b ON b.hash = c.message_blob WHERE c.hash = ?1",
-                    params![hash],
-                    |row| {
-                        let prev: Option<String> = column(row, "prev", &place)?;
-                        let message = blob_column(row, "message", &place)?.unwrap_or(Value::Null);
-                        Ok((prev, message))
-                    },
-                )?
-                .ok_or_else(|| Error::Corrupt(format!("{place}: message chain node {hash} is missing")))?;
-                cache.nodes.insert(hash.clone(), node);
-            }
-            let (prev, message) = &cache.nodes[&hash];
-            messages.push(message.clone());
-            next = prev.clone();
-        }
-        messages.reverse();
-        fields.insert("messages".to_owned(), Value::Array(messages));
-    }
-    entry.params = Value::Object(fields);
-    Ok(())
+    let seq = entry.seq;
+    cache.join_params(
+        &mut entry.params,
+        || format!("params of journal entry {seq} of run {run}"),
+        |hash, place| {
+            query_first(
+                connection,
+                "reading a message chain node",
+                "SELECT c.prev AS prev, c.message_blob AS message_blob, b.bytes AS message_bytes \
+                 FROM message_chain c LEFT JOIN blobs b ON b.hash = c.message_blob WHERE c.hash = ?1",
+                params![hash],
+                |row| {
+                    Ok(ChainNode {
+                        prev: column(row, "prev", place)?,
+                        message: blob_column(row, "message", place)?.unwrap_or(Value::Null),
+                    })
+                },
+            )
+        },
+    )
 }
 
 pub(super) fn latest_entry(
@@ -172,7 +149,7 @@ pub(super) fn latest_entry(
     let Some(mut entry) = entry else {
         return Ok(None);
     };
-    expand_params(connection, &mut ChainCache::default(), &mut entry, run)?;
+    join_params(connection, &mut ChainCache::default(), &mut entry, run)?;
     Ok(Some(entry))
 }
 
@@ -266,22 +243,14 @@ pub(super) fn mem_get(
     )
 }
 
-/// Turns plain words into an FTS5 query that matches any of them: each word is quoted, so
-/// no user text is ever read as FTS5 syntax. `None` when there are no words.
-pub(super) fn fts_query(query: &str) -> Option<String> {
-    let words: Vec<String> = query
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|word| !word.is_empty())
-        .map(|word| format!("\"{word}\""))
-        .collect();
-    (!words.is_empty()).then(|| words.join(" OR "))
+/// Turns plain words into an FTS5 query that matches any of them (`search::query_words`):
+/// each word is quoted, so no user text is ever read as FTS5 syntax. `None` when there
+/// are no words.
+fn fts_query(query: &str) -> Option<String> {
+    let words = search::query_words(query);
+    (!words.is_empty())
+        .then(|| words.iter().map(|word| format!("\"{word}\"")).collect::<Vec<_>>().join(" OR "))
 }
-
-/// The reciprocal rank fusion constant (the usual 60: a hit's weight fades slowly with
-/// its rank, so agreement between the rankings counts more than either's top).
-const RRF_K: f64 = 60.0;
-/// How deep each ranking goes before fusion, at least.
-const FUSION_DEPTH: usize = 50;
 
 pub(super) fn mem_search(
     connection: &Connection,
@@ -294,35 +263,12 @@ pub(super) fn mem_search(
         SearchMode::Text => text_search(connection, tenant, namespace, &search.query, limit),
         SearchMode::Semantic => semantic_search(connection, tenant, namespace, search, limit),
         SearchMode::Hybrid => {
-            let depth = limit.max(FUSION_DEPTH);
+            let depth = search::fusion_depth(limit);
             let text = text_search(connection, tenant, namespace, &search.query, depth)?;
             let semantic = semantic_search(connection, tenant, namespace, search, depth)?;
-            Ok(fuse(&[text, semantic], limit))
+            Ok(search::fuse(&[text, semantic], limit))
         }
     }
-}
-
-/// Reciprocal rank fusion of rankings (each best first): a key's score is the sum over
-/// the rankings that have it of 1 / (RRF_K + rank), rank 1-based. The snippet is the
-/// first ranking's that has one. Pure.
-pub(super) fn fuse(rankings: &[Vec<MemoryHit>], limit: usize) -> Vec<MemoryHit> {
-    let mut fused: Vec<MemoryHit> = Vec::new();
-    let mut position: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for ranking in rankings {
-        for (rank, hit) in ranking.iter().enumerate() {
-            let score = 1.0 / (RRF_K + rank as f64 + 1.0);
-            match position.get(&hit.key) {
-                Some(&at) => fused[at].score += score,
-                None => {
-                    position.insert(hit.key.clone(), fused.len());
-                    fused.push(MemoryHit { key: hit.key.clone(), score, snippet: hit.snippet.clone() });
-                }
-            }
-        }
-    }
-    fused.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.key.cmp(&b.key)));
-    fused.truncate(limit);
-    fused
 }
 
 fn text_search(
@@ -358,19 +304,6 @@ fn text_search(
     )
 }
 
-/// The f32 values little-endian, as `memory_embeddings.vector` stores them.
-pub(super) fn vector_bytes(vector: &[f32]) -> Vec<u8> {
-    vector.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// The snippet of a semantic hit: the start of the text (no terms to mark).
-fn leading_snippet(text: &str) -> String {
-    const MAX_CHARS: usize = 96;
-    let mut chars = text.chars();
-    let head: String = chars.by_ref().take(MAX_CHARS).collect();
-    if chars.next().is_some() { format!("{head}...") } else { head }
-}
-
 /// Brute force: reads every embedding of the namespace made by the query's model and
 /// keeps the `limit` most similar. Linear in the namespace's size (13 ms over 10k records
 /// of 256 dimensions, 57 ms at 1536, release build); fine up to ~100k records a namespace.
@@ -384,8 +317,10 @@ fn semantic_search(
     let Some(query) = &search.embedding else {
         return Ok(Vec::new());
     };
-    let query_norm = query.vector.iter().map(|x| x * x).sum::<f32>().sqrt();
-    if query_norm == 0.0 || limit == 0 {
+    let Some(cosine) = CosineQuery::new(&query.vector) else {
+        return Ok(Vec::new());
+    };
+    if limit == 0 {
         return Ok(Vec::new());
     }
     let step = "searching memory embeddings";
@@ -398,44 +333,29 @@ fn semantic_search(
     let mut rows = statement
         .query(params![tenant, namespace, query.model, query.vector.len() as i64])
         .map_err(sql_error(step))?;
-    // (score, key, text) of the best so far; a small limit keeps this cheap.
-    let mut best: Vec<(f32, String, String)> = Vec::new();
+    let mut best = BestHits::new(limit);
     while let Some(row) = rows.next().map_err(sql_error(step))? {
         let bytes = row.get_ref(2).map_err(sql_error(step))?.as_blob().map_err(|e| {
             Error::Corrupt(format!("a memory embedding of namespace {namespace:?} is not a blob: {e}"))
         })?;
-        if bytes.len() != query.vector.len() * 4 {
+        if bytes.len() != cosine.stored_len() {
             return Err(Error::Corrupt(format!(
                 "a memory embedding of namespace {namespace:?} has {} bytes, not {}",
                 bytes.len(),
-                query.vector.len() * 4
+                cosine.stored_len()
             )));
         }
-        let (mut dot, mut norm) = (0f32, 0f32);
-        for (chunk, q) in bytes.chunks_exact(4).zip(&query.vector) {
-            let x = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-            dot += x * q;
-            norm += x * x;
-        }
-        if norm == 0.0 {
+        let Some(score) = cosine.similarity(bytes) else {
             continue;
-        }
-        let score = dot / (norm.sqrt() * query_norm);
-        if best.len() == limit && best.last().is_some_and(|worst| worst.0 >= score) {
+        };
+        if !best.admits(score) {
             continue;
         }
         let key: String = row.get(0).map_err(sql_error(step))?;
         let text: String = row.get(1).map_err(sql_error(step))?;
-        let at = best
-            .binary_search_by(|probe| score.total_cmp(&probe.0).then_with(|| probe.1.cmp(&key)))
-            .unwrap_or_else(|at| at);
-        best.insert(at, (score, key, text));
-        best.truncate(limit);
+        best.offer(score, key, text);
     }
-    Ok(best
-        .into_iter()
-        .map(|(score, key, text)| MemoryHit { key, score: f64::from(score), snippet: leading_snippet(&text) })
-        .collect())
+    Ok(best.into_hits())
 }
 
 pub(super) fn stats(connection: &Connection) -> Result<StoreStats> {

@@ -1,5 +1,48 @@
 //! The SQLite schema, its migrations (tracked by `PRAGMA user_version`) and the settings
 //! every connection is opened with.
+//!
+//! # Schema history
+//!
+//! Each version is one append-only migration (`V1`..`V6` below, with notes on each
+//! table); what each one added, and the behaviour built on it:
+//!
+//! - **1**: `runs` (with usage totals as columns, updated in the same transaction as the
+//!   entry that adds to them), content-addressed `blobs`, `journal` (hashes and numbers,
+//!   clustered by run and seq), `events` and `kv`.
+//! - **2**: memory. `thread_messages`: message blobs by tenant, thread and index, with an
+//!   optional unique idempotency key. `memory`, with an external-content FTS5 index kept
+//!   in step by triggers, and `memory_deletes` (what a keyed delete answered). And
+//!   `message_chain`: the `messages` array of journal params is stored one message blob
+//!   per node of a hash chain (node i = sha256(node i-1, message i); see `crate::chain`),
+//!   so a conversation re-sent on every call stores each message once; reads reassemble
+//!   it.
+//! - **3**: `mailbox`: a run's messages by (run, seq), with the sender, the JSON text, the
+//!   correlation id, an optional unique send idempotency key and a receive key set on
+//!   delivery (rows stay; a partial index serves the undelivered ones). A send checks the
+//!   target's tenant (another tenant's run is `RunNotFound`, like a missing one) and the
+//!   capacity in the same transaction, so a full mailbox refuses (`MailboxFull`) and
+//!   writes nothing; a receive with a key answers what that key took before (see
+//!   `crate::mailbox`). `subscriptions` (tenant, topic, run) serves pub/sub: a publish
+//!   delivers to every subscriber that has not ended in one transaction, all or nothing
+//!   (`MailboxFull` names the full one), with a message's `topic` column set.
+//! - **4**: the audit log. `audit` rows form one hash chain over all tenants
+//!   (`keel_core::audit::entry_hash(prev_hash, seq, canonical JSON of the record)`, from
+//!   `GENESIS`), chained by the writer thread so it is linear; triggers refuse UPDATE and
+//!   DELETE; `audit_head` (last seq and hash) is written in the same transaction as each
+//!   append, so `audit_verify` (a streaming walk in seq order, `crate::audit::AuditWalk`)
+//!   catches a modified record or hash, a removed, inserted or reordered entry, and
+//!   trailing entries cut off. Rewriting the whole log and head consistently is out of
+//!   scope unless the head hash it prints is kept elsewhere.
+//! - **5**: `tenants` (name, creation time, quota JSON) and `api_tokens` (the sha256 of a
+//!   token, never the token; its public prefix, tenant, label and a `revoked` flag that
+//!   is never cleared), and `runs_by_tenant` for `RunFilter::tenant`.
+//! - **6**: `memory_embeddings`: at most one vector per memory record (keyed by its rowid;
+//!   model name, dims, f32 little-endian blob), written or removed in the same
+//!   transaction as the record's `mem_put`, deleted with it by trigger. `mem_search` takes
+//!   a `MemorySearch` with a `SearchMode`: `Text` (FTS5/BM25), `Semantic` (brute-force
+//!   cosine over the namespace's vectors of the query's model and length: linear, fine up
+//!   to about 100k records a namespace; there is no ANN index) or `Hybrid` (reciprocal
+//!   rank fusion, k = 60, of both rankings, each at least 50 deep; see `crate::search`).
 
 use std::time::Duration;
 
@@ -103,7 +146,7 @@ CREATE TABLE kv (
 /// - `message_chain` stores the `messages` of journal params (an LLM conversation re-sent
 ///   on every call) one message at a time: node `hash` is message `message_blob` after
 ///   the prefix `prev`, and a params blob names its last node. A call that re-sends a
-///   history stores only the messages that are new (see `writer::Blob::of_params`).
+///   history stores only the messages that are new (see `crate::chain`).
 /// - Long-term records live in `memory`, with an external-content FTS5 index over their
 ///   `text` kept in step by triggers (so a put, overwrite or delete updates the index in
 ///   the same transaction). `memory_deletes` remembers what a delete with an idempotency

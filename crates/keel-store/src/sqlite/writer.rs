@@ -8,11 +8,12 @@ use std::collections::VecDeque;
 use keel_types::{EntryStatus, RunId, RunState, Usage, WaitReason};
 use rusqlite::{Connection, Params, params};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
 use super::queries::{self, seq_param};
+use crate::chain::{self, Blob, ChainLink};
 use crate::{Error, MailboxMessage, MemoryEmbedding, NewMessage, NewRun, Result, RunPatch, RunRecord, Seq};
+use crate::{mailbox, search};
 
 /// The most commands one transaction serves. Bounds how long the first caller of a big
 /// batch waits, and the memory of the answers held until the commit.
@@ -133,68 +134,6 @@ pub(super) enum WriteCommand {
         prefix: String,
         reply: Reply<u64>,
     },
-}
-
-/// A journal payload ready to store: its JSON bytes and their content address.
-pub(super) struct Blob {
-    /// Hex sha256 of `bytes`.
-    pub(super) hash: String,
-    pub(super) bytes: Vec<u8>,
-}
-
-/// The key a params blob uses to stand for params whose `messages` live in the message
-/// chain: `{"$keel_messages": {"fields": <params without messages>, "chain": <last node
-/// hash or null>}}`. Params that are themselves an object with this one key are always
-/// stored this way too (with `chain` null), so reading back is never ambiguous.
-pub(super) const SPLIT_KEY: &str = "$keel_messages";
-
-/// One node of the message chain: message `message` after the prefix `prev`.
-pub(super) struct ChainLink {
-    pub(super) hash: String,
-    pub(super) prev: Option<String>,
-    pub(super) message: Blob,
-}
-
-impl Blob {
-    pub(super) fn of(value: &Value) -> Blob {
-        // `Value`'s Display is its compact JSON form and cannot fail.
-        let bytes = value.to_string().into_bytes();
-        let hash = hex::encode(Sha256::digest(&bytes));
-        Blob { hash, bytes }
-    }
-
-    /// Journal params: a `messages` array (a conversation, re-sent whole on every LLM
-    /// call) goes to the message chain, one blob per message, so that each message is
-    /// stored once however many calls repeat it; the params blob keeps the other fields
-    /// and the hash of the last node. The node hash of message i is
-    /// sha256(node hash of i-1, ":", message hash): equal prefixes share their nodes.
-    pub(super) fn of_params(value: &Value) -> (Blob, Vec<ChainLink>) {
-        let Some(object) = value.as_object() else {
-            return (Blob::of(value), Vec::new());
-        };
-        let messages = object.get("messages").and_then(Value::as_array);
-        let escaped = object.len() == 1 && object.contains_key(SPLIT_KEY);
-        if messages.is_none_or(|messages| messages.is_empty()) && !escaped {
-            return (Blob::of(value), Vec::new());
-        }
-        let mut fields = object.clone();
-        let mut links = Vec::new();
-        let mut prev: Option<String> = None;
-        if let Some(messages) = messages.filter(|messages| !messages.is_empty()) {
-            fields.remove("messages");
-            for message in messages {
-                let message = Blob::of(message);
-                let mut hasher = Sha256::new();
-                hasher.update(prev.as_deref().unwrap_or("").as_bytes());
-                hasher.update(b":");
-                hasher.update(message.hash.as_bytes());
-                let hash = hex::encode(hasher.finalize());
-                links.push(ChainLink { hash: hash.clone(), prev: prev.replace(hash), message });
-            }
-        }
-        let manifest = serde_json::json!({ SPLIT_KEY: { "fields": fields, "chain": prev } });
-        (Blob::of(&manifest), links)
-    }
 }
 
 /// A `NewEntry` with its payloads encoded.
@@ -491,23 +430,7 @@ fn create_run(connection: &Connection, run: NewRun) -> Result<RunRecord> {
     if inserted == 0 {
         return Err(Error::RunExists(run.id));
     }
-    Ok(RunRecord {
-        id: run.id,
-        tenant: run.tenant,
-        spec: run.spec,
-        state: run.state,
-        wait_reason: None,
-        created_at_ms: run.created_at_ms,
-        updated_at_ms: run.created_at_ms,
-        ended_at_ms: None,
-        attempt: 1,
-        pid: None,
-        exit_code: None,
-        output: None,
-        error: None,
-        usage: Usage::default(),
-        provider_calls: 0,
-    })
+    Ok(run.into_record())
 }
 
 fn update_run(
@@ -524,7 +447,7 @@ fn update_run(
     {
         return Err(Error::StateConflict { run: id, expected, actual: run.state });
     }
-    super::apply_patch(&mut run, patch);
+    patch.apply_to(&mut run);
     run_sql(
         connection,
         "updating a run",
@@ -779,7 +702,7 @@ fn mem_put(
                     id,
                     embedding.model,
                     embedding.vector.len() as i64,
-                    queries::vector_bytes(&embedding.vector)
+                    search::vector_to_bytes(&embedding.vector)
                 ],
             )?;
         }
@@ -841,10 +764,7 @@ fn require_tenant_run(connection: &Connection, tenant: &str, run: &RunId) -> Res
         params![run.as_str()],
         |row| row.get::<_, String>(0).map_err(sql_error("reading a run's tenant")),
     )?;
-    if owner.as_deref() != Some(tenant) {
-        return Err(Error::RunNotFound(run.clone()));
-    }
-    Ok(())
+    mailbox::check_owner(run, owner.as_deref(), tenant)
 }
 
 fn mailbox_send(connection: &Connection, to: &RunId, message: &NewMessage, text: &str) -> Result<Seq> {
@@ -867,10 +787,7 @@ fn deliver(connection: &Connection, to: &RunId, message: &NewMessage, text: &str
             return Ok(seq);
         }
     }
-    let len = queries::mailbox_len(connection, to)?;
-    if len >= message.capacity {
-        return Err(Error::MailboxFull { run: to.clone(), capacity: message.capacity });
-    }
+    mailbox::check_room(to, queries::mailbox_len(connection, to)?, message.capacity)?;
     let next = queries::query_first(
         connection,
         "finding the end of a mailbox",
@@ -971,8 +888,7 @@ fn mailbox_receive(
     let Some(message) = select("receive_key IS NULL AND ?2 IS NULL", None)? else {
         return Ok(None);
     };
-    // Without a key, a marker no key can collide with (keys are never empty-prefixed).
-    let marker = key.map_or_else(|| format!("\u{1}delivered:{}", message.seq), str::to_owned);
+    let marker = key.map_or_else(|| mailbox::delivered_marker(message.seq), str::to_owned);
     run_sql(
         connection,
         "marking a mailbox message delivered",
@@ -982,25 +898,20 @@ fn mailbox_receive(
     Ok(Some(message))
 }
 
-/// Stores the nodes of a message chain that are not stored yet. A stored node implies its
-/// whole prefix is stored (nodes are written prefix first), so the walk from the end stops
-/// at the first node found: a call that re-sends a history writes only the new messages.
+/// Stores the nodes of a message chain that are not stored yet (see
+/// `chain::unstored_links`): a call that re-sends a history writes only the new messages.
 fn put_chain(connection: &Connection, links: &[ChainLink]) -> Result<()> {
-    let mut missing = links.len();
-    while missing > 0 {
-        let exists = queries::query_first(
+    let unstored = chain::unstored_links(links, |link| {
+        let found = queries::query_first(
             connection,
             "looking up a message chain node",
             "SELECT 1 FROM message_chain WHERE hash = ?1",
-            params![links[missing - 1].hash],
+            params![link.hash],
             |_| Ok(()),
         )?;
-        if exists.is_some() {
-            break;
-        }
-        missing -= 1;
-    }
-    for link in &links[missing..] {
+        Ok(found.is_some())
+    })?;
+    for link in unstored {
         put_blob(connection, &link.message)?;
         run_sql(
             connection,

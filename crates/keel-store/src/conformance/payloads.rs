@@ -1,0 +1,203 @@
+//! Conformance checks of payload storage (each payload and each conversation message
+//! stored once, params read back exactly), the event log and the kv space.
+
+use keel_types::{EntryStatus, RunId, Usage};
+use serde_json::{Value, json};
+
+use super::{Must, complete_entry, fresh_run, now_ms, ok_completion, pending_entry};
+use crate::{NewEvent, Seq, Store};
+
+/// A conversation re-sent whole on every call, one message longer each time, stores each
+/// message once: 100 calls grow blob storage by a small multiple of the conversation's own
+/// size, not by the sum of every call's (quadratic) params.
+pub async fn blobs_store_each_message_once(store: &dyn Store) {
+    let run = fresh_run(store).await;
+    let mut messages: Vec<Value> = Vec::new();
+    let mut conversation_bytes = 0u64;
+    let before = store.stats().await.must("stats");
+    for turn in 0..100 {
+        let message = json!({"role": "user", "content": format!("{run} turn {turn}: {}", "m".repeat(300))});
+        conversation_bytes += message.to_string().len() as u64;
+        messages.push(message);
+        let params = json!({"messages": messages, "model": "m"});
+        store.append_entry(&run, pending_entry("llm.chat", params)).await.must("append_entry");
+    }
+    let grown = store.stats().await.must("stats").blob_bytes - before.blob_bytes;
+    assert!(
+        grown < 2 * conversation_bytes,
+        "100 calls re-sending a {conversation_bytes}-byte conversation grew blob storage by {grown} bytes"
+    );
+    let journal = store.journal(&run, 0).await.must("journal");
+    for (turn, entry) in journal.iter().enumerate() {
+        assert_eq!(entry.params, json!({"messages": messages[..=turn], "model": "m"}), "entry {}", entry.seq);
+    }
+    let latest = store.latest_entry(&run, "llm.chat").await.must("latest_entry");
+    assert_eq!(latest, None, "pending entries are not `latest`");
+}
+
+/// Params read back exactly as appended, whatever their shape (including shapes a backend
+/// might store specially).
+pub async fn params_read_back_exactly(store: &dyn Store) {
+    let run = fresh_run(store).await;
+    let shapes = [
+        json!({"messages": []}),
+        json!({"messages": "not an array"}),
+        json!({"messages": [1, null, "x", {"role": "user"}], "other": {"messages": [1]}}),
+        json!({"$keel_messages": {"fields": {}, "chain": null}}),
+        json!({"$keel_messages": 1, "messages": [{"a": 1}]}),
+        json!({"$keel_messages": {"fields": {"x": 1}, "chain": "0000"}}),
+        json!([{"messages": [1]}]),
+        json!("messages"),
+        json!({"state": {"messages": [1, 2]}}),
+    ];
+    for shape in &shapes {
+        let entry = complete_entry("any.method", shape.clone(), EntryStatus::Ok, Usage::default());
+        store.append_entry(&run, entry).await.must("append_entry");
+    }
+    let journal = store.journal(&run, 0).await.must("journal");
+    let read: Vec<&Value> = journal.iter().map(|entry| &entry.params).collect();
+    assert_eq!(read, shapes.iter().collect::<Vec<_>>(), "params must read back exactly");
+    let latest = store.latest_entry(&run, "any.method").await.must("latest_entry").expect("an ok entry");
+    assert_eq!(latest.params, shapes[shapes.len() - 1]);
+}
+
+/// The same payload appended many times is stored once: `stats()` grows by about one
+/// payload, not a hundred, for params and for results alike.
+pub async fn blobs_store_each_payload_once(store: &dyn Store) {
+    const COPIES: u64 = 100;
+    let run = fresh_run(store).await;
+    // The run id makes the payload new to this store, so its first copy must be stored.
+    let conversation = json!({
+        "run": run.as_str(),
+        "messages": (0..200)
+            .map(|turn| json!({"role": "user", "content": format!("turn {turn}: {}", "x".repeat(400))}))
+            .collect::<Vec<_>>(),
+    });
+    let payload_len = conversation.to_string().len() as u64;
+
+    let before = store.stats().await.must("stats");
+    for _ in 0..COPIES {
+        store.append_entry(&run, pending_entry("llm.chat", conversation.clone())).await.must("append_entry");
+    }
+    let after = store.stats().await.must("stats");
+    assert!(
+        after.journal_entries >= before.journal_entries + COPIES,
+        "stats must count journal entries: {before:?} then {after:?}"
+    );
+    let grown = after.blob_bytes - before.blob_bytes;
+    assert!(
+        grown > 0 && grown < 2 * payload_len,
+        "{COPIES} copies of a {payload_len}-byte payload grew blob storage by {grown} bytes; \
+         it must be stored once"
+    );
+    // A backend may store each message of `messages` as a blob of its own (see
+    // `blobs_store_each_message_once`), so up to 200 more.
+    assert!(
+        after.blobs - before.blobs <= 2 + 200,
+        "{COPIES} copies of one payload added {} blobs",
+        after.blobs - before.blobs
+    );
+
+    let reply = json!({"run": run.as_str(), "reply": "y".repeat(50_000)});
+    let reply_len = reply.to_string().len() as u64;
+    let before = store.stats().await.must("stats");
+    for seq in 1..=COPIES {
+        store
+            .complete_entry(&run, seq, ok_completion(reply.clone(), Usage::default(), true))
+            .await
+            .must("complete_entry");
+    }
+    let after = store.stats().await.must("stats");
+    let grown = after.blob_bytes - before.blob_bytes;
+    assert!(
+        grown > 0 && grown < 2 * reply_len,
+        "{COPIES} copies of a {reply_len}-byte result grew blob storage by {grown} bytes; \
+         it must be stored once"
+    );
+
+    let journal = store.journal(&run, 0).await.must("journal");
+    assert_eq!(journal.len() as u64, COPIES);
+    assert!(
+        journal.iter().all(|entry| entry.params == conversation && entry.result.as_ref() == Some(&reply)),
+        "every entry must read back its full payloads"
+    );
+}
+
+/// Event seqs are per run and dense from 1; `append_events` returns the last seq (the
+/// current one for an empty batch); `events(after, limit)` pages in order.
+pub async fn events_append_and_page(store: &dyn Store) {
+    let run = fresh_run(store).await;
+    let other = fresh_run(store).await;
+    assert_eq!(
+        store.append_events(&run, vec![]).await.must("append_events"),
+        0,
+        "an empty log's last seq is 0"
+    );
+    let events: Vec<NewEvent> = (1..=5)
+        .map(|n| NewEvent {
+            ts_ms: 1_000 + n,
+            kind: if n % 2 == 0 { "stderr" } else { "stdout" }.to_owned(),
+            data: json!({"line": format!("line {n}"), "n": n}),
+        })
+        .collect();
+    assert_eq!(store.append_events(&run, events[..3].to_vec()).await.must("append_events"), 3);
+    assert_eq!(store.append_events(&run, events[3..].to_vec()).await.must("append_events"), 5);
+    assert_eq!(
+        store.append_events(&run, vec![]).await.must("append_events"),
+        5,
+        "appending no events must return the current last seq"
+    );
+    assert_eq!(
+        store.append_events(&other, events[..1].to_vec()).await.must("append_events"),
+        1,
+        "event seqs must be per run"
+    );
+
+    let all = store.events(&run, 0, 100).await.must("events");
+    assert_eq!(all.len(), 5);
+    for (stored, (seq, appended)) in all.iter().zip((1..).zip(&events)) {
+        assert_eq!(stored.seq, seq, "event seqs must be dense from 1");
+        assert_eq!(
+            (stored.ts_ms, &stored.kind, &stored.data),
+            (appended.ts_ms, &appended.kind, &appended.data),
+            "an event must read back as appended"
+        );
+    }
+    for (after, limit, expected) in
+        [(0, 2, vec![1, 2]), (2, 2, vec![3, 4]), (4, 10, vec![5]), (5, 10, vec![]), (0, 0, vec![])]
+    {
+        let seqs: Vec<Seq> =
+            store.events(&run, after, limit).await.must("events").iter().map(|event| event.seq).collect();
+        assert_eq!(seqs, expected, "events(after = {after}, limit = {limit})");
+    }
+}
+
+/// `kv_put` writes and overwrites, `kv_get` reads, and scopes do not see each other.
+pub async fn kv_put_get_and_scopes(store: &dyn Store) {
+    let unique = RunId::generate(now_ms());
+    let scope = format!("conformance/{unique}/a");
+    let other_scope = format!("conformance/{unique}/b");
+    assert_eq!(store.kv_get(&scope, "k").await.must("kv_get"), None);
+
+    store.kv_put(&scope, "k", json!({"v": 1})).await.must("kv_put");
+    assert_eq!(store.kv_get(&scope, "k").await.must("kv_get"), Some(json!({"v": 1})));
+    store.kv_put(&scope, "k", json!("two")).await.must("kv_put");
+    assert_eq!(store.kv_get(&scope, "k").await.must("kv_get"), Some(json!("two")), "kv_put must overwrite");
+    assert_eq!(
+        store.kv_get(&other_scope, "k").await.must("kv_get"),
+        None,
+        "a key must not leak into another scope"
+    );
+    store.kv_put(&other_scope, "k", json!([3])).await.must("kv_put");
+    assert_eq!(
+        store.kv_get(&scope, "k").await.must("kv_get"),
+        Some(json!("two")),
+        "writing another scope must not change this one"
+    );
+    store.kv_put(&scope, "null", Value::Null).await.must("kv_put");
+    assert_eq!(
+        store.kv_get(&scope, "null").await.must("kv_get"),
+        Some(Value::Null),
+        "a stored JSON null must read back as Some(null), not as a missing key"
+    );
+}
