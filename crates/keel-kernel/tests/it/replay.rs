@@ -2,11 +2,14 @@
 //! journal (nothing is paid twice), the first new call goes live, a call caught in the
 //! crash window follows its tool's crash policy, and a divergent tail is abandoned.
 
+use std::path::Path;
+
+use keel_kernel::Command;
 use keel_sdk::{system, user};
-use keel_types::{EntryStatus, RunState};
+use keel_types::{EntryStatus, RunId, RunState, WaitReason};
 use serde_json::json;
 
-use crate::harness::{TestKernel, methods};
+use crate::harness::{Setup, TestKernel, in_background, methods, refusal, wait_for};
 
 fn script() -> serde_json::Value {
     json!({"responses": [{"content": "one"}, {"content": "two"}, {"content": "three"}]})
@@ -87,4 +90,85 @@ fn after_a_divergent_call_the_unasked_tail_is_abandoned_at_the_next_checkpoint()
     );
     assert_eq!(test.get(&run).provider_calls, 2);
     test.wait_event(&run, "replay", json!({"abandoned": [journal[1].seq]}));
+}
+
+/// Command tools that record each start (with its idempotency key) in `calls`, then wait
+/// for the file `go`: a call can be caught between its intent and its result.
+fn slow_tools(scratch: &Path) -> Setup {
+    let script = r#"cat > /dev/null; echo "$KEEL_IDEMPOTENCY_KEY" >> "$0/calls"; while [ ! -e "$0/go" ]; do sleep 0.01; done; echo '{"done": true}'"#;
+    let mut keel_toml = String::new();
+    for crash in ["retry", "ask", "fail"] {
+        keel_toml += &format!(
+            "[[tools.command]]\nname = \"slow_{crash}\"\ndescription = \"waits for go\"\ncommand = [\"/bin/sh\", \"-c\", '''{script}''', '{}']\ncrash = \"{crash}\"\n\n",
+            scratch.display()
+        );
+    }
+    Setup { keel_toml, ..Setup::default() }
+}
+
+/// Starts `tool` from an agent, crashes the kernel while the call runs (its intent is
+/// journaled, its result is not), restarts, and returns the relaunched agent.
+fn crash_during(test: &mut TestKernel, run: &RunId, tool: &str) -> keel_sdk::Client {
+    let mut agent = test.agent(run);
+    let tool_name = tool.to_owned();
+    let call = in_background(move || agent.tool(&tool_name, json!({})));
+    let calls = test.scratch().join("calls");
+    wait_for("the tool to start", || std::fs::read_to_string(&calls).ok().filter(|c| !c.is_empty()));
+    assert_eq!(methods(&test.journal(run)), [("tool.call", EntryStatus::Pending)]);
+    test.crash_and_restart();
+    assert!(call.join().unwrap().is_err(), "the agent lost its kernel");
+    test.wait_run(run, "relaunched", |r| r.attempt == 2 && r.pid.is_some());
+    test.agent(run)
+}
+
+fn starts(test: &TestKernel) -> Vec<String> {
+    let calls = std::fs::read_to_string(test.scratch().join("calls")).unwrap_or_default();
+    calls.lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn a_call_interrupted_by_a_crash_with_policy_retry_runs_again_with_the_same_key() {
+    let mut test = TestKernel::start_with(slow_tools);
+    let run = test.create_run(json!({ "grant": ["slow_*"] }));
+    let mut agent = crash_during(&mut test, &run, "slow_retry");
+    std::fs::write(test.scratch().join("go"), "").unwrap();
+    assert_eq!(agent.tool("slow_retry", json!({})).unwrap(), json!({"done": true}));
+    let starts = starts(&test);
+    assert_eq!(starts.len(), 2, "run again");
+    assert_eq!(starts[0], starts[1], "with the idempotency key of its journal entry");
+    assert_eq!(starts[0], format!("{run}:1"));
+    assert_eq!(methods(&test.journal(&run)), [("tool.call", EntryStatus::Ok)]);
+    test.wait_event(&run, "interrupted", json!({"call": 1, "policy": "retry"}));
+}
+
+#[test]
+fn a_call_interrupted_by_a_crash_with_policy_fail_is_not_run_again() {
+    let mut test = TestKernel::start_with(slow_tools);
+    let run = test.create_run(json!({ "grant": ["slow_*"] }));
+    let mut agent = crash_during(&mut test, &run, "slow_fail");
+    std::fs::write(test.scratch().join("go"), "").unwrap();
+    let (kind, code, message) = refusal(agent.tool("slow_fail", json!({})));
+    assert_eq!((kind.as_str(), code), ("tool_error", 1006));
+    assert!(message.contains("crash policy is `fail`"), "{message}");
+    assert_eq!(starts(&test).len(), 1, "not run again");
+    assert_eq!(methods(&test.journal(&run)), [("tool.call", EntryStatus::Error)]);
+    test.wait_event(&run, "interrupted", json!({"call": 1, "policy": "fail"}));
+}
+
+#[test]
+fn a_call_interrupted_by_a_crash_with_policy_ask_waits_for_an_operator() {
+    let mut test = TestKernel::start_with(slow_tools);
+    let run = test.create_run(json!({ "grant": ["slow_*"] }));
+    let mut agent = crash_during(&mut test, &run, "slow_ask");
+    std::fs::write(test.scratch().join("go"), "").unwrap();
+    let call = in_background(move || agent.tool("slow_ask", json!({})));
+    test.wait_waiting(&run, WaitReason::Approval);
+    let pending = test.kernel().pending_approvals(&run);
+    assert_eq!(pending.len(), 1);
+    assert_eq!((pending[0].call, pending[0].kind.as_str()), (1, "retry_after_crash"));
+    assert_eq!(starts(&test).len(), 1, "nothing runs before the decision");
+    test.execute(Command::Decide { run: run.clone(), call: 1, approve: true, note: None }).unwrap();
+    assert_eq!(call.join().unwrap().unwrap(), json!({"done": true}));
+    assert_eq!(starts(&test).len(), 2);
+    assert_eq!(test.get(&run).state, RunState::Running);
 }
