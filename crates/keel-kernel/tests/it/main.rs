@@ -3,5 +3,7 @@
 //! test itself (see `harness.rs`). Where a kernel bug gets its regression test; fast by
 //! design (no sleeps but short polls, no timing assertions).
 
+mod approvals;
+mod governance;
 mod harness;
 mod replay;
