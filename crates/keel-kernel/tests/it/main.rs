@@ -4,6 +4,9 @@
 //! design (no sleeps but short polls, no timing assertions).
 
 mod approvals;
+mod budgets;
 mod governance;
 mod harness;
+mod ipc;
 mod replay;
+mod swapping;
