@@ -167,13 +167,18 @@ impl TestKernel {
     /// An SDK client of the run's current agent process, as that agent would connect.
     pub fn agent(&self, run: &RunId) -> keel_sdk::Client {
         let record = self.wait_run(run, "its agent to be launched", |r| r.pid.is_some());
-        let tokens = self.dir.path().join("puppets").join(format!("{run}.tokens"));
+        let tokens = self.token_file(run);
         let token = wait_for(&format!("the token of attempt {} of {run}", record.attempt), || {
             let text = std::fs::read_to_string(&tokens).ok()?;
             text.lines().nth(record.attempt as usize - 1).map(str::to_owned)
         });
         let socket = self.data_dir().syscall_socket();
         keel_sdk::Client::connect_to(&socket.display().to_string(), &token).expect("the agent connects")
+    }
+
+    /// The tokens of the run's puppets, one line per launch.
+    pub fn token_file(&self, run: &RunId) -> PathBuf {
+        self.dir.path().join("puppets").join(format!("{run}.tokens"))
     }
 
     pub fn socket(&self) -> String {
@@ -223,13 +228,6 @@ impl TestKernel {
             self.events(run).into_iter().find(|e| e.kind == kind && contains(&e.data, &fields))
         })
     }
-
-    /// Waits until the run's journal has an entry of `method` with `status`.
-    pub fn wait_entry(&self, run: &RunId, method: &str, status: EntryStatus) -> JournalEntry {
-        wait_for(&format!("a {method} entry {status} in the journal of {run}"), || {
-            self.journal(run).into_iter().find(|e| e.method == method && e.status == status)
-        })
-    }
 }
 
 /// Whether every field of `fields` (an object) is in `data` with the same value.
@@ -262,6 +260,16 @@ impl Drop for TestKernel {
             runtime.shutdown_timeout(Duration::from_secs(5));
         }
     }
+}
+
+/// Runs `f` on its own thread and fails the test if it does not return within the
+/// deadline (for a call that would hang if the kernel never answered it).
+pub fn with_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(f());
+    });
+    result.recv_timeout(DEADLINE).unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
 /// Runs a blocking SDK call on its own thread (for calls that wait on the kernel: a

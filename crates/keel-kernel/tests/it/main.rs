@@ -8,5 +8,6 @@ mod budgets;
 mod governance;
 mod harness;
 mod ipc;
+mod lifecycle;
 mod replay;
 mod swapping;
