@@ -313,6 +313,10 @@ pub(crate) struct Inner {
     pub(crate) tools: crate::tools::Registry,
     /// Interpreter workers for `code.exec`.
     pub(crate) interp: Option<keel_interp::Pool>,
+    /// True from `spawn_recovery` until recovery has listed the runs it brings back:
+    /// runs created meanwhile wait, so recovery never takes this kernel's new runs for
+    /// interrupted ones (and kills and relaunches them).
+    recovery_listing: tokio::sync::watch::Sender<bool>,
     /// Held for the kernel's life; dropping it releases the data directory.
     _lock: nix::fcntl::Flock<std::fs::File>,
 }
@@ -400,8 +404,11 @@ impl Kernel {
     /// Brings back, in the background, the runs that were live when the previous kernel
     /// stopped. Call it once the sockets agents use (the gateway's) are listening, since
     /// relaunched agents connect at once. The daemon does; the kernel embedded in a
-    /// foreground `keel run` does not (the runs would end with it).
+    /// foreground `keel run` does not (the runs would end with it). Call it before runs
+    /// can be created: a run created until recovery has listed the interrupted runs
+    /// waits for that, so it is never mistaken for one of them.
     pub fn spawn_recovery(&self) {
+        self.inner.recovery_listing.send_replace(true);
         // In the background, so the API answers (and shows `recovering` runs) while a large
         // backlog is brought back.
         let kernel = self.clone();
@@ -460,6 +467,7 @@ impl Kernel {
                 interp: options
                     .interp_worker
                     .map(|worker| keel_interp::Pool::new(keel_interp::PoolConfig { worker, size: 2 })),
+                recovery_listing: tokio::sync::watch::Sender::new(false),
                 _lock: lock_file,
             }),
         };
@@ -752,6 +760,8 @@ impl Kernel {
     /// Creates and launches a run under an id chosen before (an agent called as a tool
     /// records its child's id durably first, so a retried call finds the same child).
     pub(crate) async fn create_as(&self, id: RunId, mut request: CreateRun) -> Result<RunRecord> {
+        // The sender lives in `inner`, so the wait ends only when the listing is done.
+        let _ = self.inner.recovery_listing.subscribe().wait_for(|listing| !*listing).await;
         if request.llm_script.is_none() {
             request.llm_script = self.inner.default_llm_script.clone();
         }
@@ -1288,7 +1298,9 @@ impl Kernel {
             limit: None,
             tenant: None,
         };
-        let mut runs = self.inner.store.list_runs(&filter).await?;
+        let listed = self.inner.store.list_runs(&filter).await;
+        self.inner.recovery_listing.send_replace(false);
+        let mut runs = listed?;
         runs.reverse(); // Oldest first.
         // Swapped-out runs stay swapped out until what they wait for happens, and hold no
         // live slot meanwhile.

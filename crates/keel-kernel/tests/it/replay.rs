@@ -9,7 +9,7 @@ use keel_sdk::{system, user};
 use keel_types::{EntryStatus, RunId, RunState, WaitReason};
 use serde_json::json;
 
-use crate::harness::{Setup, TestKernel, in_background, methods, refusal, wait_for};
+use crate::harness::{Setup, TestKernel, in_background, methods, refusal, wait_for, with_deadline};
 
 fn script() -> serde_json::Value {
     json!({"responses": [{"content": "one"}, {"content": "two"}, {"content": "three"}]})
@@ -171,4 +171,30 @@ fn a_call_interrupted_by_a_crash_with_policy_ask_waits_for_an_operator() {
     assert_eq!(call.join().unwrap().unwrap(), json!({"done": true}));
     assert_eq!(starts(&test).len(), 2);
     assert_eq!(test.get(&run).state, RunState::Running);
+}
+
+/// Regression: recovery lists the interrupted runs in the background after
+/// `spawn_recovery`, and a run created before that listing was taken for an interrupted
+/// one: its agent was SIGKILLed and another launched (or it was relaunched as attempt 2),
+/// and a syscall of the first agent was never answered.
+#[test]
+fn a_run_created_while_recovery_starts_is_not_taken_for_an_interrupted_one() {
+    let mut test = TestKernel::start();
+    let interrupted = test.create_run(json!({}));
+    test.crash_and_restart();
+    let runs: Vec<RunId> = (0..8).map(|_| test.create_run(json!({}))).collect();
+    test.wait_run(&interrupted, "recovered", |r| r.attempt == 2 && r.pid.is_some());
+    for run in &runs {
+        let mut agent = test.agent(run);
+        let pinged = with_deadline("a call of the run's first agent", move || {
+            agent.call::<serde_json::Value>("sys.ping", json!({}))
+        });
+        assert_eq!(pinged.unwrap(), json!({}));
+    }
+    for run in &runs {
+        let record = test.get(run);
+        assert_eq!((record.state, record.attempt), (RunState::Running, 1), "{run} was left alone");
+        let launches = test.events(run).iter().filter(|e| e.kind == "launch").count();
+        assert_eq!(launches, 1, "{run} was launched once");
+    }
 }
