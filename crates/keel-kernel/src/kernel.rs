@@ -95,6 +95,10 @@ pub(crate) struct Inner {
     pub(crate) tools: crate::tools::Registry,
     /// Interpreter workers for `code.exec`.
     pub(crate) interp: Option<keel_interp::Pool>,
+    /// True from `spawn_recovery` until recovery has listed the runs it brings back:
+    /// runs created meanwhile wait, so recovery never takes this kernel's new runs for
+    /// interrupted ones (and kills and relaunches them).
+    pub(crate) recovery_listing: tokio::sync::watch::Sender<bool>,
     /// Held for the kernel's life; dropping it releases the data directory.
     pub(crate) _lock: nix::fcntl::Flock<std::fs::File>,
 }
@@ -103,8 +107,11 @@ impl Kernel {
     /// Brings back, in the background, the runs that were live when the previous kernel
     /// stopped. Call it once the sockets agents use (the gateway's) are listening, since
     /// relaunched agents connect at once. The daemon does; the kernel embedded in a
-    /// foreground `keel run` does not (the runs would end with it).
+    /// foreground `keel run` does not (the runs would end with it). Call it before runs
+    /// can be created: a run created until recovery has listed the interrupted runs
+    /// waits for that, so it is never mistaken for one of them.
     pub fn spawn_recovery(&self) {
+        self.inner.recovery_listing.send_replace(true);
         // In the background, so the API answers (and shows `recovering` runs) while a large
         // backlog is brought back.
         let kernel = self.clone();
@@ -163,6 +170,7 @@ impl Kernel {
                 interp: options
                     .interp_worker
                     .map(|worker| keel_interp::Pool::new(keel_interp::PoolConfig { worker, size: 2 })),
+                recovery_listing: tokio::sync::watch::Sender::new(false),
                 _lock: lock_file,
             }),
         };

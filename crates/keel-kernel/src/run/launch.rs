@@ -26,6 +26,8 @@ impl Kernel {
     /// Creates and launches a run under an id chosen before (an agent called as a tool
     /// records its child's id durably first, so a retried call finds the same child).
     pub(crate) async fn create_as(&self, id: RunId, mut request: CreateRun) -> Result<RunRecord> {
+        // The sender lives in `inner`, so the wait ends only when the listing is done.
+        let _ = self.inner.recovery_listing.subscribe().wait_for(|listing| !*listing).await;
         if request.llm_script.is_none() {
             request.llm_script = self.inner.default_llm_script.clone();
         }

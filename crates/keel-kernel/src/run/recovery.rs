@@ -26,7 +26,9 @@ impl Kernel {
             limit: None,
             tenant: None,
         };
-        let mut runs = self.inner.store.list_runs(&filter).await?;
+        let listed = self.inner.store.list_runs(&filter).await;
+        self.inner.recovery_listing.send_replace(false);
+        let mut runs = listed?;
         runs.reverse(); // Oldest first.
         // Swapped-out runs stay swapped out until what they wait for happens, and hold no
         // live slot meanwhile.

@@ -1,0 +1,127 @@
+//! IPC between runs: send and receive with request/reply, a full mailbox refusing a
+//! non-waiting send with `would_block`, and exactly-once delivery across a crash.
+
+use keel_types::{EntryStatus, RunId};
+use serde_json::json;
+
+use crate::harness::{TestKernel, in_background, methods, refusal, wait_for};
+
+fn send_as_operator(test: &TestKernel, run: &RunId, message: serde_json::Value) -> serde_json::Value {
+    let to = run.to_string();
+    test.on_kernel(|kernel| async move {
+        kernel.send_message("default", json!({"to": to, "message": message})).await
+    })
+    .expect("the operator's message is sent")
+}
+
+#[test]
+fn two_runs_exchange_a_request_and_its_reply() {
+    let test = TestKernel::start();
+    let asker = test.create_run(json!({}));
+    let answerer = test.create_run(json!({}));
+    let mut asker_agent = test.agent(&asker);
+    let mut answerer_agent = test.agent(&answerer);
+    let answering = in_background(move || {
+        let request = answerer_agent.recv(None).unwrap().expect("a request");
+        let to = request.from.clone().expect("sent by a run");
+        let reply = json!({"answer": request.message["q"].as_i64().unwrap() * 2});
+        answerer_agent.send(&to, &reply, request.correlation_id.as_deref(), true).unwrap();
+        request
+    });
+    assert_eq!(asker_agent.send(answerer.as_str(), &json!({"q": 21}), Some("req-1"), true).unwrap(), 1);
+    let reply = asker_agent.recv(None).unwrap().expect("the reply");
+    assert_eq!(reply.message, json!({"answer": 42}));
+    assert_eq!(reply.correlation_id.as_deref(), Some("req-1"));
+    assert_eq!(reply.from.as_deref(), Some(answerer.as_str()));
+    let request = answering.join().unwrap();
+    assert_eq!(request.from.as_deref(), Some(asker.as_str()));
+    assert_eq!(
+        methods(&test.journal(&asker)),
+        [("ipc.send", EntryStatus::Ok), ("ipc.recv", EntryStatus::Ok)]
+    );
+    assert_eq!(
+        methods(&test.journal(&answerer)),
+        [("ipc.recv", EntryStatus::Ok), ("ipc.send", EntryStatus::Ok)]
+    );
+    let (kind, code, _) = refusal(asker_agent.send("run_00000000000000000000000001", &json!(1), None, true));
+    assert_eq!((kind.as_str(), code), ("not_found", 1002));
+    assert_eq!(test.journal(&asker).len(), 2, "a send to nobody leaves no trace");
+}
+
+/// Set for the child process that runs `a_full_mailbox_refuses_a_send_that_will_not_wait`
+/// with a small mailbox: the capacity is read from the environment at kernel start.
+const SMALL_MAILBOX_CHILD: &str = "KEEL_KERNEL_IT_SMALL_MAILBOX";
+
+#[test]
+fn a_full_mailbox_refuses_a_send_that_will_not_wait() {
+    if std::env::var_os(SMALL_MAILBOX_CHILD).is_none() {
+        // KEEL_MAILBOX_CAPACITY is process-wide: set it only in a child running this test.
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "ipc::a_full_mailbox_refuses_a_send_that_will_not_wait"])
+            .env(SMALL_MAILBOX_CHILD, "1")
+            .env("KEEL_MAILBOX_CAPACITY", "2")
+            .output()
+            .unwrap();
+        let output = String::from_utf8_lossy(&child.stdout);
+        assert!(child.status.success(), "the test failed in its child process:\n{output}");
+        assert!(output.contains("1 passed"), "the child ran the test:\n{output}");
+        return;
+    }
+    let test = TestKernel::start();
+    let sender = test.create_run(json!({}));
+    let receiver = test.create_run(json!({}));
+    let mut sender_agent = test.agent(&sender);
+    let mut receiver_agent = test.agent(&receiver);
+    assert_eq!(sender_agent.send(receiver.as_str(), &json!(1), None, false).unwrap(), 1);
+    assert_eq!(sender_agent.send(receiver.as_str(), &json!(2), None, false).unwrap(), 2);
+    let (kind, code, message) = refusal(sender_agent.send(receiver.as_str(), &json!(3), None, false));
+    assert_eq!((kind.as_str(), code), ("would_block", 1010));
+    assert!(message.contains("nothing was sent"), "{message}");
+    // A waiting send waits for room, and gets it when the receiver takes a message.
+    let waiting = in_background(move || sender_agent.send(receiver.as_str(), &json!(4), None, true));
+    wait_for("the waiting send's intent", || {
+        test.journal(&sender)
+            .iter()
+            .any(|e| e.method == "ipc.send" && e.status == EntryStatus::Pending)
+            .then_some(())
+    });
+    let received: Vec<_> =
+        (0..3).map(|_| receiver_agent.recv(Some(5_000)).unwrap().unwrap().message).collect();
+    assert_eq!(received, [json!(1), json!(2), json!(4)], "the refused message was never sent");
+    assert_eq!(waiting.join().unwrap().unwrap(), 3, "the refused message took no seq either");
+    assert_eq!(methods(&test.journal(&sender)).iter().filter(|(m, _)| *m == "ipc.send").count(), 4);
+}
+
+#[test]
+fn each_message_reaches_the_receivers_journal_exactly_once_across_a_crash() {
+    let mut test = TestKernel::start();
+    let run = test.create_run(json!({}));
+    let mut agent = test.agent(&run);
+    send_as_operator(&test, &run, json!("m1"));
+    send_as_operator(&test, &run, json!("m2"));
+    assert_eq!(agent.recv(None).unwrap().unwrap().message, json!("m1"));
+    // A receive caught waiting by the crash: its intent is journaled, no message taken yet.
+    let waiting = in_background(move || {
+        let second = agent.recv(None).unwrap().unwrap().message;
+        let third = agent.recv(None);
+        (second, third)
+    });
+    wait_for("the third receive to wait", || {
+        let journal = test.journal(&run);
+        (journal.len() == 3 && journal[2].status == EntryStatus::Pending).then_some(())
+    });
+
+    test.crash_and_restart();
+    let (second, third) = waiting.join().unwrap();
+    assert_eq!(second, json!("m2"));
+    assert!(third.is_err(), "the agent lost its kernel");
+    test.wait_run(&run, "relaunched", |r| r.attempt == 2 && r.pid.is_some());
+    send_as_operator(&test, &run, json!("m3"));
+    let mut agent = test.agent(&run);
+    let replayed: Vec<_> = (0..3).map(|_| agent.recv(None).unwrap().unwrap().message).collect();
+    assert_eq!(replayed, [json!("m1"), json!("m2"), json!("m3")], "each once, in order");
+    assert_eq!(agent.recv(Some(0)).unwrap(), None, "nothing delivered twice");
+    let journal = test.journal(&run);
+    assert_eq!(methods(&journal), [("ipc.recv", EntryStatus::Ok); 4]);
+    assert_eq!(journal[3].result, Some(json!({"message": null})));
+}

@@ -1,0 +1,13 @@
+//! The kernel's in-process test suite: a real kernel on a temporary data directory, the
+//! scripted LLM provider and the `none` sandbox tier, driven through the Rust SDK by the
+//! test itself (see `harness.rs`). Where a kernel bug gets its regression test; fast by
+//! design (no sleeps but short polls, no timing assertions).
+
+mod approvals;
+mod budgets;
+mod governance;
+mod harness;
+mod ipc;
+mod lifecycle;
+mod replay;
+mod swapping;
