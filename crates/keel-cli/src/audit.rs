@@ -95,24 +95,24 @@ async fn audit_command(client: &Client, command: AuditCommand) -> Result<ExitCod
                 }
             }
             if json {
-                println!("{}", serde_json::to_string_pretty(&entries)?);
+                crate::outln!("{}", serde_json::to_string_pretty(&entries)?)?;
             } else {
-                print!("{}", render::audit_table(&run, &entries));
+                crate::out!("{}", render::audit_table(&run, &entries))?;
             }
             Ok(ExitCode::SUCCESS)
         }
         AuditCommand::Verify { json } => {
             let view = client.audit_verify().await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&view)?);
+                crate::outln!("{}", serde_json::to_string_pretty(&view)?)?;
             } else if view.ok {
-                println!("audit log intact: {} entries, head {}", view.entries, view.head_hash);
+                crate::outln!("audit log intact: {} entries, head {}", view.entries, view.head_hash)?;
             } else {
-                println!(
+                crate::outln!(
                     "audit log TAMPERED at entry {}: {}",
                     view.broken_at.unwrap_or(0),
                     view.reason.as_deref().unwrap_or("unknown reason")
-                );
+                )?;
             }
             Ok(if view.ok { ExitCode::SUCCESS } else { ExitCode::from(TAMPERED_EXIT_CODE) })
         }
@@ -123,7 +123,7 @@ async fn audit_command(client: &Client, command: AuditCommand) -> Result<ExitCod
                     std::fs::File::create(path)
                         .with_context(|| format!("cannot create {}", path.display()))?,
                 )),
-                None => Box::new(std::io::stdout().lock()),
+                None => Box::new(crate::out::Stdout::lock()),
             };
             let mut lines = 0usize;
             while let Some(chunk) = response.chunk().await.context("reading the audit export")? {

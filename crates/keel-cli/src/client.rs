@@ -385,8 +385,14 @@ impl Client {
     }
 
     /// Follows the run's events (server-sent events) from `after`, calling `each` for
-    /// every event, until the run has ended. Reconnects if the stream drops.
-    pub async fn follow(&self, run: &str, mut after: u64, mut each: impl FnMut(&EventView)) -> Result<()> {
+    /// every event, until the run has ended or `each` fails (its error is returned).
+    /// Reconnects if the stream drops.
+    pub async fn follow(
+        &self,
+        run: &str,
+        mut after: u64,
+        mut each: impl FnMut(&EventView) -> Result<()>,
+    ) -> Result<()> {
         loop {
             let response = self
                 .http
@@ -425,7 +431,7 @@ impl Client {
                         if event.kind == "state" && is_terminal(&event) {
                             ended = true;
                         }
-                        each(&event);
+                        each(&event)?;
                     }
                 }
             }
@@ -437,7 +443,7 @@ impl Client {
             let view = self.inspect(run).await?;
             if is_terminal_state(&view.run.state) {
                 let rest = self.events(run, after).await?;
-                rest.events.iter().for_each(&mut each);
+                rest.events.iter().try_for_each(&mut each)?;
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(200)).await;

@@ -208,9 +208,9 @@ pub async fn run(ctx: Context, args: RunArgs) -> Result<ExitCode> {
     let run_id = view.run_id.clone();
     if args.detach {
         if args.json {
-            println!("{}", serde_json::json!({ "run_id": run_id }));
+            crate::outln!("{}", serde_json::json!({ "run_id": run_id }))?;
         } else {
-            println!("{run_id}");
+            crate::outln!("{run_id}")?;
         }
         client.close().await;
         return Ok(ExitCode::SUCCESS);
@@ -229,7 +229,7 @@ pub async fn run(ctx: Context, args: RunArgs) -> Result<ExitCode> {
     if interrupted {
         render::kernel_line(&format!("stopping run {run_id} (Ctrl-C again to leave it)"));
         client.stop(&run_id, None).await?;
-        let follow = client.follow(&run_id, 0, |_| {});
+        let follow = client.follow(&run_id, 0, |_| Ok(()));
         tokio::select! {
             result = follow => result?,
             _ = tokio::signal::ctrl_c() => {}
@@ -249,23 +249,23 @@ pub async fn run(ctx: Context, args: RunArgs) -> Result<ExitCode> {
     })
 }
 
-fn print_event(event: &EventView, run_id: &str, json: bool, quiet: bool) {
+/// Prints one event of a followed run. Fails only when stdout fails (a closed pipe ends
+/// the command quietly, see `out`); a closed stderr loses the line.
+fn print_event(event: &EventView, run_id: &str, json: bool, quiet: bool) -> Result<()> {
     if json {
         if let Ok(line) = serde_json::to_string(event) {
-            println!("{line}");
+            crate::outln!("{line}")?;
         }
-        return;
+        return Ok(());
     }
     match event.kind.as_str() {
         "stdout" => {
             let line = event.data.get("line").and_then(|l| l.as_str()).unwrap_or_default();
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{line}");
-            let _ = out.flush();
+            crate::outln!("{line}")?;
         }
         "stderr" => {
             let line = event.data.get("line").and_then(|l| l.as_str()).unwrap_or_default();
-            eprintln!("{line}");
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
         }
         _ if quiet => {}
         _ => {
@@ -274,6 +274,7 @@ fn print_event(event: &EventView, run_id: &str, json: bool, quiet: bool) {
             }
         }
     }
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -296,11 +297,11 @@ pub async fn ps(ctx: Context, args: PsArgs) -> Result<ExitCode> {
     let client = ctx.client().await?;
     let runs = client.list_runs(args.state.as_deref(), Some(args.limit)).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&runs)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&runs)?)?;
     } else if args.tree {
-        print!("{}", render::runs_tree(&runs, render::now_ms()));
+        crate::out!("{}", render::runs_tree(&runs, render::now_ms()))?;
     } else {
-        print!("{}", render::runs_table(&runs, render::now_ms()));
+        crate::out!("{}", render::runs_table(&runs, render::now_ms()))?;
     }
     client.close().await;
     Ok(ExitCode::SUCCESS)
@@ -329,7 +330,7 @@ pub async fn logs(ctx: Context, args: LogsArgs) -> Result<ExitCode> {
             let Some(last) = page.events.last() else { break };
             after = last.seq;
             for event in &page.events {
-                print_event(event, &args.run, args.json, false);
+                print_event(event, &args.run, args.json, false)?;
             }
         }
     }
@@ -350,9 +351,9 @@ pub async fn inspect(ctx: Context, args: InspectArgs) -> Result<ExitCode> {
     let client = ctx.client().await?;
     let view = client.inspect(&args.run).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&view)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&view)?)?;
     } else {
-        print!("{}", render::inspect(&view, render::now_ms()));
+        crate::out!("{}", render::inspect(&view, render::now_ms()))?;
     }
     client.close().await;
     Ok(ExitCode::SUCCESS)
@@ -361,9 +362,9 @@ pub async fn inspect(ctx: Context, args: InspectArgs) -> Result<ExitCode> {
 /// The one-line answer of the control commands: `RUN STATE`, or the run as JSON.
 fn print_run(view: &keel_protocol::api::RunView, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(view)?);
+        crate::outln!("{}", serde_json::to_string_pretty(view)?)?;
     } else {
-        println!("{} {}", view.run_id, view.state);
+        crate::outln!("{} {}", view.run_id, view.state)?;
     }
     Ok(())
 }
@@ -466,7 +467,7 @@ pub async fn send(ctx: Context, args: SendArgs) -> Result<ExitCode> {
     let outcome = client.send_message(&args.run, &body).await;
     client.close().await;
     let sent = outcome?;
-    println!("sent message {} to {}", sent.seq, args.run);
+    crate::outln!("sent message {} to {}", sent.seq, args.run)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -565,9 +566,9 @@ pub async fn budget(ctx: Context, args: BudgetCmdArgs) -> Result<ExitCode> {
         client.top_up(&args.run, &body).await?
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&view)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&view)?)?;
     } else {
-        print!("{}", render::budget(&view));
+        crate::out!("{}", render::budget(&view))?;
     }
     client.close().await;
     Ok(ExitCode::SUCCESS)
@@ -731,50 +732,50 @@ async fn mem_command(client: &Client, command: MemCommand) -> Result<ExitCode> {
             let body = keel_protocol::api::MemoryPutBody { value, text };
             let record = client.memory_put(&namespace, &key, &body).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&record)?);
+                crate::outln!("{}", serde_json::to_string_pretty(&record)?)?;
             } else {
-                println!("stored {namespace}/{key}");
+                crate::outln!("stored {namespace}/{key}")?;
             }
         }
         MemCommand::Get { namespace, key, json } => {
             let record = client.memory_get(&namespace, &key).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&record)?);
+                crate::outln!("{}", serde_json::to_string_pretty(&record)?)?;
             } else {
-                println!("{}", serde_json::to_string_pretty(&record.value)?);
+                crate::outln!("{}", serde_json::to_string_pretty(&record.value)?)?;
             }
         }
         MemCommand::Delete { namespace, key, json } => {
             let view = client.memory_delete(&namespace, &key).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&view)?);
+                crate::outln!("{}", serde_json::to_string_pretty(&view)?)?;
             } else if view.deleted {
-                println!("deleted {namespace}/{key}");
+                crate::outln!("deleted {namespace}/{key}")?;
             } else {
-                println!("no record {namespace}/{key}");
+                crate::outln!("no record {namespace}/{key}")?;
             }
         }
         MemCommand::Search { namespace, query, limit, mode, json } => {
             let view = client.memory_search(&namespace, &query, limit, mode.as_deref()).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&view)?);
+                crate::outln!("{}", serde_json::to_string_pretty(&view)?)?;
             } else if view.hits.is_empty() {
-                println!("no hits");
+                crate::outln!("no hits")?;
             } else {
                 for hit in &view.hits {
-                    println!("{:>8.3}  {}  {}", hit.score, hit.key, hit.snippet.replace('\n', " "));
+                    crate::outln!("{:>8.3}  {}  {}", hit.score, hit.key, hit.snippet.replace('\n', " "))?;
                 }
             }
         }
         MemCommand::Thread { id, last, max_tokens, json } => {
             let view = client.thread(&id, last, max_tokens).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&view)?);
+                crate::outln!("{}", serde_json::to_string_pretty(&view)?)?;
             } else if view.messages.is_empty() {
-                println!("thread {id} is empty");
+                crate::outln!("thread {id} is empty")?;
             } else {
                 for message in &view.messages {
-                    println!("{:>4} {}: {}", message.index, message.role, message.content);
+                    crate::outln!("{:>4} {}: {}", message.index, message.role, message.content)?;
                 }
             }
         }
@@ -841,9 +842,9 @@ pub async fn tools(ctx: Context, args: ToolsArgs) -> Result<ExitCode> {
     let client = ctx.client().await?;
     let tools = client.tools().await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&tools)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&tools)?)?;
     } else {
-        render::tools(&tools);
+        crate::out!("{}", render::tools(&tools))?;
     }
     client.close().await;
     Ok(ExitCode::SUCCESS)
@@ -923,22 +924,22 @@ pub async fn exec(ctx: Context, args: ExecArgs) -> Result<ExitCode> {
     let outcome = client.exec(&params).await?;
     client.close().await;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&outcome)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&outcome)?)?;
     } else {
         if !outcome.stdout.is_empty() {
-            print!("{}", outcome.stdout);
+            crate::out!("{}", outcome.stdout)?;
             if !outcome.stdout.ends_with('\n') {
-                println!();
+                crate::outln!()?;
             }
         }
         match (&outcome.result, &outcome.error) {
-            (Some(result), _) if outcome.ok => println!("{}", serde_json::to_string_pretty(result)?),
+            (Some(result), _) if outcome.ok => crate::outln!("{}", serde_json::to_string_pretty(result)?)?,
             (_, Some(error)) => eprintln!(
                 "keel: the program failed ({}): {}",
                 error.get("kind").and_then(|k| k.as_str()).unwrap_or("error"),
                 error.get("message").and_then(|m| m.as_str()).unwrap_or("")
             ),
-            _ => println!("null"),
+            _ => crate::outln!("null")?,
         }
         render::kernel_line(&format!(
             "{} tool call(s), {:.2} ms; run {}",

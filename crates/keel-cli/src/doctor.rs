@@ -123,9 +123,9 @@ pub async fn doctor(args: DoctorArgs) -> Result<ExitCode> {
             Err(error) => json!({ "ok": false, "error": error }),
         };
         let report = json!({ "ok": ok, "host": host_json(&facts), "trial": trial, "profiles": reports });
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        print!("{}", render(&facts, &trial, &reports));
+        crate::out!("{}", render(&facts, &trial, &reports))?;
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

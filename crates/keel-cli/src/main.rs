@@ -1,10 +1,15 @@
 //! The `keel` command: a thin client of the kernel's HTTP API, plus `serve` (the daemon)
 //! and an embedded kernel for `keel run` when no daemon is running.
 
+// Stdout is written through `out!`/`outln!` only, so a closed pipe ends a command quietly
+// instead of panicking (see `out`).
+#![deny(clippy::print_stdout)]
+
 mod audit;
 mod client;
 mod commands;
 mod doctor;
+mod out;
 mod render;
 mod tenant;
 
@@ -170,8 +175,14 @@ fn main() -> ExitCode {
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     match result {
         Ok(code) => code,
+        // The reader of stdout went away (`keel ps | head -1`): nobody wants more output,
+        // so end quietly and successfully, as ripgrep does. Not 141 (128 + SIGPIPE): that
+        // status would make `set -o pipefail` scripts fail on a pipeline that did what it
+        // was asked, and we did not die of a signal.
+        Err(err) if out::is_stdout_closed(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("keel: {err:#}");
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr().lock(), "keel: {err:#}");
             ExitCode::FAILURE
         }
     }

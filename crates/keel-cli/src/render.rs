@@ -15,11 +15,14 @@ pub fn now_ms() -> u64 {
 /// Prints a kernel line on stderr, dimmed on a terminal, so it stands apart from the
 /// agent's own output.
 pub fn kernel_line(text: &str) {
-    if std::io::stderr().is_terminal() {
-        eprintln!("\x1b[2mkeel ▸ {text}\x1b[0m");
+    use std::io::Write as _;
+    // A closed stderr must not panic (`keel run 2>&1 | head -1`); the line is lost either way.
+    let mut err = std::io::stderr().lock();
+    let _ = if err.is_terminal() {
+        writeln!(err, "\x1b[2mkeel ▸ {text}\x1b[0m")
     } else {
-        eprintln!("keel ▸ {text}");
-    }
+        writeln!(err, "keel ▸ {text}")
+    };
 }
 
 pub fn age(ms: u64) -> String {
@@ -403,15 +406,17 @@ fn utc_time(ms: u64) -> String {
 }
 
 /// `keel tools`: one line per tool.
-pub fn tools(tools: &[keel_protocol::api::ToolView]) {
-    println!("{:<32} {:<8} {:<9} {:<6} {:<10} DESCRIPTION", "TOOL", "KIND", "APPROVAL", "CRASH", "RATE");
+pub fn tools(tools: &[keel_protocol::api::ToolView]) -> String {
+    let mut out =
+        format!("{:<32} {:<8} {:<9} {:<6} {:<10} DESCRIPTION\n", "TOOL", "KIND", "APPROVAL", "CRASH", "RATE");
     for tool in tools {
         let mut description = tool.description.clone();
         if let Some(status) = tool.status.as_deref().filter(|s| *s != "connected") {
             description = format!("[{status}] {description}");
         }
         let description: String = description.chars().take(70).collect();
-        println!(
+        let _ = writeln!(
+            out,
             "{:<32} {:<8} {:<9} {:<6} {:<10} {}",
             tool.name,
             tool.kind,
@@ -421,6 +426,7 @@ pub fn tools(tools: &[keel_protocol::api::ToolView]) {
             description
         );
     }
+    out
 }
 
 /// A tenant's quotas in words.

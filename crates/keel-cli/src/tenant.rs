@@ -61,26 +61,26 @@ pub async fn tenant(ctx: Context, args: TenantArgs) -> Result<ExitCode> {
                 let quota = QuotaParams { max_runs, max_usd_per_run };
                 let view = client.create_tenant(&CreateTenantParams { name, quota: Some(quota) }).await?;
                 if json {
-                    println!("{}", serde_json::to_string_pretty(&view)?);
+                    crate::outln!("{}", serde_json::to_string_pretty(&view)?)?;
                 } else {
-                    println!("created tenant {} ({})", view.name, render::quota(&view.quota));
-                    println!("mint a token for it with: keel tenant token {}", view.name);
+                    crate::outln!("created tenant {} ({})", view.name, render::quota(&view.quota))?;
+                    crate::outln!("mint a token for it with: keel tenant token {}", view.name)?;
                 }
             }
             TenantCommand::List { json } => {
                 let tenants = client.tenants().await?;
                 if json {
-                    println!("{}", serde_json::to_string_pretty(&tenants)?);
+                    crate::outln!("{}", serde_json::to_string_pretty(&tenants)?)?;
                 } else {
-                    print!("{}", render::tenants_table(&tenants));
+                    crate::out!("{}", render::tenants_table(&tenants))?;
                 }
             }
             TenantCommand::Token { name, label, json } => {
                 let created = client.create_token(&name, &TokenParams { label }).await?;
                 if json {
-                    println!("{}", serde_json::to_string_pretty(&created)?);
+                    crate::outln!("{}", serde_json::to_string_pretty(&created)?)?;
                 } else {
-                    println!("{}", created.token);
+                    crate::outln!("{}", created.token)?;
                     eprintln!(
                         "keel: token {} of tenant {} (shown once; use it as KEEL_API_TOKEN)",
                         created.prefix, created.tenant
@@ -90,9 +90,9 @@ pub async fn tenant(ctx: Context, args: TenantArgs) -> Result<ExitCode> {
             TenantCommand::Revoke { name, prefix } => {
                 let view = client.revoke_token(&name, &prefix).await?;
                 if view.revoked == 0 {
-                    println!("token {prefix} of tenant {name} was already revoked");
+                    crate::outln!("token {prefix} of tenant {name} was already revoked")?;
                 } else {
-                    println!("revoked token {prefix} of tenant {name}");
+                    crate::outln!("revoked token {prefix} of tenant {name}")?;
                 }
             }
         }

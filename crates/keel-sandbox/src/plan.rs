@@ -6,7 +6,8 @@
 //! (directories, symlinks, a few synthesized `/etc` files) or bound from the host on
 //! purpose: system directories read-only, the working directory (read-only unless the
 //! profile says otherwise), the program and its interpreter's installation read-only,
-//! volumes and scratch space read-write. Host secrets inside a bound tree are masked.
+//! files named on the command line read-only, volumes and scratch space read-write. Host
+//! secrets inside a bound tree are masked.
 
 use std::path::{Path, PathBuf};
 
@@ -142,6 +143,22 @@ pub const ETC_ENTRIES: &[&str] = &[
 /// Device nodes offered inside.
 pub const DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"];
 
+/// A command-line argument that names an existing regular file on the host
+/// (`python3 /elsewhere/agent.py`), found by `resolve::argument_files`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgumentFile {
+    /// The path as the argument names it, made absolute against the run's working
+    /// directory (`.` and `..` removed): the path the agent will open.
+    pub named: PathBuf,
+    /// The file's real path on the host (symlinks resolved): what gets bound.
+    pub real: PathBuf,
+}
+
+/// Places whose contents the sandbox makes itself (a fresh `/proc`, an allowlisted `/etc`,
+/// a few devices, Keel's sockets): a path there names the sandbox's own file, so an
+/// argument like `/etc/hostname` or `/proc/cpuinfo` is never replaced by the host's.
+const SANDBOX_MADE: &[&str] = &["/etc", "/dev", "/proc", "/sys", "/run/keel"];
+
 /// Everything the plan depends on.
 #[derive(Debug, Clone)]
 pub struct PlanInputs<'a> {
@@ -152,6 +169,8 @@ pub struct PlanInputs<'a> {
     pub program_binds: &'a [PathBuf],
     /// Extra read-only binds the profile asks for.
     pub ro_binds: &'a [PathBuf],
+    /// Files named by the command's arguments (see [`argument_binds`]).
+    pub argument_files: &'a [ArgumentFile],
     pub volumes: &'a [Volume],
     /// The kernel's syscall socket and Python SDK on the host, if the agent gets them.
     pub syscall_socket: Option<&'a Path>,
@@ -193,6 +212,10 @@ pub enum PlanError {
     )]
     Secret { path: PathBuf, secret: PathBuf },
     #[error(
+        "{path:?}, named on the command line, is inside {secret:?}, which the sandbox hides from agents (the kernel's data directory, or credentials under $HOME); it is not bound, and --ro-bind refuses it too: copy the file somewhere else and name the copy"
+    )]
+    HiddenArgument { path: PathBuf, secret: PathBuf },
+    #[error(
         "volume {name:?}: {target:?} is reserved by the sandbox; mount volumes elsewhere, e.g. /workspace or /data"
     )]
     ReservedTarget { name: String, target: PathBuf },
@@ -207,6 +230,54 @@ fn reserved(target: &Path) -> bool {
     target == Path::new("/")
         || ["/proc", "/dev", "/run/keel", "/etc", "/tmp"].iter().any(|r| is_under(target, Path::new(r)))
         || SYSTEM_DIRS.iter().any(|dir| is_under(target, Path::new(dir)))
+}
+
+/// Which files named on the command line to bind, as (host source, target) pairs, all
+/// read-only. Pure.
+///
+/// The program is bound with its installation (see `resolve`), but an interpreter's
+/// argument is data to us: `python3 /elsewhere/agent.py` run from another directory
+/// would see the interpreter and not the script. So an argument naming an existing
+/// regular file is bound at the path it names (and at its real path, when a symlink
+/// leads elsewhere), unless that path is already visible (under the working directory,
+/// the program's installation, a `--ro-bind` or a system directory), belongs to the
+/// sandbox (`/etc`, `/proc`, `/dev`, `/sys`, `/run/keel`, a volume), or is hidden: an
+/// argument in the kernel's data directory or a masked secret is refused, never bound.
+///
+/// Only the file, not its directory: the argument names one file, and its directory may
+/// be `$HOME`, `/tmp` or `~/Downloads`, whose other contents the agent has no business
+/// reading; binding it would silently widen what every such run sees. A script that
+/// imports sibling modules needs them visible: run from its directory (the working
+/// directory is bound) or add `--ro-bind DIR`. The user docs say so.
+pub fn argument_binds(
+    files: &[ArgumentFile],
+    visible: &[&Path],
+    sandbox_owned: &[&Path],
+    secrets: &[PathBuf],
+) -> Result<Vec<(PathBuf, PathBuf)>, PlanError> {
+    let mut binds: Vec<(PathBuf, PathBuf)> = Vec::new();
+    for file in files {
+        // Either name leading into a hidden place is refused: a symlink must not carry a
+        // secret into the sandbox under an innocent name.
+        for path in [&file.named, &file.real] {
+            if let Some(secret) = secrets.iter().find(|s| is_under(path, s)) {
+                return Err(PlanError::HiddenArgument { path: file.named.clone(), secret: secret.clone() });
+            }
+        }
+        let mut targets = vec![&file.named];
+        if file.real != file.named {
+            targets.push(&file.real);
+        }
+        for target in targets {
+            let shown = visible.iter().chain(sandbox_owned).any(|dir| is_under(target, dir))
+                || SANDBOX_MADE.iter().any(|dir| is_under(target, Path::new(dir)));
+            let bind = (file.real.clone(), target.clone());
+            if !shown && !binds.contains(&bind) {
+                binds.push(bind);
+            }
+        }
+    }
+    Ok(binds)
 }
 
 /// Builds the mount plan. Pure: no file system access.
@@ -366,6 +437,17 @@ pub fn build(inputs: &PlanInputs<'_>) -> Result<MountPlan, PlanError> {
         }
         user_binds.push((path.clone(), path.clone(), false));
     }
+    // Files named on the command line, where nothing above shows them already.
+    let mut visible: Vec<&Path> = vec![inputs.cwd];
+    visible.extend(inputs.program_binds.iter().chain(inputs.ro_binds).map(PathBuf::as_path));
+    visible.extend(
+        inputs.host.system.iter().filter(|(_, kind)| *kind == EntryKind::Dir).map(|(dir, _)| dir.as_path()),
+    );
+    let volume_targets: Vec<&Path> = inputs.volumes.iter().map(|v| v.target.as_path()).collect();
+    for (source, target) in argument_binds(inputs.argument_files, &visible, &volume_targets, inputs.secrets)?
+    {
+        user_binds.push((source, target, false));
+    }
     user_binds.push((inputs.cwd.to_path_buf(), inputs.cwd.to_path_buf(), inputs.writable_cwd));
     if inputs.writable_cwd {
         writable_dirs.push(inputs.cwd.to_path_buf());
@@ -436,6 +518,7 @@ mod tests {
             writable_cwd: false,
             program_binds: &[],
             ro_binds: &[],
+            argument_files: &[],
             volumes: &[],
             syscall_socket: None,
             python_sdk: None,
@@ -572,6 +655,93 @@ mod tests {
         let pyenv = targets.iter().position(|t| t == "/home/u/.pyenv/versions/3.11.7").unwrap();
         assert!(home < pyenv);
         assert!(!targets.contains(&"/usr/lib/python3".to_owned()));
+    }
+
+    fn file(named: &str, real: &str) -> ArgumentFile {
+        ArgumentFile { named: named.into(), real: real.into() }
+    }
+
+    #[test]
+    fn issue_11_a_script_named_on_the_command_line_is_bound_read_only() {
+        let host = layout();
+        let files = [file("/elsewhere/agent.py", "/elsewhere/agent.py")];
+        let mut input = inputs(&host, Path::new("/home/u/project"));
+        input.argument_files = &files;
+        let plan = build(&input).unwrap();
+        let binds = binds(&plan);
+        assert!(
+            binds.contains(&("/elsewhere/agent.py".into(), "/elsewhere/agent.py".into(), false)),
+            "{binds:?}"
+        );
+        // Only the file: its directory stays out of sight.
+        assert!(!binds.iter().any(|(_, target, _)| target == "/elsewhere"));
+        // Scratch places take a file too: it lands on the fresh tmpfs.
+        let files = [file("/tmp/t1/agent.py", "/tmp/t1/agent.py")];
+        let input = PlanInputs { argument_files: &files, ..input.clone() };
+        let binds = super::tests::binds(&build(&input).unwrap());
+        assert!(binds.contains(&("/tmp/t1/agent.py".into(), "/tmp/t1/agent.py".into(), false)), "{binds:?}");
+    }
+
+    #[test]
+    fn argument_files_already_visible_or_the_sandboxs_own_are_not_bound() {
+        let secrets: [PathBuf; 0] = [];
+        let visible = [Path::new("/home/u/project"), Path::new("/usr"), Path::new("/opt/tool")];
+        let owned = [Path::new("/data")];
+        for path in [
+            "/home/u/project/agent.py", // the working directory
+            "/usr/lib/python3/x.py",    // a system directory
+            "/opt/tool/share/lib.py",   // the program's installation
+            "/etc/hostname",            // the sandbox's own /etc
+            "/proc/cpuinfo",            // its own /proc
+            "/dev/null",
+            "/run/keel/syscall.sock",
+            "/data/input.csv", // a volume's target
+        ] {
+            let binds = argument_binds(&[file(path, path)], &visible, &owned, &secrets).unwrap();
+            assert!(binds.is_empty(), "{path}: {binds:?}");
+        }
+        // A symlink in the working directory to a file elsewhere: the link is visible
+        // with the directory, and its target is bound so that it resolves.
+        let binds = argument_binds(
+            &[file("/home/u/project/agent.py", "/srv/agents/agent.py")],
+            &visible,
+            &owned,
+            &secrets,
+        )
+        .unwrap();
+        assert_eq!(binds, [(PathBuf::from("/srv/agents/agent.py"), PathBuf::from("/srv/agents/agent.py"))]);
+        // Named through a symlinked directory: bound at both names, from the real file.
+        let binds =
+            argument_binds(&[file("/link/agent.py", "/srv/agent.py")], &visible, &owned, &secrets).unwrap();
+        assert_eq!(
+            binds,
+            [
+                (PathBuf::from("/srv/agent.py"), PathBuf::from("/link/agent.py")),
+                (PathBuf::from("/srv/agent.py"), PathBuf::from("/srv/agent.py"))
+            ]
+        );
+    }
+
+    #[test]
+    fn argument_files_in_hidden_places_are_refused_by_name() {
+        let host = layout();
+        let secrets = [PathBuf::from("/home/u/.ssh"), PathBuf::from("/var/keel-data")];
+        for (named, real, secret) in [
+            ("/var/keel-data/api-token", "/var/keel-data/api-token", "/var/keel-data"),
+            // Under the working directory, yet masked there: refused, not shown.
+            ("/home/u/.ssh/id_ed25519", "/home/u/.ssh/id_ed25519", "/home/u/.ssh"),
+            // An innocent name whose real file is a secret.
+            ("/tmp/notes.txt", "/home/u/.ssh/id_ed25519", "/home/u/.ssh"),
+        ] {
+            let files = [file(named, real)];
+            let mut input = inputs(&host, Path::new("/home/u"));
+            input.secrets = &secrets;
+            input.argument_files = &files;
+            let err = build(&input).unwrap_err();
+            assert_eq!(err, PlanError::HiddenArgument { path: named.into(), secret: secret.into() });
+            let message = err.to_string();
+            assert!(message.contains(named) && message.contains("--ro-bind"), "{message}");
+        }
     }
 
     #[test]

@@ -196,7 +196,7 @@ impl Shared {
     /// Decides everything about a sandbox for `spec` (pure apart from looking up the
     /// program on the host).
     pub(crate) fn prepare(&self, spec: &LaunchSpec) -> Result<Prepared> {
-        let (program, _) = spec.command.split_first().ok_or(Error::EmptyCommand)?;
+        let (program, args) = spec.command.split_first().ok_or(Error::EmptyCommand)?;
         if !spec.cwd.is_dir() {
             return Err(Error::BadWorkingDir(spec.cwd.clone()));
         }
@@ -208,6 +208,12 @@ impl Shared {
         let limits = host::effective(&self.facts, &self.config.defaults, &spec.profile);
         let mut secrets = spec.keel.secrets.clone();
         secrets.extend(home_secrets());
+        // Their real paths too, so a symlink into a hidden place is caught by name.
+        let real: Vec<PathBuf> = secrets.iter().filter_map(|s| std::fs::canonicalize(s).ok()).collect();
+        secrets.extend(real);
+        secrets.sort();
+        secrets.dedup();
+        let argument_files = crate::resolve::argument_files(args, &spec.cwd);
         let bridges: Vec<(u16, PathBuf)> =
             spec.bridges.iter().map(|b| (b.port, b.host_socket.clone())).collect();
         let plan = plan::build(&PlanInputs {
@@ -216,6 +222,7 @@ impl Shared {
             writable_cwd: spec.profile.writable_cwd,
             program_binds: &resolved.binds,
             ro_binds: &spec.profile.ro_binds,
+            argument_files: &argument_files,
             volumes: &spec.profile.volumes,
             syscall_socket: spec.keel.syscall_socket.as_deref(),
             python_sdk: spec.keel.python_sdk.as_deref(),

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::plan::{DEVICES, ETC_ENTRIES, EntryKind, HostLayout, SYSTEM_DIRS};
+use crate::plan::{ArgumentFile, DEVICES, ETC_ENTRIES, EntryKind, HostLayout, SYSTEM_DIRS};
 
 /// The command's program, found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +56,48 @@ pub fn resolve(
     resolved.binds.dedup();
     resolved.path_dirs.dedup();
     Ok(resolved)
+}
+
+/// The command's arguments (not the program) that name an existing regular file on the
+/// host, absolute or relative to `cwd`: `python3 /elsewhere/agent.py`. Other arguments
+/// (flags, code, directories, missing paths) are not ours to interpret and are skipped.
+/// What gets bound is `plan::argument_binds`' decision.
+pub fn argument_files(args: &[String], cwd: &Path) -> Vec<ArgumentFile> {
+    let mut files = Vec::new();
+    for arg in args {
+        if arg.is_empty() {
+            continue;
+        }
+        let named = normalize(&cwd.join(arg));
+        // `metadata` follows symlinks: a link to a file counts, a link to a directory not.
+        if !std::fs::metadata(&named).is_ok_and(|m| m.is_file()) {
+            continue;
+        }
+        let Ok(real) = std::fs::canonicalize(&named) else { continue };
+        let file = ArgumentFile { named, real };
+        if !files.contains(&file) {
+            files.push(file);
+        }
+    }
+    files
+}
+
+/// `path` without `.` components and with each `..` taking away the component before it,
+/// without looking at the file system: the path an agent sees inside the sandbox, where
+/// the directories leading to a bound file are plain directories.
+fn normalize(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 fn program_name(path: &Path) -> &str {
@@ -346,6 +388,40 @@ mod tests {
         let resolved = resolve("sh", Path::new("/tmp"), "/usr/bin:/bin", &|_| None).unwrap();
         assert!(resolved.binds.is_empty(), "{resolved:?}");
         assert!(resolved.path_dirs.is_empty());
+    }
+
+    #[test]
+    fn arguments_that_name_files_are_found_and_others_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join("agent.py"), "print(1)\n").unwrap();
+        std::os::unix::fs::symlink(elsewhere.join("agent.py"), dir.path().join("link.py")).unwrap();
+        let cwd = dir.path().join("work");
+        std::fs::create_dir_all(&cwd).unwrap();
+        let args: Vec<String> = [
+            "-u",
+            &elsewhere.join("agent.py").display().to_string(),
+            "../elsewhere/./agent.py",
+            "../link.py",
+            "print(1)",
+            &elsewhere.display().to_string(),
+            "missing.py",
+            "",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let real = std::fs::canonicalize(elsewhere.join("agent.py")).unwrap();
+        let files = argument_files(&args, &cwd);
+        assert_eq!(
+            files,
+            [
+                ArgumentFile { named: elsewhere.join("agent.py"), real: real.clone() },
+                ArgumentFile { named: dir.path().join("link.py"), real },
+            ],
+            "absolute and relative names of the same file are one; a symlink keeps both names"
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod harness;
 mod ipc;
 mod mcp;
 mod memory;
+mod pipe;
 mod procs;
 mod runs;
 mod sandbox;

@@ -485,3 +485,68 @@ fn egress_credentials_are_validated_at_startup() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("cannot inject"), "{stderr}");
 }
+
+/// Issue 11: `keel run -- python3 /elsewhere/agent.py`, started from another directory,
+/// failed with Python's "can't open file": the interpreter was visible, the script not.
+#[test]
+fn issue_11_a_script_named_on_the_command_line_is_visible_from_any_directory() {
+    let keel = Keel::new();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let script = elsewhere.path().join("agent.py");
+    std::fs::write(
+        &script,
+        "import json, os, sys\n\
+         here = os.path.dirname(os.path.abspath(__file__))\n\
+         try:\n    import helper; imported = True\nexcept ImportError:\n    imported = False\n\
+         print(json.dumps({'cwd': os.getcwd(), 'listing': sorted(os.listdir(here)), 'helper': imported,\n\
+         \x20   'writable': os.access(__file__, os.W_OK)}))\n",
+    )
+    .unwrap();
+    std::fs::write(elsewhere.path().join("helper.py"), "").unwrap();
+    let script = script.display().to_string();
+    let run = |flags: &[&str]| {
+        let mut args = vec!["run", "--quiet"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "python3", &script]);
+        let out = keel.cmd().current_dir(cwd.path()).args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "keel {args:?} failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+
+    let seen = run(&[]);
+    assert_eq!(seen["cwd"], cwd.path().display().to_string());
+    // Only the file is bound: its siblings stay out of sight, and it is read-only.
+    assert_eq!(seen["listing"], serde_json::json!(["agent.py"]), "{seen}");
+    assert_eq!((seen["helper"].clone(), seen["writable"].clone()), (Value::Bool(false), Value::Bool(false)));
+
+    // Sibling modules come with --ro-bind DIR, as the docs say.
+    let dir = elsewhere.path().display().to_string();
+    let seen = run(&["--ro-bind", &dir]);
+    assert_eq!(seen["helper"], true, "{seen}");
+}
+
+/// A file in a place the sandbox hides (here the kernel's data directory) is refused by
+/// name, never bound.
+#[test]
+fn issue_11_a_command_line_file_in_a_hidden_place_is_refused() {
+    let keel = Keel::new();
+    let cwd = tempfile::tempdir().unwrap();
+    let hidden = keel.data.path().join("agent.py");
+    std::fs::write(&hidden, "print('read from the data directory')\n").unwrap();
+    let hidden = hidden.display().to_string();
+    let out = keel.cmd().current_dir(cwd.path()).args(["run", "--", "python3", &hidden]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("read from the data directory"), "{stdout}");
+    assert!(
+        stderr.contains(&hidden) && stderr.contains("--ro-bind"),
+        "the refusal names the file and the flag: {stderr}"
+    );
+}
