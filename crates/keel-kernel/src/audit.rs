@@ -8,17 +8,14 @@
 //! written: a kernel killed within a few milliseconds of an action can lose its record,
 //! never reorder or alter one.
 
-use keel_protocol::EventKind;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_store::{AuditEntry, AuditFilter, AuditRecord, AuditVerify, Store};
+use keel_store::{AuditRecord, Store};
 use keel_types::RunId;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
-
-use crate::Result;
 
 /// How often a failed append is tried before its records are given up (and logged).
 const APPEND_ATTEMPTS: u32 = 3;
@@ -46,7 +43,7 @@ impl AuditLog {
         AuditLog { tx }
     }
 
-    fn record(&self, record: AuditRecord, tenant_from_run: bool) {
+    pub(crate) fn record(&self, record: AuditRecord, tenant_from_run: bool) {
         // The writer only stops when the kernel is dropped; records after that are moot.
         let _ = self.tx.send(Message::Record { record, tenant_from_run });
     }
@@ -129,72 +126,7 @@ async fn tenant_of(store: &dyn Store, cache: &mut HashMap<RunId, String>, run: &
     tenant
 }
 
-impl crate::Kernel {
-    /// Queues a record for the audit log (and, for a run's record, emits it as an `audit`
-    /// event of the run). Never blocks; the writer appends it within milliseconds.
-    pub(crate) fn audit(&self, record: AuditRecord) {
-        self.queue_audit(record, false);
-    }
-
-    fn queue_audit(&self, record: AuditRecord, tenant_from_run: bool) {
-        if let Some(run) = &record.run_id {
-            let data = serde_json::json!({
-                "actor": record.actor,
-                "action": record.action,
-                "subject": record.subject,
-                "outcome": record.outcome,
-                "detail": record.detail,
-            });
-            self.emit(run, EventKind::Audit, data);
-        }
-        self.inner.events.audit.record(record, tenant_from_run);
-    }
-
-    /// Audits an action of a run, stamped now.
-    #[allow(clippy::too_many_arguments, reason = "the fields of one audit record")]
-    pub(crate) fn audit_run(
-        &self,
-        run: &RunId,
-        tenant: &str,
-        actor: &str,
-        action: &str,
-        subject: &str,
-        outcome: &str,
-        detail: Value,
-    ) {
-        self.audit(run_record(run, tenant, actor, action, subject, outcome, detail));
-    }
-
-    /// Like `audit_run` for a caller that does not know the run's tenant: the writer
-    /// reads it from the run's record.
-    pub(crate) fn audit_run_any_tenant(
-        &self,
-        run: &RunId,
-        actor: &str,
-        action: &str,
-        subject: &str,
-        outcome: &str,
-        detail: Value,
-    ) {
-        self.queue_audit(run_record(run, "", actor, action, subject, outcome, detail), true);
-    }
-
-    /// Audit entries matching `filter`, in seq order, including every record queued
-    /// before the call.
-    pub async fn audit_list(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>> {
-        self.inner.events.audit.flush().await;
-        Ok(self.store().audit_list(filter).await?)
-    }
-
-    /// Verifies the whole audit chain (see `Store::audit_verify`), after writing what is
-    /// queued.
-    pub async fn audit_verify(&self) -> Result<AuditVerify> {
-        self.inner.events.audit.flush().await;
-        Ok(self.store().audit_verify().await?)
-    }
-}
-
-fn run_record(
+pub(crate) fn run_record(
     run: &RunId,
     tenant: &str,
     actor: &str,
@@ -222,6 +154,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use keel_store::AuditFilter;
 
     /// Records queued before a flush are in the store after it, in order, in one chain,
     /// and a record queued without a tenant gets its run's.

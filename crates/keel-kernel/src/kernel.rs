@@ -2,6 +2,8 @@
 //! ([`KernelOptions`]), starting it, and its public API. Everything else in the crate is
 //! `pub(crate)`: the methods here are the kernel's whole surface.
 
+mod audit;
+
 use keel_protocol::EventKind;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

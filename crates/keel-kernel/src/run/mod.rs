@@ -1,6 +1,9 @@
 //! Runs: their spec, the live-run registry, lifecycle transitions, launching, exit,
 //! operator commands and recovery. Each file is one concern of the run's life.
 
+mod admission;
+mod approvals;
+mod budget;
 mod control;
 mod exit;
 mod launch;
@@ -8,6 +11,7 @@ mod lifecycle;
 mod recovery;
 mod registry;
 mod spec;
+mod swap;
 
 pub use control::Command;
 pub(crate) use registry::{Launching, LiveRun, PendingAsk, Replay};

@@ -308,7 +308,7 @@ mod optional_run_id {
 mod tests {
     use super::*;
 
-    fn record(spec: Value) -> RunRecord {
+    pub(crate) fn record(spec: Value) -> RunRecord {
         RunRecord {
             id: RunId::generate(1),
             tenant: "default".into(),
