@@ -1,7 +1,10 @@
-//! The kernel's error type. Each variant says what the caller did wrong or which step
-//! failed; the HTTP layer maps them to status codes.
+//! The kernel's error types. [`Error`] is what the API answers: each variant says what
+//! the caller did wrong or which step failed, and the HTTP layer maps them to status
+//! codes. `SyscallError` is how a syscall fails inside the kernel (below).
 
+use keel_protocol::rpc::{ErrorKind, RpcError};
 use keel_types::RunId;
+use serde_json::{Map, Value};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -46,4 +49,109 @@ pub enum Error {
     },
     #[error(transparent)]
     Store(#[from] keel_store::Error),
+}
+
+/// [`SyscallError`]: how a syscall fails inside the kernel. Typed by its
+/// [`ErrorKind`], so code asks `err.is(ErrorKind::Cancelled)` rather than comparing wire
+/// codes (two kinds share -32600); it becomes the wire's [`RpcError`] only where it leaves
+/// the kernel: the syscall socket, the journal, and the public API's answers.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SyscallError {
+    pub(crate) kind: ErrorKind,
+    pub(crate) message: String,
+    /// What the caller may act on beyond the message (a provider's class and status, a
+    /// program's stdout); the wire's `data`, next to `kind`.
+    pub(crate) detail: Map<String, Value>,
+}
+
+pub(crate) type Reply = Result<Value, SyscallError>;
+
+impl SyscallError {
+    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> SyscallError {
+        SyscallError { kind, message: message.into(), detail: Map::new() }
+    }
+
+    /// Adds one field to what the error carries.
+    pub(crate) fn with(mut self, key: &str, value: impl Into<Value>) -> SyscallError {
+        self.detail.insert(key.to_owned(), value.into());
+        self
+    }
+
+    pub(crate) fn is(&self, kind: ErrorKind) -> bool {
+        self.kind == kind
+    }
+
+    /// The kernel failed (the store, a lost task), not the caller.
+    pub(crate) fn internal(err: impl std::fmt::Display) -> SyscallError {
+        SyscallError::new(ErrorKind::Internal, format!("the kernel failed: {err}"))
+    }
+
+    /// The wire form: `code`, `message`, and `data` = `{kind, ...detail}`.
+    pub(crate) fn to_rpc(&self) -> RpcError {
+        let mut error = self.kind.error(self.message.clone());
+        if let Some(Value::Object(data)) = error.data.as_mut() {
+            data.extend(self.detail.clone());
+        }
+        error
+    }
+
+    /// Back from the wire form (an error journaled by this or an earlier kernel). The kind
+    /// comes from `data.kind`, else from the code; a code this kernel does not know reads
+    /// as `internal`, keeping its message.
+    pub(crate) fn from_rpc(error: RpcError) -> SyscallError {
+        let mut detail = match error.data {
+            Some(Value::Object(data)) => data,
+            _ => Map::new(),
+        };
+        let named = detail.remove("kind").and_then(|kind| kind.as_str().and_then(kind_named));
+        let kind = named.or_else(|| ErrorKind::ALL.into_iter().find(|k| k.code() == error.code));
+        SyscallError { kind: kind.unwrap_or(ErrorKind::Internal), message: error.message, detail }
+    }
+}
+
+fn kind_named(name: &str) -> Option<ErrorKind> {
+    ErrorKind::ALL.into_iter().find(|kind| kind.as_str() == name)
+}
+
+impl From<SyscallError> for RpcError {
+    fn from(error: SyscallError) -> RpcError {
+        error.to_rpc()
+    }
+}
+
+impl std::fmt::Display for SyscallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.kind.as_str(), self.message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wire_form_round_trips_with_its_kind_and_detail() {
+        for kind in ErrorKind::ALL {
+            let error = SyscallError::new(kind, "it went wrong").with("status", 429);
+            let wire = error.to_rpc();
+            assert_eq!(wire.code, kind.code());
+            assert_eq!(wire.data.as_ref().and_then(|d| d.get("kind")), Some(&Value::from(kind.as_str())));
+            assert_eq!(SyscallError::from_rpc(wire), error);
+        }
+    }
+
+    #[test]
+    fn kinds_that_share_a_code_stay_apart() {
+        let too_large = SyscallError::new(ErrorKind::TooLarge, "big").to_rpc();
+        assert_eq!(too_large.code, ErrorKind::InvalidRequest.code());
+        assert!(SyscallError::from_rpc(too_large).is(ErrorKind::TooLarge));
+    }
+
+    #[test]
+    fn an_error_without_a_kind_reads_by_its_code() {
+        let bare = RpcError { code: 1002, message: "gone".into(), data: None };
+        assert!(SyscallError::from_rpc(bare).is(ErrorKind::NotFound));
+        let unknown = RpcError { code: 77, message: "odd".into(), data: None };
+        assert!(SyscallError::from_rpc(unknown).is(ErrorKind::Internal));
+    }
 }

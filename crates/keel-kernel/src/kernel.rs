@@ -3,6 +3,7 @@
 //! `pub(crate)`: the methods here are the kernel's whole surface.
 
 mod audit;
+mod tenants;
 
 use keel_protocol::EventKind;
 use std::collections::HashMap;
@@ -16,9 +17,11 @@ use keel_types::{RunId, RunState};
 use serde_json::Value;
 
 use crate::events::{EventLog, EventStream};
+use crate::llmqueue::LlmQueues;
 use crate::lock;
 use crate::run::{Command, LiveRun};
 use crate::{DataDir, Error, Result};
+use keel_llm::Provider;
 
 /// How a kernel is set up.
 pub struct KernelOptions {
@@ -79,8 +82,8 @@ pub(crate) struct Inner {
     pub(crate) transitions: Mutex<HashMap<RunId, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) events: EventLog,
     pub(crate) shutting_down: AtomicBool,
-    /// Wake-ups for mailbox waiters (see `crate::ipc`).
-    pub(crate) mailboxes: crate::ipc::Mailboxes,
+    /// Wake-ups for mailbox waiters (see `crate::syscall::ipc`).
+    pub(crate) mailboxes: crate::mailboxes::Mailboxes,
     /// Admission control (caps on live runs, the queue).
     pub(crate) admissions: crate::admission::Admissions,
     /// Queued runs given a slot, to launch (served by one background task).
@@ -161,13 +164,13 @@ impl Kernel {
                 transitions: Mutex::default(),
                 events,
                 shutting_down: AtomicBool::new(false),
-                mailboxes: crate::ipc::Mailboxes::default(),
+                mailboxes: crate::mailboxes::Mailboxes::default(),
                 run_ended: tokio::sync::Notify::new(),
                 stop_trees,
                 wakeups,
                 admissions,
                 launches,
-                mailbox_capacity: crate::ipc::capacity_from_env(),
+                mailbox_capacity: crate::mailboxes::capacity_from_env(),
                 tools: crate::tools::Registry::new(options.tools),
                 interp: options
                     .interp_worker
@@ -311,5 +314,17 @@ fn take_lock(dir: &DataDir) -> Result<nix::fcntl::Flock<std::fs::File>> {
                 ),
             })
         }
+    }
+}
+
+impl Kernel {
+    /// The calls waiting for every configured provider now.
+    pub fn llm_queues(&self) -> LlmQueues {
+        LlmQueues::new(self.inner.llm.waiting_calls())
+    }
+
+    /// Where `run`'s LLM call stands in its provider's queue, in words, while it waits.
+    pub fn llm_queue_reason(&self, run: &RunId) -> Option<String> {
+        self.llm_queues().reason(run)
     }
 }

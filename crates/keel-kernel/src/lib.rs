@@ -13,15 +13,10 @@ mod budget;
 
 mod error;
 mod events;
-mod exec;
-mod gateway;
-mod governance;
-mod ipc;
 mod kernel;
 mod llmqueue;
-mod memory;
+mod mailboxes;
 mod paths;
-mod procs;
 mod run;
 mod sandboxing;
 mod sdk;
@@ -46,9 +41,9 @@ pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
 }
 pub use error::{Error, Result};
 pub use events::EventStream;
-pub use gateway::RunHandle;
 pub use kernel::{Kernel, KernelOptions};
 pub use llmqueue::LlmQueues;
 pub use paths::DataDir;
 pub use run::{Command, CreateRun};
+pub use syscall::RunHandle;
 pub use tenants::{DEFAULT_TENANT, Principal};

@@ -3,11 +3,8 @@
 //! (requests limit)`). The queues are the providers' rate limiters (`keel_llm::ratelimit`);
 //! the kernel tags each call with its run when it makes it (`dispatch.rs`).
 
-use keel_llm::Provider;
 use keel_llm::ratelimit::WaitingCall;
 use keel_types::RunId;
-
-use crate::Kernel;
 
 /// Every call waiting for a provider at one moment: one look at the queues answers for a
 /// whole page of runs.
@@ -56,18 +53,6 @@ fn waited(ms: u64) -> String {
         0..=999 => format!("{ms}ms"),
         1000..=59_999 => format!("{}s", ms / 1000),
         _ => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
-    }
-}
-
-impl Kernel {
-    /// The calls waiting for every configured provider now.
-    pub fn llm_queues(&self) -> LlmQueues {
-        LlmQueues::new(self.inner.llm.waiting_calls())
-    }
-
-    /// Where `run`'s LLM call stands in its provider's queue, in words, while it waits.
-    pub fn llm_queue_reason(&self, run: &RunId) -> Option<String> {
-        self.llm_queues().reason(run)
     }
 }
 

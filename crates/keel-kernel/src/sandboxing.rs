@@ -3,14 +3,11 @@
 //! gets inside a sandbox (Keel's paths, a clean environment, bridges to the kernel's
 //! sockets), and the egress proxy of `allowlist` runs.
 
-use keel_protocol::EventKind;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use keel_protocol::api::SandboxParams;
-use keel_sandbox::egress::{Allowlist, Audit, EgressEvent, EgressProxy};
 use keel_sandbox::{Bridge, Network, NoSandbox, Profile, Sandbox, Volume};
-use serde_json::json;
 
 use crate::{DataDir, Error, Result};
 
@@ -152,55 +149,6 @@ pub(crate) fn bridge_env(
                 env.insert(name.into(), bundle.into());
             }
         }
-    }
-}
-
-impl crate::Kernel {
-    /// The bridges of a run's sandbox (the LLM gateway when the kernel serves one; the
-    /// egress proxy for `allowlist`), and the run's egress proxy, which audits every
-    /// connection as an `egress` event and an `egress` audit record. Tier `none` gets
-    /// none: it reaches the kernel directly.
-    pub(crate) fn bridges(
-        &self,
-        run: &keel_types::RunId,
-        sandbox: &dyn Sandbox,
-        profile: &Profile,
-        gateway: bool,
-    ) -> Result<(Vec<Bridge>, Option<EgressProxy>)> {
-        if sandbox.shares_host() {
-            return Ok((Vec::new(), None));
-        }
-        let mut bridges = Vec::new();
-        if gateway {
-            bridges.push(Bridge { port: GATEWAY_PORT, host_socket: self.inner.data_dir.gateway_socket() });
-        }
-        let Network::Allowlist(hosts) = &profile.network else { return Ok((bridges, None)) };
-        let allowlist = Allowlist::parse(hosts).map_err(Error::InvalidRequest)?;
-        let kernel = self.clone();
-        let id = run.clone();
-        let audit: Audit = Arc::new(move |event: EgressEvent| {
-            let mut data = json!({
-                "allowed": event.allowed,
-                "host": event.host,
-                "port": event.port,
-                "method": event.method,
-            });
-            if let Some(reason) = event.reason {
-                data["reason"] = json!(reason);
-            }
-            // The header's name only: the value never leaves the proxy.
-            if let Some(header) = event.credential {
-                data["credential"] = json!(header);
-            }
-            let outcome = if event.allowed { "allowed" } else { "denied" };
-            kernel.audit_run_any_tenant(&id, "agent", "egress", &event.host, outcome, data.clone());
-            kernel.emit(&id, EventKind::Egress, data);
-        });
-        let path = self.inner.data_dir.egress_socket(run.as_str());
-        let proxy = EgressProxy::start(&path, allowlist, self.inner.egress.clone(), audit)
-            .map_err(|source| Error::DataDir { dir: path.display().to_string(), source })?;
-        bridges.push(Bridge { port: EGRESS_PORT, host_socket: path });
-        Ok((bridges, Some(proxy)))
     }
 }
 

@@ -3,10 +3,10 @@
 //! `approvals:<run>` before they take effect, so they survive a crash.
 
 use crate::approvals::{ApprovalKind, Decision, PendingApproval};
+use crate::error::SyscallError;
 use crate::lock;
 use crate::now_ms;
 use crate::run::LiveRun;
-use crate::syscall::SyscallError;
 use crate::{Error, Kernel, Result};
 use keel_protocol::EventKind;
 use keel_protocol::api::ApprovalView;

@@ -4,10 +4,10 @@
 //! children, and the wall-clock limit. The accounting itself is `keel_core::budget`.
 
 use crate::budget::{DEFAULT_LOOP_THRESHOLD, RunBudget, limits_of, params_of, sum, validate};
+use crate::error::SyscallError;
 use crate::lock;
 use crate::now_ms;
 use crate::run::LiveRun;
-use crate::syscall::SyscallError;
 use crate::{Error, Kernel, Result};
 use keel_core::budget::{Account, Exhausted, LoopDetector, ReservationId};
 use keel_core::lifecycle::Command as Lifecycle;

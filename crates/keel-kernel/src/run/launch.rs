@@ -15,8 +15,11 @@ use keel_types::{EntryStatus, RunId, RunState};
 use serde_json::{Value, json};
 
 use crate::run::{CreateRun, Launching, LiveRun, Replay, RunSpec};
+use crate::sandboxing::{EGRESS_PORT, GATEWAY_PORT};
 use crate::{Error, Result};
 use crate::{Kernel, lock, now_ms};
+use keel_sandbox::egress::{Allowlist, Audit, EgressEvent, EgressProxy};
+use keel_sandbox::{Bridge, Network, Profile, Sandbox};
 
 impl Kernel {
     pub(crate) async fn create(&self, request: CreateRun) -> Result<RunRecord> {
@@ -316,4 +319,53 @@ fn is_provider_secret(name: &str) -> bool {
     const PREFIXES: &[&str] =
         &["OPENAI_", "ANTHROPIC_", "AZURE_OPENAI_", "GROQ_", "TOGETHER_", "OPENROUTER_"];
     PREFIXES.iter().any(|p| name.starts_with(p)) || name.ends_with("_API_KEY")
+}
+
+impl Kernel {
+    /// The bridges of a run's sandbox (the LLM gateway when the kernel serves one; the
+    /// egress proxy for `allowlist`), and the run's egress proxy, which audits every
+    /// connection as an `egress` event and an `egress` audit record. Tier `none` gets
+    /// none: it reaches the kernel directly.
+    pub(crate) fn bridges(
+        &self,
+        run: &keel_types::RunId,
+        sandbox: &dyn Sandbox,
+        profile: &Profile,
+        gateway: bool,
+    ) -> Result<(Vec<Bridge>, Option<EgressProxy>)> {
+        if sandbox.shares_host() {
+            return Ok((Vec::new(), None));
+        }
+        let mut bridges = Vec::new();
+        if gateway {
+            bridges.push(Bridge { port: GATEWAY_PORT, host_socket: self.inner.data_dir.gateway_socket() });
+        }
+        let Network::Allowlist(hosts) = &profile.network else { return Ok((bridges, None)) };
+        let allowlist = Allowlist::parse(hosts).map_err(Error::InvalidRequest)?;
+        let kernel = self.clone();
+        let id = run.clone();
+        let audit: Audit = Arc::new(move |event: EgressEvent| {
+            let mut data = json!({
+                "allowed": event.allowed,
+                "host": event.host,
+                "port": event.port,
+                "method": event.method,
+            });
+            if let Some(reason) = event.reason {
+                data["reason"] = json!(reason);
+            }
+            // The header's name only: the value never leaves the proxy.
+            if let Some(header) = event.credential {
+                data["credential"] = json!(header);
+            }
+            let outcome = if event.allowed { "allowed" } else { "denied" };
+            kernel.audit_run_any_tenant(&id, "agent", "egress", &event.host, outcome, data.clone());
+            kernel.emit(&id, EventKind::Egress, data);
+        });
+        let path = self.inner.data_dir.egress_socket(run.as_str());
+        let proxy = EgressProxy::start(&path, allowlist, self.inner.egress.clone(), audit)
+            .map_err(|source| Error::DataDir { dir: path.display().to_string(), source })?;
+        bridges.push(Bridge { port: EGRESS_PORT, host_socket: path });
+        Ok((bridges, Some(proxy)))
+    }
 }

@@ -20,11 +20,11 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::Kernel;
-use crate::ipc::{self, IpcCall};
 use crate::lock;
-use crate::memory;
 use crate::now_ms;
 use crate::run::LiveRun;
+use crate::syscall::ipc::{self, IpcCall};
+use crate::syscall::memory;
 
 use super::journal::{self, Effect, Journaling};
 use super::{Reply, SyscallError, internal};
@@ -42,7 +42,7 @@ enum Call {
     Exit(Value),
     Mem(memory::MemCall),
     Ipc(IpcCall),
-    Proc(crate::procs::ProcCall),
+    Proc(crate::syscall::procs::ProcCall),
 }
 
 pub(crate) fn parse<T: DeserializeOwned>(
@@ -108,7 +108,8 @@ fn check(method: &str, params: &Value) -> Result<Call, SyscallError> {
                     format!("code.exec: the program is over {MAX_CODE_BYTES} bytes"),
                 ));
             }
-            crate::exec::limits(&p.limits).map_err(|e| SyscallError::new(ErrorKind::InvalidParams, e))?;
+            crate::syscall::exec::limits(&p.limits)
+                .map_err(|e| SyscallError::new(ErrorKind::InvalidParams, e))?;
             Call::Exec(p)
         }
         "state.checkpoint" => {
@@ -132,7 +133,9 @@ fn check(method: &str, params: &Value) -> Result<Call, SyscallError> {
         m if ipc::is_ipc_method(m) && keel_protocol::rpc::METHODS.contains(&m) => {
             Call::Ipc(ipc::check(method, params)?)
         }
-        m if crate::procs::is_proc_method(m) => Call::Proc(crate::procs::check(method, params)?),
+        m if crate::syscall::procs::is_proc_method(m) => {
+            Call::Proc(crate::syscall::procs::check(method, params)?)
+        }
         other => {
             return Err(SyscallError::new(
                 ErrorKind::UnknownMethod,
@@ -320,7 +323,7 @@ impl Kernel {
             }
             Call::LlmChat(request) => self.llm_chat(journal, request, stream).await,
             Call::Tool(call) => self.perform_tool(journal, call).await,
-            Call::Proc(crate::procs::ProcCall::Signal { child, signal }) => {
+            Call::Proc(crate::syscall::procs::ProcCall::Signal { child, signal }) => {
                 // Stop, pause and resume are idempotent: journaled once done.
                 let signalled = self.proc_signal(live, &child, &signal).await;
                 self.journaled(journal, complete, |_| async { Effect::reply(signalled) }).await.reply
@@ -335,12 +338,18 @@ impl Kernel {
                 let effect = |seq: Option<Seq>| async move {
                     let key = format!("{}:{}", live.id, seq.unwrap_or_default());
                     Effect::reply(match call {
-                        crate::procs::ProcCall::Spawn(spawn) => self.proc_spawn(live, spawn, &key).await,
-                        crate::procs::ProcCall::Wait { child, timeout_ms } => {
+                        crate::syscall::procs::ProcCall::Spawn(spawn) => {
+                            self.proc_spawn(live, spawn, &key).await
+                        }
+                        crate::syscall::procs::ProcCall::Wait { child, timeout_ms } => {
                             self.proc_wait(live, &child, timeout_ms).await
                         }
-                        crate::procs::ProcCall::Sleep { ms } => self.sys_sleep(live, ms, started).await,
-                        crate::procs::ProcCall::Signal { .. } => Err(internal("signal is handled above")),
+                        crate::syscall::procs::ProcCall::Sleep { ms } => {
+                            self.sys_sleep(live, ms, started).await
+                        }
+                        crate::syscall::procs::ProcCall::Signal { .. } => {
+                            Err(internal("signal is handled above"))
+                        }
                     })
                 };
                 self.journaled(journal, Journaling::IntentThenResult, effect).await.reply

@@ -1,14 +1,22 @@
 //! The syscall path: the socket agents speak JSON-RPC on (`socket`), dispatch (check,
 //! then replay, then the call's effect: `dispatch`), the journaling rule in one place
-//! (`journal`), and the typed error every method family returns (`error`).
+//! (`journal`), and one module per method family.
 
 mod dispatch;
-mod error;
+pub(crate) mod exec;
+mod gateway;
+mod governance;
+pub(crate) mod ipc;
 mod journal;
+pub(crate) mod memory;
+pub(crate) mod procs;
 mod socket;
+mod tools;
 
+pub use gateway::RunHandle;
+
+pub(crate) use crate::error::{Reply, SyscallError};
 pub(crate) use dispatch::{ToolCall, parse};
-pub(crate) use error::{Reply, SyscallError};
 pub(crate) use journal::{Call as JournalCall, Effect, Journaling, completed_entry};
 pub(crate) use socket::listen;
 

@@ -15,9 +15,8 @@
 //! of the kernel). A slow poll is the backstop; a waiter whose agent is gone stops waiting.
 
 use keel_protocol::EventKind;
-use std::collections::HashMap;
 use std::pin::pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use keel_protocol::rpc::{
@@ -28,72 +27,17 @@ use keel_types::RunId;
 use serde_json::{Value, json};
 
 use crate::Kernel;
+use crate::mailboxes::MailboxWait;
 use crate::now_ms;
 use crate::run::LiveRun;
 use crate::syscall::{Reply, SyscallError, internal, parse};
 
-/// The most undelivered messages a mailbox holds unless `KEEL_MAILBOX_CAPACITY` says
-/// otherwise.
-pub const DEFAULT_MAILBOX_CAPACITY: u64 = 1000;
 const MAX_CORRELATION_ID_BYTES: usize = 256;
 const MAX_TOPIC_BYTES: usize = 256;
 /// How long a receive waits before the run shows as `waiting(message)`.
 const PARK_AFTER: Duration = Duration::from_millis(200);
 /// How often a waiter looks again even without a notification (a backstop).
 const POLL: Duration = Duration::from_millis(500);
-
-/// Wake-ups for the mailboxes somebody is waiting on, created on first wait and dropped
-/// with the last waiter, so an idle or swapped-out run costs nothing here.
-#[derive(Default)]
-pub(crate) struct Mailboxes {
-    waits: Mutex<HashMap<RunId, Arc<MailboxWaits>>>,
-}
-
-#[derive(Default)]
-pub(crate) struct MailboxWaits {
-    /// Fired by every send to the mailbox: its receiver looks again.
-    arrived: tokio::sync::Notify,
-    /// Fired once per message taken: one sender waiting for room looks again.
-    room: tokio::sync::Notify,
-}
-
-/// A waiter's hold on a mailbox's wake-ups; the last one to go removes the entry.
-pub(crate) struct MailboxWait<'a> {
-    mailboxes: &'a Mailboxes,
-    run: RunId,
-    waits: Arc<MailboxWaits>,
-}
-
-impl Mailboxes {
-    pub(crate) fn wait(&self, run: &RunId) -> MailboxWait<'_> {
-        let waits = crate::lock(&self.waits).entry(run.clone()).or_default().clone();
-        MailboxWait { mailboxes: self, run: run.clone(), waits }
-    }
-
-    /// A message was put in `run`'s mailbox.
-    pub(crate) fn arrived(&self, run: &RunId) {
-        if let Some(waits) = crate::lock(&self.waits).get(run) {
-            waits.arrived.notify_waiters();
-        }
-    }
-
-    /// A message was taken from `run`'s mailbox: room for one more.
-    pub(crate) fn taken(&self, run: &RunId) {
-        if let Some(waits) = crate::lock(&self.waits).get(run) {
-            waits.room.notify_one();
-        }
-    }
-}
-
-impl Drop for MailboxWait<'_> {
-    fn drop(&mut self) {
-        let mut waits = crate::lock(&self.mailboxes.waits);
-        // The map's reference and this one: nobody else waits on this mailbox.
-        if Arc::strong_count(&self.waits) == 2 {
-            waits.remove(&self.run);
-        }
-    }
-}
 
 /// An IPC call whose params were checked.
 #[derive(Debug, Clone, PartialEq)]
@@ -169,16 +113,6 @@ fn bad(message: String) -> SyscallError {
 /// Whether `method` is an IPC syscall.
 pub fn is_ipc_method(method: &str) -> bool {
     method.starts_with("ipc.")
-}
-
-/// The mailbox capacity from `KEEL_MAILBOX_CAPACITY` (a positive integer), else the
-/// default.
-pub fn capacity_from_env() -> u64 {
-    std::env::var("KEEL_MAILBOX_CAPACITY")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(DEFAULT_MAILBOX_CAPACITY)
 }
 
 /// Checks an IPC call's params.
@@ -484,7 +418,7 @@ impl Kernel {
         if matches!(signal, "stop" | "pause" | "resume") {
             return Err(bad(format!("`{signal}` controls the process: use `keel {signal} {run}`")));
         }
-        if !crate::procs::valid_signal(signal) {
+        if !crate::syscall::procs::valid_signal(signal) {
             return Err(bad(format!(
                 "signal {signal:?} is not a name: use 1-64 letters, digits, '-', '_' or '.'"
             )));
