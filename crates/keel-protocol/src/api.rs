@@ -11,26 +11,38 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRunParams {
-    /// The program and its arguments, e.g. `["python3", "agent.py"]`.
+    /// The program and its arguments, e.g. `["python3", "agent.py"]`. The program must not
+    /// be empty; no argument may hold a NUL.
+    #[schema(min_items = 1)]
     pub command: Vec<String>,
-    /// Working directory of the agent (absolute). Defaults to the kernel's.
+    /// Working directory of the agent: an absolute path to a directory on the kernel's
+    /// host. Defaults to the kernel's.
     #[serde(default)]
+    #[schema(pattern = "^/")]
     pub cwd: Option<String>,
-    /// Extra environment variables for the agent.
+    /// Extra environment variables for the agent. Names are non-empty, without `=` or NUL,
+    /// and not `KEEL_*` (the kernel sets those).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// The scripted LLM provider's script (the JSON document itself, not a path).
+    /// The scripted LLM provider's script (the JSON document itself, not a path); a
+    /// script the provider cannot read is refused with 400.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub llm_script: Option<Value>,
-    /// Owner of the run. Defaults to `default`.
+    /// Owner of the run: 1-64 letters, digits, `-` or `_`. Defaults to `default` (a
+    /// tenant's token: its own tenant).
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub tenant: Option<String>,
-    /// Seconds between SIGTERM and SIGKILL when the run is stopped. Default 5.
+    /// Seconds between SIGTERM and SIGKILL when the run is stopped (at most 3600).
+    /// Default 5.
     #[serde(default)]
+    #[schema(maximum = 3600)]
     pub stop_grace_secs: Option<u64>,
-    /// The model for LLM calls that name none, e.g. `openai/gpt-4o-mini`.
+    /// The model for LLM calls that name none, e.g. `openai/gpt-4o-mini` (1-200 bytes,
+    /// no whitespace).
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 200)]
     pub model: Option<String>,
     /// Models to try, in order, when the model of a call fails for good.
     #[serde(default)]
@@ -53,11 +65,13 @@ pub struct CreateRunParams {
     pub grant: Option<Vec<String>>,
     /// `high`, `normal` (the default) or `low`: the run's priority class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^(high|normal|low)$")]
     pub priority: Option<String>,
     /// Input for the agent, as JSON; it reads it from `KEEL_INPUT` (`keel.input()` in the
-    /// Python SDK). Agents started as tools get their call's arguments here.
+    /// Python SDK). Agents started as tools get their call's arguments here. At most
+    /// 120 KiB of JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<serde_json::Value>)]
     pub input: Option<Value>,
 }
 
@@ -69,9 +83,11 @@ pub struct CreateRunParams {
 pub struct SandboxParams {
     /// `process` (the default on Linux) or `none` (no isolation; development only).
     #[serde(default)]
+    #[schema(pattern = "^(process|none)$")]
     pub tier: Option<String>,
     /// Memory of the whole sandbox, bytes (cgroup).
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub memory_bytes: Option<u64>,
     /// CPU seconds per process.
     #[serde(default)]
@@ -81,9 +97,11 @@ pub struct SandboxParams {
     pub wall_time_secs: Option<u64>,
     /// Processes and threads (cgroup).
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub pids: Option<u64>,
     /// Open files per process.
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub open_files: Option<u64>,
     /// Largest file a process may write, bytes.
     #[serde(default)]
@@ -94,15 +112,16 @@ pub struct SandboxParams {
     /// `none` (default: loopback only) or `allowlist` (HTTP(S) through the kernel's
     /// egress proxy to `allow_hosts`).
     #[serde(default)]
+    #[schema(pattern = "^(none|allowlist)$")]
     pub network: Option<String>,
-    /// Host patterns for `allowlist`: `api.example.com`, `*.example.com`, optionally with
-    /// `:port`.
+    /// Host patterns for `allowlist` (at least one; none for any other network):
+    /// `api.example.com`, `*.example.com`, optionally with `:port`.
     #[serde(default)]
     pub allow_hosts: Vec<String>,
     /// Named volumes: directories the kernel keeps across runs, mounted read-write.
     #[serde(default)]
     pub volumes: Vec<VolumeParams>,
-    /// Extra host paths bound read-only at the same path (absolute).
+    /// Extra host paths bound read-only at the same path (each absolute, else 400).
     #[serde(default)]
     pub ro_binds: Vec<String>,
     /// Bind the working directory read-write (default read-only).
@@ -114,8 +133,11 @@ pub struct SandboxParams {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeParams {
+    /// 1-64 letters, digits, `-`, `_` or `.`, not starting with `.`.
+    #[schema(pattern = "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")]
     pub name: String,
     /// Absolute path inside the sandbox, e.g. `/workspace`.
+    #[schema(pattern = "^/")]
     pub path: String,
 }
 
@@ -124,7 +146,9 @@ pub struct VolumeParams {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetParams {
+    /// US dollars, from 0 to less than 1e9.
     #[serde(default)]
+    #[schema(minimum = 0, exclusive_maximum = 1_000_000_000)]
     pub usd: Option<f64>,
     /// Input plus output tokens.
     #[serde(default)]
@@ -190,7 +214,7 @@ pub struct RunView {
     pub exit_code: Option<i32>,
     /// What the agent passed to `run.exit`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<serde_json::Value>)]
     pub output: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -230,7 +254,7 @@ pub struct JournalEntryView {
     #[schema(value_type = Object)]
     pub params: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<serde_json::Value>)]
     pub result: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
@@ -275,6 +299,7 @@ pub struct ApprovalView {
 #[serde(deny_unknown_fields)]
 pub struct DecisionParams {
     /// `approve` or `deny`.
+    #[schema(pattern = "^(approve|deny)$")]
     pub decision: String,
     /// Recorded in the audit log; a denial's note is also the agent's error message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -285,11 +310,13 @@ pub struct DecisionParams {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SignalParams {
-    /// A custom signal's name (1-64 letters, digits, `-`, `_`, `.`); `keel pause`,
-    /// `keel resume` and `keel stop` control the process itself.
+    /// A custom signal's name (1-64 letters, digits, `-`, `_`, `.`); `stop`, `pause` and
+    /// `resume` are refused with 400: `keel pause`, `keel resume` and `keel stop` control
+    /// the process itself.
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,64}$")]
     pub signal: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<serde_json::Value>)]
     pub data: Option<Value>,
 }
 
@@ -317,7 +344,9 @@ pub struct ToolView {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecParams {
-    /// `python` (monty), `javascript` (QuickJS) or `cpython`.
+    /// `python` (monty), `javascript` (QuickJS) or `cpython` (`py` and `js` are accepted
+    /// too).
+    #[schema(pattern = "^(python|py|javascript|js|cpython)$")]
     pub lang: String,
     pub code: String,
     #[serde(default)]
@@ -326,11 +355,14 @@ pub struct ExecParams {
     /// Tool patterns the program may call; default: the built-in tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<Vec<String>>,
+    /// The run's tenant, as for `POST /v1/runs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub tenant: Option<String>,
-    /// Limits: timeout_ms, memory_bytes, max_tool_calls, max_output_bytes, max_recursion.
+    /// Limits: timeout_ms, memory_bytes, max_tool_calls, max_output_bytes, max_recursion
+    /// (null or absent: the defaults; an unknown field or a value out of range is a 400).
     #[serde(default)]
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub limits: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxParams>,
@@ -343,7 +375,7 @@ pub struct ExecView {
     pub run_id: String,
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<serde_json::Value>)]
     pub result: Option<Value>,
     /// On failure: `{kind, message}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -388,7 +420,9 @@ pub struct AnswerParams {
 #[serde(deny_unknown_fields)]
 pub struct MessageParams {
     pub message: serde_json::Value,
+    /// 1-256 bytes without control characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 256, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     pub correlation_id: Option<String>,
     #[serde(default)]
     pub wait: bool,
@@ -541,11 +575,13 @@ pub struct AuditVerifyView {
 #[serde(deny_unknown_fields)]
 pub struct QuotaParams {
     /// The most runs of the tenant that may be live (not ended) at once; creating one
-    /// more answers 429 with `Retry-After`.
+    /// more answers 429 with `Retry-After`. At least 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
     pub max_runs: Option<u32>,
-    /// The USD budget a run of the tenant gets when it brings none.
+    /// The USD budget a run of the tenant gets when it brings none (more than 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(exclusive_minimum = 0)]
     pub max_usd_per_run: Option<f64>,
 }
 
@@ -554,6 +590,7 @@ pub struct QuotaParams {
 #[serde(deny_unknown_fields)]
 pub struct CreateTenantParams {
     /// 1-64 letters, digits, '-' or '_'.
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub name: String,
     #[serde(default)]
     pub quota: Option<QuotaParams>,
@@ -584,7 +621,9 @@ pub struct TokenView {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenParams {
+    /// At most 200 bytes, without control characters.
     #[serde(default)]
+    #[schema(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     pub label: Option<String>,
 }
 

@@ -41,12 +41,15 @@ pub(crate) fn routes() -> Router<AppState> {
 pub(crate) struct AuditApiDoc;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct AuditQuery {
     /// Only this run's entries.
+    #[param(pattern = "^run_[0-9a-z]{26}$")]
     run: Option<String>,
     /// Only entries after this seq (0 for all).
     after: Option<u64>,
     /// At most this many (1 to 10000; default 10000).
+    #[param(minimum = 1, maximum = 10000)]
     limit: Option<u32>,
 }
 
@@ -95,7 +98,9 @@ async fn audit_list(
 /// Recomputes every hash of the audit log; `ok` is false, with the first broken entry and
 /// the reason, when it was tampered with.
 #[utoipa::path(get, path = "/v1/audit/verify",
-    responses((status = 200, body = AuditVerifyView)), security(("bearer" = [])))]
+    responses((status = 200, body = AuditVerifyView),
+        (status = 403, body = ErrorBody, description = "forbidden: verifying is the operator's (a tenant's token is refused)")),
+    security(("bearer" = [])))]
 async fn audit_verify(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -106,8 +111,10 @@ async fn audit_verify(
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ExportQuery {
     /// Only this run's entries.
+    #[param(pattern = "^run_[0-9a-z]{26}$")]
     run: Option<String>,
 }
 

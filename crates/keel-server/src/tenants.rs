@@ -59,7 +59,7 @@ async fn list_tenants(
 
 /// Mint an API token for the tenant (operator only). The token is in this answer only;
 /// the kernel keeps its sha256.
-#[utoipa::path(post, path = "/v1/tenants/{name}/tokens", params(("name" = String, Path)),
+#[utoipa::path(post, path = "/v1/tenants/{name}/tokens", params(("name" = String, Path, description = "the tenant: 1-64 letters, digits, '-' or '_'", pattern = "^[A-Za-z0-9_-]{1,64}$")),
     request_body = Option<TokenParams>,
     responses((status = 201, body = TokenCreatedView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -69,21 +69,15 @@ async fn create_token(
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<TokenCreatedView>), ApiError> {
-    // The body is optional: an empty one mints a token without a label.
-    let params: TokenParams = if body.iter().all(u8::is_ascii_whitespace) {
-        TokenParams::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", format!("token body: {e}"))
-        })?
-    };
+    // The body is optional: none (or null) mints a token without a label.
+    let params: TokenParams = crate::optional_body(&body, "token body")?;
     let created = state.kernel.create_token(&principal, &name, params.label).await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
 
 /// Revoke the tenant's token with this prefix (operator only); it answers 401 from then on.
 #[utoipa::path(delete, path = "/v1/tenants/{name}/tokens/{prefix}",
-    params(("name" = String, Path), ("prefix" = String, Path, description = "the token's prefix, kt_ and 8 hex digits")),
+    params(("name" = String, Path, description = "the tenant: 1-64 letters, digits, '-' or '_'", pattern = "^[A-Za-z0-9_-]{1,64}$"), ("prefix" = String, Path, description = "the token's prefix, kt_ and 8 hex digits", pattern = "^kt_[0-9A-Fa-f]{8}$")),
     responses((status = 200, body = TokenRevokedView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 async fn revoke_token(
