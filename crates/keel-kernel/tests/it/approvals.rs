@@ -25,9 +25,13 @@ fn a_tool_requiring_approval_waits_for_the_operator_who_approves_or_denies_with_
         let denied = agent.tool("kv.put", json!({"key": "k", "value": 2}));
         (approved, denied, agent)
     });
-    test.wait_waiting(&run, WaitReason::Approval);
-    let pending = test.kernel().pending_approvals(&run);
+    // The run is parked before its call is listed as waiting: wait for the call.
+    let pending = wait_for("the call to wait for approval", || {
+        Some(test.kernel().pending_approvals(&run)).filter(|p| !p.is_empty())
+    });
     assert_eq!((pending.len(), pending[0].call, pending[0].tool.as_str()), (1, 1, "kv.put"));
+    let record = test.get(&run);
+    assert_eq!((record.state, record.wait_reason), (RunState::Waiting, Some(WaitReason::Approval)));
     assert_eq!(pending[0].kind, "requires_approval");
     assert_eq!(methods(&test.journal(&run)), [("tool.call", EntryStatus::Pending)], "intent first");
     test.execute(Command::Decide { run: run.clone(), call: 1, approve: true, note: None }).unwrap();

@@ -41,8 +41,7 @@ pub struct Setup {
 
 pub struct TestKernel {
     /// `None` only while a crash replaces it.
-    runtime: Option<tokio::runtime::Runtime>,
-    kernel: Option<Kernel>,
+    kernel: Option<KernelThread>,
     setup: Setup,
     /// Holds the data directory (`data/`) and the puppets' token files (`puppets/`).
     dir: tempfile::TempDir,
@@ -71,7 +70,7 @@ impl TestKernel {
         std::fs::create_dir_all(dir.path().join("puppets")).expect("the puppets' directory");
         std::fs::create_dir_all(dir.path().join("scratch")).expect("the scratch directory");
         let setup = setup(&dir.path().join("scratch"));
-        let mut test = TestKernel { runtime: None, kernel: None, setup, dir };
+        let mut test = TestKernel { kernel: None, setup, dir };
         test.boot();
         test
     }
@@ -86,11 +85,6 @@ impl TestKernel {
     }
 
     fn boot(&mut self) {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a tokio runtime");
         let tools = keel_tools::config::ToolsConfig::from_keel_toml(&self.setup.keel_toml)
             .expect("the test's keel.toml is valid");
         let options = KernelOptions {
@@ -106,19 +100,30 @@ impl TestKernel {
             swap_after: self.setup.swap_after,
             scheduler: Default::default(),
         };
-        let kernel = runtime
-            .block_on(async {
-                let kernel = Kernel::start(options).await?;
+        let (started, kernel) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<Stop>();
+        let thread = std::thread::spawn(move || {
+            let runtime =
+                tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
+            runtime.block_on(async move {
+                let kernel = match Kernel::start(options).await {
+                    Ok(kernel) => kernel,
+                    Err(err) => return drop(started.send(Err(err))),
+                };
                 kernel.spawn_recovery();
-                Ok::<_, keel_kernel::Error>(kernel)
-            })
-            .expect("the kernel starts");
-        self.runtime = Some(runtime);
-        self.kernel = Some(kernel);
+                let _ = started.send(Ok((kernel.clone(), tokio::runtime::Handle::current())));
+                if let Ok(Stop::Shutdown) = stopped.await {
+                    kernel.shutdown().await;
+                }
+            });
+            // Nothing is polled any more: dropping the runtime only drops the tasks.
+        });
+        let (kernel, handle) = kernel.recv().expect("the kernel thread").expect("the kernel starts");
+        self.kernel = Some(KernelThread { kernel, handle, stop, thread });
     }
 
     pub fn kernel(&self) -> &Kernel {
-        self.kernel.as_ref().expect("a running kernel")
+        &self.kernel.as_ref().expect("a running kernel").kernel
     }
 
     /// Runs `f` on the kernel's runtime (so whatever it spawns belongs to this kernel
@@ -128,18 +133,22 @@ impl TestKernel {
         F: Future<Output = T> + Send + 'static,
         T: Send + 'static,
     {
-        let runtime = self.runtime.as_ref().expect("a running kernel");
-        let task = runtime.spawn(f(self.kernel().clone()));
-        runtime.block_on(task).expect("the kernel task did not panic")
+        let running = self.kernel.as_ref().expect("a running kernel");
+        let (done, result) = std::sync::mpsc::channel();
+        let task = f(running.kernel.clone());
+        running.handle.spawn(async move {
+            let _ = done.send(task.await);
+        });
+        result.recv().expect("the kernel task did not panic")
     }
 
-    /// Simulates a crash: the kernel's runtime is dropped without a shutdown (no agent is
-    /// told, no pending event is flushed), then a new kernel starts on the same data
+    /// Simulates a crash: the kernel stops between two polls of its tasks (no agent is
+    /// told, no pending event is flushed, no call in flight makes another write), its
+    /// thread ends (its agents die with it), then a new kernel starts on the same data
     /// directory and recovers.
     pub fn crash_and_restart(&mut self) {
-        self.kernel = None;
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_timeout(Duration::from_secs(5));
+        if let Some(running) = self.kernel.take() {
+            running.stop(Stop::Crash);
         }
         self.boot();
     }
@@ -254,11 +263,34 @@ pub fn methods(journal: &[JournalEntry]) -> Vec<(&str, EntryStatus)> {
 impl Drop for TestKernel {
     fn drop(&mut self) {
         // Agents are killed and blocked SDK clients see their connection close.
-        if let (Some(runtime), Some(kernel)) = (self.runtime.take(), self.kernel.take()) {
-            runtime.block_on(kernel.shutdown());
-            drop(kernel);
-            runtime.shutdown_timeout(Duration::from_secs(5));
+        if let Some(running) = self.kernel.take() {
+            running.stop(Stop::Shutdown);
         }
+    }
+}
+
+/// A kernel on a thread of its own, in a current-thread runtime: the kernel runs only
+/// while that thread is in `block_on`, so stopping it freezes the kernel at once, as a
+/// crash would (a multi-thread runtime keeps polling tasks on some workers while others
+/// shut down, and those tasks then see the store refuse reads and journal that).
+struct KernelThread {
+    kernel: Kernel,
+    handle: tokio::runtime::Handle,
+    stop: tokio::sync::oneshot::Sender<Stop>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+enum Stop {
+    Crash,
+    Shutdown,
+}
+
+impl KernelThread {
+    fn stop(self, how: Stop) {
+        let KernelThread { kernel, stop, thread, .. } = self;
+        drop(kernel);
+        let _ = stop.send(how);
+        thread.join().expect("the kernel thread did not panic");
     }
 }
 

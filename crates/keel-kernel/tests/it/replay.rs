@@ -162,9 +162,13 @@ fn a_call_interrupted_by_a_crash_with_policy_ask_waits_for_an_operator() {
     let mut agent = crash_during(&mut test, &run, "slow_ask");
     std::fs::write(test.scratch().join("go"), "").unwrap();
     let call = in_background(move || agent.tool("slow_ask", json!({})));
-    test.wait_waiting(&run, WaitReason::Approval);
-    let pending = test.kernel().pending_approvals(&run);
+    // The run is parked before its call is listed as waiting: wait for the call.
+    let pending = wait_for("the call to wait for approval", || {
+        Some(test.kernel().pending_approvals(&run)).filter(|p| !p.is_empty())
+    });
     assert_eq!(pending.len(), 1);
+    let record = test.get(&run);
+    assert_eq!((record.state, record.wait_reason), (RunState::Waiting, Some(WaitReason::Approval)));
     assert_eq!((pending[0].call, pending[0].kind.as_str()), (1, "retry_after_crash"));
     assert_eq!(starts(&test).len(), 1, "nothing runs before the decision");
     test.execute(Command::Decide { run: run.clone(), call: 1, approve: true, note: None }).unwrap();
@@ -194,6 +198,7 @@ fn a_run_created_while_recovery_starts_is_not_taken_for_an_interrupted_one() {
     for run in &runs {
         let record = test.get(run);
         assert_eq!((record.state, record.attempt), (RunState::Running, 1), "{run} was left alone");
+        test.wait_event(run, "launch", json!({"attempt": 1}));
         let launches = test.events(run).iter().filter(|e| e.kind == "launch").count();
         assert_eq!(launches, 1, "{run} was launched once");
     }
