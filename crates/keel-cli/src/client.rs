@@ -555,8 +555,17 @@ pub async fn start_kernel(
         program,
         args: vec![keel_interp::WORKER_ARG.to_owned()],
     });
+    // The lock first: nothing inside the data directory is opened while another kernel
+    // may be using it.
+    let locked = dir.lock()?;
+    let db_path = dir.database();
+    let store = tokio::task::spawn_blocking(move || keel_store::SqliteStore::open(&db_path))
+        .await
+        .context("opening the store")?
+        .with_context(|| format!("opening the store {}", dir.database().display()))?;
     let options = KernelOptions {
-        data_dir: dir.clone(),
+        data_dir: locked,
+        store: Arc::new(store),
         sandbox,
         default_stop_grace: Duration::from_secs(5),
         default_llm_script,

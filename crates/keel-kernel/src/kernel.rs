@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keel_sandbox::{Sandbox, tree};
-use keel_store::{EventRecord, JournalEntry, RunFilter, RunRecord, Seq, SqliteStore, Store};
+use keel_store::{EventRecord, JournalEntry, RunFilter, RunRecord, Seq, Store};
 use keel_types::{RunId, RunState};
 use serde_json::Value;
 
@@ -20,12 +20,16 @@ use crate::events::{EventLog, EventStream};
 use crate::llmqueue::LlmQueues;
 use crate::lock;
 use crate::run::{Command, LiveRun};
-use crate::{DataDir, Error, Result};
+use crate::{DataDir, Error, LockedDataDir, Result};
 use keel_llm::Provider;
 
 /// How a kernel is set up.
 pub struct KernelOptions {
-    pub data_dir: DataDir,
+    /// The data directory, locked by this process (see [`DataDir::lock`]).
+    pub data_dir: LockedDataDir,
+    /// The store, chosen and opened by the binary (after it took the data directory's
+    /// lock, when the store lives inside it).
+    pub store: Arc<dyn Store>,
     pub sandbox: Arc<dyn Sandbox>,
     /// Seconds between SIGTERM and SIGKILL on stop, unless the run sets its own.
     pub default_stop_grace: Duration,
@@ -105,7 +109,7 @@ pub(crate) struct Inner {
     /// interrupted ones (and kills and relaunches them).
     pub(crate) recovery_listing: tokio::sync::watch::Sender<bool>,
     /// Held for the kernel's life; dropping it releases the data directory.
-    pub(crate) _lock: nix::fcntl::Flock<std::fs::File>,
+    pub(crate) _lock: LockedDataDir,
 }
 
 impl Kernel {
@@ -130,17 +134,10 @@ impl Kernel {
     /// Opens the data directory (taking its exclusive lock), the store and the syscall
     /// socket. Recovery of interrupted runs is separate: [`Kernel::spawn_recovery`].
     pub async fn start(options: KernelOptions) -> Result<Kernel> {
-        let dir = options.data_dir.clone();
+        let dir = options.data_dir.dir().clone();
         let dir_error = |source| Error::DataDir { dir: dir.root().display().to_string(), source };
-        std::fs::create_dir_all(dir.root()).map_err(dir_error)?;
-        let lock_file = take_lock(&dir)?;
         crate::sdk::unpack(&dir.python_sdk()).map_err(dir_error)?;
-        let db_path = dir.database();
-        let store: Arc<dyn Store> = Arc::new(
-            tokio::task::spawn_blocking(move || SqliteStore::open(&db_path)).await.map_err(|e| {
-                Error::DataDir { dir: dir.root().display().to_string(), source: std::io::Error::other(e) }
-            })??,
-        );
+        let store = options.store;
         let events = EventLog::start(store.clone());
         let (stop_trees, mut stop_requests) = tokio::sync::mpsc::unbounded_channel();
         let (wakeups, mut wake_requests) = tokio::sync::mpsc::unbounded_channel::<RunId>();
@@ -151,7 +148,7 @@ impl Kernel {
             inner: Arc::new(Inner {
                 store,
                 sandbox: options.sandbox,
-                data_dir: options.data_dir,
+                data_dir: dir,
                 default_stop_grace: options.default_stop_grace,
                 default_llm_script: options.default_llm_script,
                 gateway_addr: options.gateway_addr,
@@ -176,7 +173,7 @@ impl Kernel {
                     .interp_worker
                     .map(|worker| keel_interp::Pool::new(keel_interp::PoolConfig { worker, size: 2 })),
                 recovery_listing: tokio::sync::watch::Sender::new(false),
-                _lock: lock_file,
+                _lock: options.data_dir,
             }),
         };
         crate::syscall::listen(kernel.clone())?;
@@ -288,32 +285,6 @@ impl Kernel {
 
     pub(crate) fn emit(&self, run: &RunId, kind: EventKind, data: Value) {
         self.inner.events.emit(run, kind, data);
-    }
-}
-
-/// Takes the data directory's exclusive lock, or explains who holds it.
-fn take_lock(dir: &DataDir) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    use nix::fcntl::{Flock, FlockArg};
-    let path = dir.lock_file();
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|source| Error::DataDir { dir: dir.root().display().to_string(), source })?;
-    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(locked) => Ok(locked),
-        Err((_, errno)) => {
-            let info = std::fs::read_to_string(dir.kernel_info()).unwrap_or_default();
-            Err(Error::DataDirLocked {
-                dir: dir.root().display().to_string(),
-                detail: format!(
-                    "{errno}; kernel info: {}. Stop that kernel, or use another --data-dir / KEEL_DATA_DIR",
-                    if info.is_empty() { "none".into() } else { info.trim().to_owned() }
-                ),
-            })
-        }
     }
 }
 

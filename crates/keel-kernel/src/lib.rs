@@ -43,7 +43,7 @@ pub use error::{Error, Result};
 pub use events::EventStream;
 pub use kernel::{Kernel, KernelOptions};
 pub use llmqueue::LlmQueues;
-pub use paths::DataDir;
+pub use paths::{DataDir, LockedDataDir};
 pub use run::{Command, CreateRun};
 pub use syscall::RunHandle;
 pub use tenants::{DEFAULT_TENANT, Principal};

@@ -83,3 +83,46 @@ impl DataDir {
 fn non_empty_env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
+
+/// A data directory this process holds: its exclusive `flock` on `kernel.lock` is held
+/// for as long as this lives, so no second kernel can use the directory meanwhile. Take
+/// it before opening anything inside (the store), then hand both to `KernelOptions`.
+pub struct LockedDataDir {
+    dir: DataDir,
+    _flock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl LockedDataDir {
+    pub fn dir(&self) -> &DataDir {
+        &self.dir
+    }
+}
+
+impl DataDir {
+    /// Creates the directory if needed and takes its lock, or says which kernel holds it.
+    pub fn lock(&self) -> crate::Result<LockedDataDir> {
+        use nix::fcntl::{Flock, FlockArg};
+        let failed = |source| crate::Error::DataDir { dir: self.root.display().to_string(), source };
+        std::fs::create_dir_all(&self.root).map_err(failed)?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(self.lock_file())
+            .map_err(failed)?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(flock) => Ok(LockedDataDir { dir: self.clone(), _flock: flock }),
+            Err((_, errno)) => {
+                let info = std::fs::read_to_string(self.kernel_info()).unwrap_or_default();
+                Err(crate::Error::DataDirLocked {
+                    dir: self.root.display().to_string(),
+                    detail: format!(
+                        "{errno}; kernel info: {}. Stop that kernel, or use another --data-dir / KEEL_DATA_DIR",
+                        if info.is_empty() { "none".into() } else { info.trim().to_owned() }
+                    ),
+                })
+            }
+        }
+    }
+}

@@ -87,8 +87,12 @@ impl TestKernel {
     fn boot(&mut self) {
         let tools = keel_tools::config::ToolsConfig::from_keel_toml(&self.setup.keel_toml)
             .expect("the test's keel.toml is valid");
+        let dir = self.data_dir();
+        let locked = dir.lock().expect("the data directory is free");
+        let store = keel_store::SqliteStore::open(&dir.database()).expect("the store opens");
         let options = KernelOptions {
-            data_dir: self.data_dir(),
+            data_dir: locked,
+            store: Arc::new(store),
             sandbox: Arc::new(keel_sandbox::NoSandbox),
             default_stop_grace: Duration::from_secs(1),
             default_llm_script: None,

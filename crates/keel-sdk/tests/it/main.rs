@@ -91,8 +91,11 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let data = tempfile::tempdir().unwrap();
+        let dir = DataDir::new(data.path());
+        let locked = dir.lock().unwrap();
         let kernel = Kernel::start(KernelOptions {
-            data_dir: DataDir::new(data.path()),
+            data_dir: locked,
+            store: Arc::new(keel_store::SqliteStore::open(&dir.database()).unwrap()),
             sandbox: Arc::new(keel_sandbox::NoSandbox),
             default_stop_grace: Duration::from_secs(1),
             default_llm_script: None,
