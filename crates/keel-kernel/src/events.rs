@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use keel_protocol::api::EventView;
 use keel_store::{EventRecord, NewEvent, Seq, Store};
 use keel_types::{RunId, RunState};
 use serde_json::Value;
@@ -120,7 +121,7 @@ impl EventStream {
     }
 
     /// The next event, or `None` at the end (at once when not following).
-    pub async fn next(&mut self) -> crate::Result<Option<EventRecord>> {
+    pub async fn next(&mut self) -> crate::Result<Option<EventView>> {
         loop {
             if let Some(event) = self.buffered.pop_front() {
                 self.after = event.seq;
@@ -130,7 +131,7 @@ impl EventStream {
                 {
                     self.done = true;
                 }
-                return Ok(Some(event));
+                return Ok(Some(crate::views::event(&event)));
             }
             if self.done {
                 return Ok(None);

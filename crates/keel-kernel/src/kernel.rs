@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keel_sandbox::{Sandbox, tree};
-use keel_store::{EventRecord, JournalEntry, RunFilter, RunRecord, Seq, Store};
+use keel_store::{RunFilter, RunRecord, Seq, Store};
 use keel_types::{RunId, RunState};
 use serde_json::Value;
 
@@ -20,8 +20,18 @@ use crate::events::{EventLog, EventStream};
 use crate::llmqueue::LlmQueues;
 use crate::lock;
 use crate::run::{Command, LiveRun};
+use crate::syscall::RunHandle;
+use crate::tenants::Principal;
+use crate::views;
 use crate::{DataDir, Error, LockedDataDir, Result};
-use keel_llm::Provider;
+use keel_llm::{DeltaSink, Provider};
+use keel_protocol::api::ToolView;
+use keel_protocol::api::{
+    AuditEntryView, AuditVerifyView, CreateRunParams, EventsPage, ExecParams, ExecView, InspectView,
+    MemoryRecordView, RunView,
+};
+use keel_protocol::rpc::{LlmChatParams, LlmChatResult, LlmEmbedParams, LlmEmbedResult};
+use keel_store::AuditFilter;
 
 /// How a kernel is set up.
 pub struct KernelOptions {
@@ -205,7 +215,7 @@ impl Kernel {
         &self.inner.data_dir
     }
 
-    pub fn store(&self) -> &Arc<dyn Store> {
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
     }
 
@@ -232,8 +242,8 @@ impl Kernel {
         let _ = std::fs::remove_file(self.inner.data_dir.syscall_socket());
     }
 
-    /// Acts on an operator command; returns the run as it is afterwards.
-    pub async fn execute(&self, command: Command) -> Result<RunRecord> {
+    /// Acts on an operator command; returns the run's record as it is afterwards.
+    pub(crate) async fn act(&self, command: Command) -> Result<RunRecord> {
         match command {
             Command::Create(request) => self.create(request).await,
             Command::Pause(run) => self.pause(&run).await,
@@ -245,21 +255,16 @@ impl Kernel {
         }
     }
 
-    pub async fn get(&self, run: &RunId) -> Result<RunRecord> {
+    pub(crate) async fn get(&self, run: &RunId) -> Result<RunRecord> {
         self.inner.store.get_run(run).await?.ok_or_else(|| Error::RunNotFound(run.clone()))
     }
 
-    pub async fn list(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
+    pub(crate) async fn list(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
         Ok(self.inner.store.list_runs(filter).await?)
     }
 
-    pub async fn journal(&self, run: &RunId) -> Result<Vec<JournalEntry>> {
-        self.get(run).await?;
-        Ok(self.inner.store.journal(run, 0).await?)
-    }
-
     /// The open `human.ask` question of a run, if it waits for one.
-    pub async fn open_question(&self, run: &RunId) -> Result<Option<String>> {
+    pub(crate) async fn open_question(&self, run: &RunId) -> Result<Option<String>> {
         if let Some(live) = self.live(run)
             && let Some(ask) = lock(&live.ask).as_ref()
         {
@@ -272,17 +277,6 @@ impl Kernel {
         Ok(self.pending_ask_entry(run).await?.map(|(_, question)| question))
     }
 
-    pub async fn events(&self, run: &RunId, after: Seq, follow: bool) -> Result<EventStream> {
-        self.get(run).await?;
-        Ok(EventStream::new(self.inner.store.clone(), &self.inner.events, run.clone(), after, follow))
-    }
-
-    /// Reads one page of events without following.
-    pub async fn events_page(&self, run: &RunId, after: Seq, limit: usize) -> Result<Vec<EventRecord>> {
-        self.get(run).await?;
-        Ok(self.inner.store.events(run, after, limit).await?)
-    }
-
     pub(crate) fn emit(&self, run: &RunId, kind: EventKind, data: Value) {
         self.inner.events.emit(run, kind, data);
     }
@@ -290,12 +284,253 @@ impl Kernel {
 
 impl Kernel {
     /// The calls waiting for every configured provider now.
-    pub fn llm_queues(&self) -> LlmQueues {
+    pub(crate) fn llm_queues(&self) -> LlmQueues {
         LlmQueues::new(self.inner.llm.waiting_calls())
     }
 
     /// Where `run`'s LLM call stands in its provider's queue, in words, while it waits.
-    pub fn llm_queue_reason(&self, run: &RunId) -> Option<String> {
+    pub(crate) fn llm_queue_reason(&self, run: &RunId) -> Option<String> {
         self.llm_queues().reason(run)
+    }
+}
+
+impl Kernel {
+    /// The live run whose token this is (waiting for one still being launched). Tokens
+    /// end with their run's process.
+    pub async fn authenticate(&self, token: &str) -> Option<RunHandle> {
+        self.live_by_token_ready(token).await.map(RunHandle::new)
+    }
+
+    /// One LLM call of `run`, through the journaled `llm.chat` path. With `stream`, live
+    /// deltas are sent as they arrive (none when the call is answered from the journal).
+    pub async fn chat(
+        &self,
+        run: &RunHandle,
+        request: LlmChatParams,
+        stream: Option<DeltaSink>,
+    ) -> Result<LlmChatResult, keel_protocol::rpc::RpcError> {
+        self.chat_syscall(run, request, stream).await.map_err(Into::into)
+    }
+
+    /// Embeddings for `run` (the gateway's `/v1/embeddings`), through the journaled
+    /// `llm.embed` syscall: metered into the run's usage, answered from the journal on replay.
+    pub async fn embed(
+        &self,
+        run: &RunHandle,
+        request: LlmEmbedParams,
+    ) -> Result<LlmEmbedResult, keel_protocol::rpc::RpcError> {
+        self.embed_syscall(run, request).await.map_err(Into::into)
+    }
+
+    /// What the MCP endpoint serving each run its granted tools asks; the gateway mounts
+    /// it at `/mcp`.
+    pub fn mcp_host(&self) -> Arc<dyn keel_mcp::ToolHost> {
+        crate::syscall::mcp_host(self.clone())
+    }
+}
+
+impl Kernel {
+    /// An operator's named signal (`keel signal`, `POST /v1/runs/{id}/signal`).
+    pub async fn signal_run(
+        &self,
+        tenant: &str,
+        run: &RunId,
+        signal: &str,
+        data: Value,
+    ) -> Result<Value, keel_protocol::rpc::RpcError> {
+        self.signal_run_syscall(tenant, run, signal, data).await.map_err(Into::into)
+    }
+
+    /// An operator's message to a run (the HTTP API and `keel send`), with the checks of
+    /// `ipc.send`; not journaled (there is no sending run). Answers `{"seq": n}`.
+    pub async fn send_message(
+        &self,
+        tenant: &str,
+        params: Value,
+    ) -> Result<Value, keel_protocol::rpc::RpcError> {
+        self.send_message_syscall(tenant, params).await.map_err(Into::into)
+    }
+}
+
+impl Kernel {
+    /// A memory call from outside any run (the HTTP API and `keel mem`): the same params,
+    /// checks and answers as the `mem.*` syscall `method`, for `tenant`. Not journaled:
+    /// there is no run to replay.
+    pub async fn memory(
+        &self,
+        tenant: &str,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, keel_protocol::rpc::RpcError> {
+        self.memory_syscall(tenant, method, params).await.map_err(Into::into)
+    }
+
+    /// A whole record (value, indexed text, time) for the HTTP API, with the checks of
+    /// `mem.get`; `None` when there is none.
+    pub async fn memory_record(
+        &self,
+        tenant: &str,
+        namespace: &str,
+        key: &str,
+    ) -> Result<Option<MemoryRecordView>, keel_protocol::rpc::RpcError> {
+        let record = self.memory_record_syscall(tenant, namespace, key).await?;
+        Ok(record.map(|record| MemoryRecordView {
+            namespace: record.namespace,
+            key: record.key,
+            value: record.value,
+            text: record.text,
+            updated_at_ms: record.updated_at_ms,
+        }))
+    }
+}
+
+impl Kernel {
+    /// `GET /v1/tools`.
+    pub async fn tool_views(&self) -> Vec<ToolView> {
+        self.inner.tools.views().await
+    }
+}
+
+/// What a listing of runs asks for.
+#[derive(Debug, Clone, Default)]
+pub struct RunQuery {
+    /// Only runs in these states (every state when empty).
+    pub states: Vec<RunState>,
+    /// At most this many, newest first.
+    pub limit: Option<usize>,
+    /// Only this tenant's runs: the operator may ask for any; a tenant's token gets its
+    /// own whatever it asks (and is refused asking for another).
+    pub tenant: Option<String>,
+}
+
+/// What a page of the audit log asks for.
+#[derive(Debug, Clone)]
+pub struct AuditQuery {
+    /// Only this run's entries.
+    pub run: Option<RunId>,
+    /// Only entries after this seq (0: from the first).
+    pub after: u64,
+    /// At most this many.
+    pub limit: u32,
+}
+
+/// The runs: what the HTTP API and the CLI see of them. Every answer is a view of
+/// `keel_protocol::api`, never a store record.
+impl Kernel {
+    /// Acts on an operator command; returns the run as it is afterwards.
+    pub async fn execute(&self, command: Command) -> Result<RunView> {
+        let record = self.act(command).await?;
+        self.view(&record, None).await
+    }
+
+    /// Starts a run for `principal` (within its tenant's quotas).
+    pub async fn create_run_for(&self, principal: &Principal, params: CreateRunParams) -> Result<RunView> {
+        let record = self.create_run_as(principal, params).await?;
+        self.view(&record, None).await
+    }
+
+    /// A run as `principal` sees it (another tenant's run is `RunNotFound`, like a
+    /// missing one).
+    pub async fn run(&self, principal: &Principal, run: &RunId) -> Result<RunView> {
+        let record = self.run_for(principal, run).await?;
+        self.view(&record, None).await
+    }
+
+    /// Whether `principal` may see and act on `run`: `RunNotFound` when not (another
+    /// tenant's run answers like a missing one).
+    pub async fn authorize(&self, principal: &Principal, run: &RunId) -> Result<()> {
+        self.run_for(principal, run).await.map(drop)
+    }
+
+    /// The tenant a run belongs to (for an operator acting on it).
+    pub async fn tenant_of(&self, run: &RunId) -> Result<String> {
+        Ok(self.get(run).await?.tenant)
+    }
+
+    /// Runs, newest first, within what `principal` may see.
+    pub async fn runs(&self, principal: &Principal, query: &RunQuery) -> Result<Vec<RunView>> {
+        let tenant = principal.listing(query.tenant.as_deref())?;
+        let records =
+            self.list(&RunFilter { states: query.states.clone(), limit: query.limit, tenant }).await?;
+        // One look at the LLM queues serves the whole listing.
+        let queues = self.llm_queues();
+        let mut runs = Vec::with_capacity(records.len());
+        for record in &records {
+            runs.push(self.view(record, Some(&queues)).await?);
+        }
+        Ok(runs)
+    }
+
+    /// A run with its journal and the calls waiting for an operator.
+    pub async fn inspect(&self, principal: &Principal, run: &RunId) -> Result<InspectView> {
+        let record = self.run_for(principal, run).await?;
+        let journal = self.inner.store.journal(run, 0).await?;
+        Ok(InspectView {
+            run: self.view(&record, None).await?,
+            journal: journal.iter().map(views::journal_entry).collect(),
+            approvals: self.pending_approvals(run),
+        })
+    }
+
+    /// A run's events after `after`; with `follow`, waiting for new ones until the run
+    /// has ended and its last event was delivered.
+    pub async fn events(&self, run: &RunId, after: Seq, follow: bool) -> Result<EventStream> {
+        self.get(run).await?;
+        Ok(EventStream::new(self.inner.store.clone(), &self.inner.events, run.clone(), after, follow))
+    }
+
+    /// One page of a run's events, without following; `complete` once the run has ended
+    /// and the page holds the rest of its events.
+    pub async fn events_page(&self, run: &RunId, after: Seq, limit: usize) -> Result<EventsPage> {
+        let record = self.get(run).await?;
+        let events = self.inner.store.events(run, after, limit).await?;
+        let complete = record.state.is_terminal() && events.len() < limit;
+        Ok(EventsPage { events: events.iter().map(views::event).collect(), complete })
+    }
+
+    /// Audit entries in seq order, within what `principal` may see.
+    pub async fn audit_list(&self, principal: &Principal, query: &AuditQuery) -> Result<Vec<AuditEntryView>> {
+        let filter = AuditFilter {
+            tenant: principal.listing(None)?,
+            run_id: query.run.clone(),
+            after_seq: query.after,
+            limit: Some(query.limit),
+        };
+        Ok(self.audit_entries(&filter).await?.iter().map(views::audit_entry).collect())
+    }
+
+    /// Recomputes every hash of the audit log (the operator's: one chain over every
+    /// tenant).
+    pub async fn audit_verify(&self, principal: &Principal) -> Result<AuditVerifyView> {
+        principal.require_admin("verifying the audit log (one chain over every tenant)")?;
+        Ok(views::audit_verify(&self.audit_check().await?))
+    }
+
+    /// `POST /v1/exec` / `keel exec`: one program, run as a run of its own (so its tool
+    /// calls are journaled, budgeted and audited like any), answered when it ends.
+    pub async fn exec(&self, params: ExecParams) -> Result<ExecView> {
+        self.exec_program(params).await
+    }
+
+    /// A run's view: its record, its open question, its budget and why it waits (a
+    /// budget, an approval, a live slot, its place in an LLM queue). A listing passes the
+    /// LLM queues it looked at once for all its runs.
+    async fn view(&self, record: &RunRecord, queues: Option<&LlmQueues>) -> Result<RunView> {
+        let question = if matches!(record.state, RunState::Waiting | RunState::Paused) {
+            self.open_question(&record.id).await?
+        } else {
+            None
+        };
+        let mut view = views::run(record, question);
+        view.budget = self.budget_view(record).await?;
+        view.reason = self
+            .budget_reason(&record.id)
+            .or_else(|| self.approval_reason(&record.id))
+            .or_else(|| self.queue_reason(&record.id))
+            .or_else(|| match queues {
+                Some(queues) => queues.reason(&record.id),
+                None => self.llm_queue_reason(&record.id),
+            });
+        Ok(view)
     }
 }

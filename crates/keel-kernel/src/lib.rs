@@ -24,7 +24,7 @@ mod swap;
 mod syscall;
 mod tenants;
 mod tools;
-pub mod views;
+mod views;
 
 pub use admission::SchedulerConfig;
 
@@ -41,8 +41,7 @@ pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
 }
 pub use error::{Error, Result};
 pub use events::EventStream;
-pub use kernel::{Kernel, KernelOptions};
-pub use llmqueue::LlmQueues;
+pub use kernel::{AuditQuery, Kernel, KernelOptions, RunQuery};
 pub use paths::{DataDir, LockedDataDir};
 pub use run::{Command, CreateRun};
 pub use syscall::RunHandle;

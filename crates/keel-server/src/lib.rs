@@ -22,7 +22,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
-use keel_kernel::{Command, Error as KernelError, Kernel, Principal, views};
+use keel_kernel::{Command, Error as KernelError, Kernel, Principal, RunQuery};
 use keel_protocol::api::{
     AnswerParams, BudgetParams, BudgetView, CreateRunParams, ErrorBody, ErrorDetail, EventView, EventsPage,
     HealthView, InspectView, JournalEntryView, MemoryDeleteView, MemoryHitView, MemoryPutBody,
@@ -30,7 +30,6 @@ use keel_protocol::api::{
     ThreadMessageView, ThreadView, TopUpParams, UsageView,
 };
 use keel_protocol::rpc::{ErrorKind, RpcError};
-use keel_store::RunFilter;
 use keel_types::{RunId, RunState};
 use serde::Deserialize;
 use utoipa::OpenApi;
@@ -404,34 +403,6 @@ async fn health(State(state): State<AppState>) -> Json<HealthView> {
     })
 }
 
-async fn view(kernel: &Kernel, record: &keel_store::RunRecord) -> Result<RunView, ApiError> {
-    view_with(kernel, record, None).await
-}
-
-/// [`view`]; a listing passes the LLM call queues it looked at once for all its runs.
-async fn view_with(
-    kernel: &Kernel,
-    record: &keel_store::RunRecord,
-    llm_queues: Option<&keel_kernel::LlmQueues>,
-) -> Result<RunView, ApiError> {
-    let question = if matches!(record.state, RunState::Waiting | RunState::Paused) {
-        kernel.open_question(&record.id).await?
-    } else {
-        None
-    };
-    let mut view = views::run(record, question);
-    view.budget = kernel.budget_view(record).await?;
-    view.reason = kernel
-        .budget_reason(&record.id)
-        .or_else(|| kernel.approval_reason(&record.id))
-        .or_else(|| kernel.queue_reason(&record.id))
-        .or_else(|| match llm_queues {
-            Some(queues) => queues.reason(&record.id),
-            None => kernel.llm_queue_reason(&record.id),
-        });
-    Ok(view)
-}
-
 /// Start a run.
 #[utoipa::path(post, path = "/v1/runs", request_body = CreateRunParams,
     responses((status = 201, body = RunView),
@@ -445,8 +416,7 @@ async fn create_run(
     Extension(principal): Extension<Principal>,
     Body(params): Body<CreateRunParams>,
 ) -> Result<(StatusCode, Json<RunView>), ApiError> {
-    let record = state.kernel.create_run_for(&principal, params).await?;
-    Ok((StatusCode::CREATED, Json(view(&state.kernel, &record).await?)))
+    Ok((StatusCode::CREATED, Json(state.kernel.create_run_for(&principal, params).await?)))
 }
 
 /// The most runs one listing returns.
@@ -512,14 +482,8 @@ async fn list_runs(
             ),
         ));
     }
-    let tenant = principal.listing(query.tenant.as_deref())?;
-    let records = state.kernel.list(&RunFilter { states, limit: query.limit, tenant }).await?;
-    let mut runs = Vec::with_capacity(records.len());
-    let llm_queues = state.kernel.llm_queues();
-    for record in &records {
-        runs.push(view_with(&state.kernel, record, Some(&llm_queues)).await?);
-    }
-    Ok(Json(runs))
+    let query = RunQuery { states, limit: query.limit, tenant: query.tenant };
+    Ok(Json(state.kernel.runs(&principal, &query).await?))
 }
 
 /// A run with its journal.
@@ -531,13 +495,7 @@ async fn inspect_run(
     Path(id): Path<String>,
 ) -> Result<Json<InspectView>, ApiError> {
     let id = run_id(&id)?;
-    let record = state.kernel.run_for(&principal, &id).await?;
-    let journal = state.kernel.journal(&id).await?;
-    Ok(Json(InspectView {
-        run: view(&state.kernel, &record).await?,
-        journal: journal.iter().map(views::journal_entry).collect(),
-        approvals: state.kernel.pending_approvals(&id),
-    }))
+    Ok(Json(state.kernel.inspect(&principal, &id).await?))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -564,23 +522,19 @@ async fn run_events(
     let Query(query) =
         query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
     let id = run_id(&id)?;
-    state.kernel.run_for(&principal, &id).await?;
+    state.kernel.authorize(&principal, &id).await?;
     let after = query.after.unwrap_or(0);
     if !query.follow.unwrap_or(false) {
-        let events = state.kernel.events_page(&id, after, 10_000).await?;
-        let record = state.kernel.get(&id).await?;
-        let complete = record.state.is_terminal() && events.len() < 10_000;
-        let events = events.iter().map(views::event).collect();
-        return Ok(Json(EventsPage { events, complete }).into_response());
+        return Ok(Json(state.kernel.events_page(&id, after, 10_000).await?).into_response());
     }
     let stream = state.kernel.events(&id, after, true).await?;
     let events = futures_util::stream::unfold(stream, |mut stream| async move {
         match stream.next().await {
-            Ok(Some(record)) => {
+            Ok(Some(view)) => {
                 let event = Event::default()
-                    .id(record.seq.to_string())
-                    .event(record.kind.clone())
-                    .json_data(views::event(&record))
+                    .id(view.seq.to_string())
+                    .event(view.kind.clone())
+                    .json_data(&view)
                     .unwrap_or_default();
                 Some((Ok::<_, Infallible>(event), stream))
             }
@@ -598,13 +552,12 @@ async fn run_events(
 /// 404 like a missing one).
 async fn own_run(state: &AppState, principal: &Principal, id: &str) -> Result<keel_types::RunId, ApiError> {
     let id = run_id(id)?;
-    state.kernel.run_for(principal, &id).await?;
+    state.kernel.authorize(principal, &id).await?;
     Ok(id)
 }
 
 async fn act(state: &AppState, command: Command) -> Result<Json<RunView>, ApiError> {
-    let record = state.kernel.execute(command).await?;
-    Ok(Json(view(&state.kernel, &record).await?))
+    Ok(Json(state.kernel.execute(command).await?))
 }
 
 /// Pause a run (its processes are frozen).
@@ -753,7 +706,7 @@ async fn send_message(
     // The operator's message goes to any run (as the run's own tenant); a tenant's only to
     // its own runs (the store answers another tenant's run as missing).
     let tenant = match &principal {
-        Principal::Admin => state.kernel.get(&to).await?.tenant,
+        Principal::Admin => state.kernel.tenant_of(&to).await?,
         Principal::Tenant(name) => name.clone(),
     };
     let result = state.kernel.send_message(&tenant, send).await?;
@@ -773,7 +726,7 @@ async fn signal_run(
 ) -> Result<Json<MessageSentView>, ApiError> {
     let to = run_id(&id)?;
     let tenant = match &principal {
-        Principal::Admin => state.kernel.get(&to).await?.tenant,
+        Principal::Admin => state.kernel.tenant_of(&to).await?,
         Principal::Tenant(name) => name.clone(),
     };
     let result =
@@ -808,13 +761,7 @@ async fn memory_get(
     Path((namespace, key)): Path<(String, String)>,
 ) -> Result<Json<MemoryRecordView>, ApiError> {
     match state.kernel.memory_record(principal.tenant(), &namespace, &key).await? {
-        Some(record) => Ok(Json(MemoryRecordView {
-            namespace: record.namespace,
-            key: record.key,
-            value: record.value,
-            text: record.text,
-            updated_at_ms: record.updated_at_ms,
-        })),
+        Some(record) => Ok(Json(record)),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",

@@ -62,14 +62,14 @@ impl Kernel {
 
     /// Audit entries matching `filter`, in seq order, including every record queued
     /// before the call.
-    pub async fn audit_list(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>> {
+    pub(crate) async fn audit_entries(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>> {
         self.inner.events.audit.flush().await;
         Ok(self.store().audit_list(filter).await?)
     }
 
     /// Verifies the whole audit chain (see `Store::audit_verify`), after writing what is
     /// queued.
-    pub async fn audit_verify(&self) -> Result<AuditVerify> {
+    pub(crate) async fn audit_check(&self) -> Result<AuditVerify> {
         self.inner.events.audit.flush().await;
         Ok(self.store().audit_verify().await?)
     }

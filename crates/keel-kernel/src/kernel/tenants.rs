@@ -111,7 +111,7 @@ impl Kernel {
 
     /// The run, if the principal may see it; another tenant's run is `RunNotFound`,
     /// exactly like a missing one.
-    pub async fn run_for(&self, principal: &Principal, run: &RunId) -> Result<RunRecord> {
+    pub(crate) async fn run_for(&self, principal: &Principal, run: &RunId) -> Result<RunRecord> {
         let record = self.get(run).await?;
         if principal.owns(&record) { Ok(record) } else { Err(Error::RunNotFound(run.clone())) }
     }
@@ -119,7 +119,7 @@ impl Kernel {
     /// Creates a run for the principal: the tenant is the token's (a tenant token naming
     /// another is `Forbidden`), the tenant's `max_usd_per_run` is the budget of a run that
     /// brings none, and `max_runs` is enforced (`QuotaExceeded`).
-    pub async fn create_run_for(
+    pub(crate) async fn create_run_as(
         &self,
         principal: &Principal,
         mut params: CreateRunParams,
@@ -135,7 +135,7 @@ impl Kernel {
         let request = CreateRun::validate(params)?;
         let _admission = ADMISSION.lock().await;
         self.check_run_quota(&tenant, &quota).await?;
-        self.execute(Command::Create(request)).await
+        self.act(Command::Create(request)).await
     }
 
     /// Refuses a new run of `tenant` when it already has `max_runs` live runs.

@@ -83,7 +83,7 @@ impl Kernel {
     }
 
     /// Where a queued run stands, in words (`keel ps`).
-    pub fn queue_reason(&self, run: &RunId) -> Option<String> {
+    pub(crate) fn queue_reason(&self, run: &RunId) -> Option<String> {
         let admitter = self.inner.admissions.lock();
         let queued = admitter.queued();
         let position = queued.iter().find(|(id, _)| id == run.as_str())?.1;

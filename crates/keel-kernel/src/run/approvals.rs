@@ -98,7 +98,7 @@ impl Kernel {
     }
 
     /// Why a run waits for approval, in words (`keel ps`), while it does.
-    pub fn approval_reason(&self, run: &RunId) -> Option<String> {
+    pub(crate) fn approval_reason(&self, run: &RunId) -> Option<String> {
         let pending = self.pending_approvals(run);
         let first = pending.first()?;
         let what = match first.kind.as_str() {
@@ -114,7 +114,7 @@ impl Kernel {
     }
 
     /// The calls of a run waiting for an operator.
-    pub fn pending_approvals(&self, run: &RunId) -> Vec<ApprovalView> {
+    pub(crate) fn pending_approvals(&self, run: &RunId) -> Vec<ApprovalView> {
         self.live(run)
             .map(|live| lock(&live.approvals).values().map(|p| p.view.clone()).collect())
             .unwrap_or_default()

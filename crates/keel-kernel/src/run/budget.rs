@@ -149,7 +149,7 @@ impl Kernel {
     }
 
     /// What `keel ps` / `inspect` show: limits and what is left, from durable state.
-    pub async fn budget_view(&self, record: &RunRecord) -> Result<Option<BudgetView>> {
+    pub(crate) async fn budget_view(&self, record: &RunRecord) -> Result<Option<BudgetView>> {
         let Some(params) = self.budget_params(record).await? else { return Ok(None) };
         let (limits, wall_secs) = limits_of(&params);
         let mut account = Account::new(limits);
@@ -165,7 +165,7 @@ impl Kernel {
     }
 
     /// Why a live run is parked by its budget, if it is.
-    pub fn budget_reason(&self, run: &RunId) -> Option<String> {
+    pub(crate) fn budget_reason(&self, run: &RunId) -> Option<String> {
         self.live(run).and_then(|live| lock(&live.budget.reason).clone())
     }
 

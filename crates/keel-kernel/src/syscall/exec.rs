@@ -349,7 +349,7 @@ except keel.KeelError as err:
 impl Kernel {
     /// `POST /v1/exec` / `keel exec`: one program, run as a run of its own (so its tool
     /// calls are journaled, budgeted and audited like any), answered when it ends.
-    pub async fn exec(
+    pub(crate) async fn exec_program(
         &self,
         params: keel_protocol::api::ExecParams,
     ) -> crate::Result<keel_protocol::api::ExecView> {
@@ -378,7 +378,7 @@ impl Kernel {
         }))
         .map_err(|e| Error::InvalidRequest(e.to_string()))?;
         let request = crate::CreateRun::validate(create)?;
-        let mut record = self.execute(crate::Command::Create(request)).await?;
+        let mut record = self.act(crate::Command::Create(request)).await?;
         while !record.state.is_terminal() {
             tokio::time::sleep(Duration::from_millis(5)).await;
             record = self.get(&record.id).await?;

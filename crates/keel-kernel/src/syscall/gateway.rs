@@ -18,29 +18,16 @@ use crate::syscall::SyscallError;
 pub struct RunHandle(Arc<LiveRun>);
 
 impl RunHandle {
+    pub(crate) fn new(live: Arc<LiveRun>) -> RunHandle {
+        RunHandle(live)
+    }
+
     pub fn run_id(&self) -> &RunId {
         &self.0.id
     }
 }
 
 impl Kernel {
-    /// The live run whose token this is (waiting for one still being launched). Tokens
-    /// end with their run's process.
-    pub async fn authenticate(&self, token: &str) -> Option<RunHandle> {
-        self.live_by_token_ready(token).await.map(RunHandle)
-    }
-
-    /// One LLM call of `run`, through the journaled `llm.chat` path. With `stream`, live
-    /// deltas are sent as they arrive (none when the call is answered from the journal).
-    pub async fn chat(
-        &self,
-        run: &RunHandle,
-        request: LlmChatParams,
-        stream: Option<DeltaSink>,
-    ) -> Result<LlmChatResult, keel_protocol::rpc::RpcError> {
-        self.chat_syscall(run, request, stream).await.map_err(Into::into)
-    }
-
     /// [`Kernel::chat`], failing as a syscall does.
     pub(crate) async fn chat_syscall(
         &self,
@@ -64,16 +51,6 @@ impl Kernel {
         serde_json::from_value(result).map_err(|e| {
             SyscallError::new(ErrorKind::Internal, format!("the journaled LLM response is unreadable: {e}"))
         })
-    }
-
-    /// Embeddings for `run` (the gateway's `/v1/embeddings`), through the journaled
-    /// `llm.embed` syscall: metered into the run's usage, answered from the journal on replay.
-    pub async fn embed(
-        &self,
-        run: &RunHandle,
-        request: LlmEmbedParams,
-    ) -> Result<LlmEmbedResult, keel_protocol::rpc::RpcError> {
-        self.embed_syscall(run, request).await.map_err(Into::into)
     }
 
     /// [`Kernel::embed`], failing as a syscall does.
@@ -141,10 +118,7 @@ fn unauthorized() -> keel_mcp::HostError {
     )
 }
 
-impl Kernel {
-    /// What the MCP endpoint serving each run its granted tools asks; the gateway mounts
-    /// it at `/mcp`.
-    pub fn mcp_host(&self) -> Arc<dyn keel_mcp::ToolHost> {
-        Arc::new(McpHost(self.clone()))
-    }
+/// What the MCP endpoint serving each run its granted tools asks (see `Kernel::mcp_host`).
+pub(crate) fn mcp_host(kernel: Kernel) -> Arc<dyn keel_mcp::ToolHost> {
+    Arc::new(McpHost(kernel))
 }

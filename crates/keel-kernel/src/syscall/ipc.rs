@@ -396,17 +396,6 @@ impl Kernel {
         }
     }
 
-    /// An operator's named signal (`keel signal`, `POST /v1/runs/{id}/signal`).
-    pub async fn signal_run(
-        &self,
-        tenant: &str,
-        run: &RunId,
-        signal: &str,
-        data: Value,
-    ) -> Result<Value, keel_protocol::rpc::RpcError> {
-        self.signal_run_syscall(tenant, run, signal, data).await.map_err(Into::into)
-    }
-
     /// [`Kernel::signal_run`], failing as a syscall does.
     pub(crate) async fn signal_run_syscall(
         &self,
@@ -474,16 +463,6 @@ impl Kernel {
             }
             other => Ok(other),
         }
-    }
-
-    /// An operator's message to a run (the HTTP API and `keel send`), with the checks of
-    /// `ipc.send`; not journaled (there is no sending run). Answers `{"seq": n}`.
-    pub async fn send_message(
-        &self,
-        tenant: &str,
-        params: Value,
-    ) -> Result<Value, keel_protocol::rpc::RpcError> {
-        self.send_message_syscall(tenant, params).await.map_err(Into::into)
     }
 
     /// [`Kernel::send_message`], failing as a syscall does.

@@ -375,18 +375,6 @@ async fn perform_call(
 }
 
 impl Kernel {
-    /// A memory call from outside any run (the HTTP API and `keel mem`): the same params,
-    /// checks and answers as the `mem.*` syscall `method`, for `tenant`. Not journaled:
-    /// there is no run to replay.
-    pub async fn memory(
-        &self,
-        tenant: &str,
-        method: &str,
-        params: Value,
-    ) -> Result<Value, keel_protocol::rpc::RpcError> {
-        self.memory_syscall(tenant, method, params).await.map_err(Into::into)
-    }
-
     /// [`Kernel::memory`], failing as a syscall does.
     pub(crate) async fn memory_syscall(
         &self,
@@ -406,19 +394,8 @@ impl Kernel {
     }
 
     /// The embedder of `[llm.embeddings]` (the offline hash embedder by default).
-    pub fn embedder(&self) -> std::sync::Arc<dyn Embedder> {
+    pub(crate) fn embedder(&self) -> std::sync::Arc<dyn Embedder> {
         self.inner.llm.embedder()
-    }
-
-    /// A whole record (value, indexed text, time) for the HTTP API, with the checks of
-    /// `mem.get`; `None` when there is none.
-    pub async fn memory_record(
-        &self,
-        tenant: &str,
-        namespace: &str,
-        key: &str,
-    ) -> Result<Option<keel_store::MemoryRecord>, keel_protocol::rpc::RpcError> {
-        self.memory_record_syscall(tenant, namespace, key).await.map_err(Into::into)
     }
 
     /// [`Kernel::memory_record`], failing as a syscall does.

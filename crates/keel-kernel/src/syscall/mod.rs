@@ -14,6 +14,7 @@ mod socket;
 mod tools;
 
 pub use gateway::RunHandle;
+pub(crate) use gateway::mcp_host;
 
 pub(crate) use crate::error::{Reply, SyscallError};
 pub(crate) use dispatch::{ToolCall, parse};

@@ -262,7 +262,7 @@ impl Kernel {
                     .await;
             }
         };
-        let record = Box::pin(self.execute(command))
+        let record = Box::pin(self.act(command))
             .await
             .map_err(|e| SyscallError::new(ErrorKind::InvalidParams, format!("proc.signal: {e}")))?;
         Ok(json!({ "run_id": child.as_str(), "state": record.state.as_str() }))
@@ -359,7 +359,7 @@ impl Kernel {
                 continue;
             }
             pending.extend(self.children(&child).await);
-            if let Err(err) = Box::pin(self.execute(Command::Stop { run: child.clone(), grace })).await {
+            if let Err(err) = Box::pin(self.act(Command::Stop { run: child.clone(), grace })).await {
                 tracing::debug!(run = %child, "stopping a descendant: {err}");
             }
         }

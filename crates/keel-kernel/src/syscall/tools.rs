@@ -5,7 +5,6 @@
 use crate::Kernel;
 use crate::run::LiveRun;
 use crate::tools::Fetcher;
-use keel_protocol::api::ToolView;
 use keel_store::Store;
 use keel_tools::{ToolDef, ToolKind};
 use keel_types::RunId;
@@ -17,11 +16,6 @@ impl Kernel {
     /// The tools a run may call, as `tool.list` answers.
     pub(crate) async fn granted_tools(&self, live: &LiveRun) -> Vec<ToolDef> {
         self.inner.tools.all().await.into_iter().filter(|def| live.grant.allows(&def.name)).collect()
-    }
-
-    /// `GET /v1/tools`.
-    pub async fn tool_views(&self) -> Vec<ToolView> {
-        self.inner.tools.views().await
     }
 
     /// Runs one tool call whose governance passed. `key` is the call's idempotency key

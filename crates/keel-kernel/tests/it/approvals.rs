@@ -27,7 +27,7 @@ fn a_tool_requiring_approval_waits_for_the_operator_who_approves_or_denies_with_
     });
     // The run is parked before its call is listed as waiting: wait for the call.
     let pending = wait_for("the call to wait for approval", || {
-        Some(test.kernel().pending_approvals(&run)).filter(|p| !p.is_empty())
+        Some(test.pending_approvals(&run)).filter(|p| !p.is_empty())
     });
     assert_eq!((pending.len(), pending[0].call, pending[0].tool.as_str()), (1, 1, "kv.put"));
     let record = test.get(&run);
@@ -37,7 +37,7 @@ fn a_tool_requiring_approval_waits_for_the_operator_who_approves_or_denies_with_
     test.execute(Command::Decide { run: run.clone(), call: 1, approve: true, note: None }).unwrap();
 
     wait_for("the second call to wait", || {
-        test.kernel().pending_approvals(&run).first().map(|p| p.call == 2).filter(|&b| b)
+        test.pending_approvals(&run).first().map(|p| p.call == 2).filter(|&b| b)
     });
     let note = Some("not that value".to_owned());
     test.execute(Command::Decide { run: run.clone(), call: 2, approve: false, note }).unwrap();
@@ -73,6 +73,6 @@ fn an_approval_decided_after_a_crash_is_found_by_the_relaunched_agent() {
     agent.tool("kv.put", json!({"key": "k", "value": 1})).unwrap();
     assert_eq!(agent.tool("kv.get", json!({"key": "k"})).unwrap(), json!(1));
     assert_eq!(methods(&test.journal(&run))[0], ("tool.call", EntryStatus::Ok));
-    assert!(test.kernel().pending_approvals(&run).is_empty());
+    assert!(test.pending_approvals(&run).is_empty());
     assert_eq!(test.get(&run).state, RunState::Running);
 }

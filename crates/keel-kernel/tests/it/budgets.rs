@@ -49,7 +49,7 @@ fn parks_then_goes_on_after_a_top_up(
     assert_eq!(parked.provider_calls, 2, "the call that would overshoot was not sent");
     assert!(spent(&parked.usage) <= limit, "spend within the budget");
     assert_eq!(test.journal(&run).len(), 2, "nor journaled: it is reserved before its intent");
-    let reason = test.kernel().budget_reason(&run).expect("a reason while parked");
+    let reason = test.view(&run).reason.expect("a reason while parked");
     assert!(!reason.is_empty());
 
     test.execute(Command::TopUp { run: run.clone(), add: top_up, continue_loop: false }).unwrap();
@@ -58,7 +58,7 @@ fn parks_then_goes_on_after_a_top_up(
     assert_eq!(record.provider_calls, 3);
     assert_eq!(record.state, RunState::Running);
     assert_eq!(spent(&record.usage), 3 * spent(&parked.usage) / 2);
-    assert!(test.kernel().budget_reason(&run).is_none());
+    assert!(test.view(&run).reason.is_none());
 }
 
 #[test]

@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keel_kernel::{Command, CreateRun, DataDir, Kernel, KernelOptions};
-use keel_protocol::api::CreateRunParams;
-use keel_store::{AuditEntry, AuditFilter, EventRecord, JournalEntry, RunRecord};
+use keel_kernel::{Command, CreateRun, DataDir, Kernel, KernelOptions, Principal};
+use keel_protocol::api::{ApprovalView, CreateRunParams, RunView};
+use keel_store::{AuditEntry, AuditFilter, EventRecord, JournalEntry, RunRecord, Store};
 use keel_types::{EntryStatus, RunId, RunState, WaitReason};
 use serde_json::{Value, json};
 
@@ -45,6 +45,10 @@ pub struct TestKernel {
     setup: Setup,
     /// Holds the data directory (`data/`) and the puppets' token files (`puppets/`).
     dir: tempfile::TempDir,
+    /// The test's own connection to the store, for reading what the kernel wrote (the
+    /// kernel's public API answers views, and a crash must not keep the kernel's store
+    /// alive). Opened on first use.
+    inspect: std::sync::OnceLock<Arc<dyn Store>>,
 }
 
 /// Fails the test if `check` does not hold within the deadline; returns what it found.
@@ -70,7 +74,7 @@ impl TestKernel {
         std::fs::create_dir_all(dir.path().join("puppets")).expect("the puppets' directory");
         std::fs::create_dir_all(dir.path().join("scratch")).expect("the scratch directory");
         let setup = setup(&dir.path().join("scratch"));
-        let mut test = TestKernel { kernel: None, setup, dir };
+        let mut test = TestKernel { kernel: None, setup, dir, inspect: Default::default() };
         test.boot();
         test
     }
@@ -126,10 +130,6 @@ impl TestKernel {
         self.kernel = Some(KernelThread { kernel, handle, stop, thread });
     }
 
-    pub fn kernel(&self) -> &Kernel {
-        &self.kernel.as_ref().expect("a running kernel").kernel
-    }
-
     /// Runs `f` on the kernel's runtime (so whatever it spawns belongs to this kernel
     /// and dies with it) and waits for its result.
     pub fn on_kernel<T, F>(&self, f: impl FnOnce(Kernel) -> F) -> T
@@ -170,10 +170,11 @@ impl TestKernel {
         params_map.extend(extra);
         let params: CreateRunParams = serde_json::from_value(params).expect("valid CreateRunParams");
         let request = CreateRun::validate(params).expect("a valid run request");
-        self.execute(Command::Create(request)).expect("the run is created").id
+        let view = self.execute(Command::Create(request)).expect("the run is created");
+        RunId::parse(&view.run_id).expect("a run id")
     }
 
-    pub fn execute(&self, command: Command) -> keel_kernel::Result<RunRecord> {
+    pub fn execute(&self, command: Command) -> keel_kernel::Result<RunView> {
         self.on_kernel(|kernel| async move { kernel.execute(command).await })
     }
 
@@ -198,26 +199,51 @@ impl TestKernel {
         self.data_dir().syscall_socket().display().to_string()
     }
 
+    /// The test's reading connection to the store (see `inspect`).
+    fn store(&self) -> Arc<dyn Store> {
+        let database = self.data_dir().database();
+        self.inspect
+            .get_or_init(|| Arc::new(keel_store::SqliteStore::open(&database).expect("the store opens")))
+            .clone()
+    }
+
     pub fn get(&self, run: &RunId) -> RunRecord {
-        let run = run.clone();
-        self.on_kernel(|kernel| async move { kernel.get(&run).await }).expect("the run exists")
+        let (store, run) = (self.store(), run.clone());
+        self.on_kernel(|_| async move { store.get_run(&run).await })
+            .expect("the store")
+            .expect("the run exists")
     }
 
     pub fn journal(&self, run: &RunId) -> Vec<JournalEntry> {
-        let run = run.clone();
-        self.on_kernel(|kernel| async move { kernel.journal(&run).await }).expect("the journal")
+        let (store, run) = (self.store(), run.clone());
+        self.on_kernel(|_| async move { store.journal(&run, 0).await }).expect("the journal")
     }
 
     /// The run's events so far (they are written in batches: wait for the ones you need).
     pub fn events(&self, run: &RunId) -> Vec<EventRecord> {
-        let run = run.clone();
-        self.on_kernel(|kernel| async move { kernel.events_page(&run, 0, 10_000).await }).expect("events")
+        let (store, run) = (self.store(), run.clone());
+        self.on_kernel(|_| async move { store.events(&run, 0, 10_000).await }).expect("events")
     }
 
     /// The run's audit entries so far (written in batches, like events).
     pub fn audit(&self, run: &RunId) -> Vec<AuditEntry> {
+        let store = self.store();
         let filter = AuditFilter { run_id: Some(run.clone()), ..AuditFilter::default() };
-        self.on_kernel(|kernel| async move { kernel.audit_list(&filter).await }).expect("audit entries")
+        self.on_kernel(|_| async move { store.audit_list(&filter).await }).expect("audit entries")
+    }
+
+    /// The run as the API shows it (its budget, why it waits).
+    pub fn view(&self, run: &RunId) -> RunView {
+        let run = run.clone();
+        self.on_kernel(|kernel| async move { kernel.run(&Principal::Admin, &run).await }).expect("the run")
+    }
+
+    /// The run's calls waiting for an operator.
+    pub fn pending_approvals(&self, run: &RunId) -> Vec<ApprovalView> {
+        let run = run.clone();
+        self.on_kernel(|kernel| async move { kernel.inspect(&Principal::Admin, &run).await })
+            .expect("the run")
+            .approvals
     }
 
     /// Waits until the run's record satisfies `check`; returns that record.

@@ -33,11 +33,11 @@ fn pause_resume_and_stop_reach_the_agent_as_control_events() {
     let mut agent = test.agent(&run);
     let pid = test.get(&run).pid.unwrap();
 
-    assert_eq!(test.execute(Command::Pause(run.clone())).unwrap().state, RunState::Paused);
+    assert_eq!(test.execute(Command::Pause(run.clone())).unwrap().state, "paused");
     wait_for("the agent process to be stopped", || (process_state(pid) == Some('T')).then_some(()));
     assert_eq!(control_event(&mut agent), "pause");
 
-    assert_eq!(test.execute(Command::Resume(run.clone())).unwrap().state, RunState::Running);
+    assert_eq!(test.execute(Command::Resume(run.clone())).unwrap().state, "running");
     wait_for("the agent process to run again", || (process_state(pid) != Some('T')).then_some(()));
     assert_eq!(control_event(&mut agent), "resume");
 

@@ -164,7 +164,7 @@ fn a_call_interrupted_by_a_crash_with_policy_ask_waits_for_an_operator() {
     let call = in_background(move || agent.tool("slow_ask", json!({})));
     // The run is parked before its call is listed as waiting: wait for the call.
     let pending = wait_for("the call to wait for approval", || {
-        Some(test.kernel().pending_approvals(&run)).filter(|p| !p.is_empty())
+        Some(test.pending_approvals(&run)).filter(|p| !p.is_empty())
     });
     assert_eq!(pending.len(), 1);
     let record = test.get(&run);

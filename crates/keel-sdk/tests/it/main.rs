@@ -132,17 +132,18 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
             priority: None,
         };
         let run = kernel.execute(Command::Create(CreateRun::validate(params).unwrap())).await.unwrap();
+        let id = keel_types::RunId::parse(&run.run_id).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         let record = loop {
-            let record = kernel.get(&run.id).await.unwrap();
-            if record.state.is_terminal() {
+            let record = kernel.run(&keel_kernel::Principal::Admin, &id).await.unwrap();
+            if record.state.parse::<keel_types::RunState>().unwrap().is_terminal() {
                 break record;
             }
             assert!(std::time::Instant::now() < deadline, "the agent did not finish");
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        let logs = kernel.events_page(&run.id, 0, 1000).await.unwrap();
-        assert_eq!(record.state, keel_types::RunState::Succeeded, "agent failed: {logs:#?}");
+        let logs = kernel.events_page(&id, 0, 1000).await.unwrap();
+        assert_eq!(record.state, "succeeded", "agent failed: {logs:#?}");
         assert_eq!(record.output, Some(json!({"done": true})));
         assert_eq!(record.provider_calls, 1);
         kernel.shutdown().await;
