@@ -128,6 +128,11 @@ pub struct LaunchSpec {
     /// then closed (written in the background, so a program that reads little does not
     /// hold up the launch); when `None`, stdin is closed (`/dev/null`).
     pub stdin: Option<Vec<u8>>,
+    /// Bind the host files the command's arguments name (`python3 /elsewhere/agent.py`)
+    /// read-only at their paths. Only for a command an operator wrote (`keel run`, a
+    /// command tool in keel.toml): a command an agent chose (`proc.spawn`) must not get
+    /// host files bound by naming them.
+    pub bind_argument_files: bool,
 }
 
 /// An agent's output stream.

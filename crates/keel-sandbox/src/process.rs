@@ -213,7 +213,11 @@ impl Shared {
         secrets.extend(real);
         secrets.sort();
         secrets.dedup();
-        let argument_files = crate::resolve::argument_files(args, &spec.cwd);
+        let argument_files = if spec.bind_argument_files {
+            crate::resolve::argument_files(args, &spec.cwd)
+        } else {
+            Vec::new()
+        };
         let bridges: Vec<(u16, PathBuf)> =
             spec.bridges.iter().map(|b| (b.port, b.host_socket.clone())).collect();
         let plan = plan::build(&PlanInputs {

@@ -129,6 +129,8 @@ pub async fn run(
         keel: ctx.keel,
         bridges: ctx.bridges,
         stdin: Some(stdin),
+        // The operator wrote the command in keel.toml; the agent only sends its input.
+        bind_argument_files: true,
     };
     let mut launched = sandbox.launch(spec).await.map_err(|e| format!("{name}: {e}"))?;
     let mut guard = TreeGuard { pid: Some(launched.pid), marker: ctx.run_marker.clone() };

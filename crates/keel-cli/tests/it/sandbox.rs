@@ -2,7 +2,7 @@
 //! tree dies on stop and with the daemon, volumes, refusals, `keel doctor`, the pool.
 //! Escape attempts are in `sandbox_escape.rs`.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::harness::{Keel, agent, wait_for};
 
@@ -549,4 +549,33 @@ fn issue_11_a_command_line_file_in_a_hidden_place_is_refused() {
         stderr.contains(&hidden) && stderr.contains("--ro-bind"),
         "the refusal names the file and the flag: {stderr}"
     );
+}
+
+/// Only a command an operator wrote gets the files it names bound: a child an agent
+/// starts with `proc.spawn` naming a host file must not get that file into its sandbox
+/// (else any agent could read any host file it can name).
+#[test]
+fn issue_11_a_file_named_by_an_agent_spawned_command_is_not_bound() {
+    let mut keel = Keel::new();
+    keel.start_daemon();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let file = elsewhere.path().join("host-only.txt");
+    std::fs::write(&file, "host only\n").unwrap();
+    let file = file.display().to_string();
+
+    // The operator's own command: bound, readable.
+    let out = keel.ok(&["run", "--quiet", "--", "cat", &file]);
+    assert!(out.contains("host only"), "{out}");
+
+    // The same command chosen by an agent: not bound, so not there.
+    let input = json!({"spawn": [{"command": ["cat", &file]}], "wait": true}).to_string();
+    let parent = keel.detach(&["--input", &input, "--", "python3", &agent("proc_agent.py")]);
+    let done = keel.wait_state(&parent, &["succeeded", "failed"]);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let child = done["output"]["children"][0].as_str().unwrap().to_owned();
+    let child_view = keel.wait_state(&child, &["succeeded", "failed"]);
+    assert_eq!(child_view["state"], "failed", "cat must not find the file: {child_view}");
+    let logs = keel.run(&["logs", &child]);
+    let logs = format!("{}{}", String::from_utf8_lossy(&logs.stdout), String::from_utf8_lossy(&logs.stderr));
+    assert!(logs.contains("No such file") && !logs.contains("host only"), "{logs}\n{child_view}");
 }

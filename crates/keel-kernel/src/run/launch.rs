@@ -165,6 +165,9 @@ impl Kernel {
                 run_marker: record.id.to_string(),
                 profile: profile.clone(),
                 stdin: None,
+                // Only a run an operator started: a child's command is its parent agent's
+                // choice, and naming a host file must not get it bound.
+                bind_argument_files: spec.parent.is_none(),
                 keel: KeelResources {
                     syscall_socket: Some(data_dir.syscall_socket()),
                     python_sdk: Some(data_dir.python_sdk()),

@@ -206,6 +206,7 @@ impl Kernel {
                 run_marker: marker_id.clone(),
                 profile,
                 stdin: Some(request.to_string().into_bytes()),
+                bind_argument_files: false,
                 keel: keel_sandbox::KeelResources {
                     syscall_socket: Some(data_dir.syscall_socket()),
                     python_sdk: None,
