@@ -164,7 +164,8 @@ pub(crate) fn tenant_view(record: &TenantRecord, tokens: &[ApiTokenRecord]) -> T
     }
 }
 
-/// The states in which a run counts against `max_runs` (every state but the final ones).
+/// The states of a run that has not ended (it counts against `max_runs`, and stopping a
+/// parent stops its children in these).
 pub(crate) const LIVE_STATES: [RunState; 6] = [
     RunState::Created,
     RunState::Queued,

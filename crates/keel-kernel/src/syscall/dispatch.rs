@@ -55,6 +55,39 @@ pub(crate) fn parse<T: DeserializeOwned>(
     })
 }
 
+impl Call {
+    /// The journaling rule of every method, in one table. (`state.restore`, `tool.list`
+    /// and `sys.ping` are answered before a call is checked, and never journaled.)
+    fn journaling(&self) -> Journaling {
+        use crate::syscall::procs::ProcCall;
+        // Performed, then journaled complete; a failure is performed again on replay.
+        const COMPLETE: Journaling = Journaling::Complete { failures: false };
+        match self {
+            // Reads of the clock and randomness, and calls without an outside effect.
+            Call::Now | Call::Random | Call::Emit(_) | Call::Exit(_) | Call::Checkpoint => COMPLETE,
+            // A provider call costs money and a program has effects: intent first.
+            Call::LlmChat(_) | Call::Exec(_) => Journaling::IntentThenResult,
+            // The operator's answer is journaled by `keel answer`.
+            Call::Ask(_) => Journaling::IntentAnsweredElsewhere,
+            // A read-only tool without approval has no effect to protect; a failed read is
+            // replayed as the same failure.
+            Call::Tool(call) if call.def.policy.read_only && !call.def.policy.requires_approval => {
+                Journaling::Complete { failures: true }
+            }
+            Call::Tool(_) => Journaling::IntentThenResult,
+            Call::Mem(call) if call.is_write() => Journaling::IntentThenResult,
+            // A read journals what it read, so replay answers it however memory changed.
+            Call::Mem(_) => COMPLETE,
+            Call::Ipc(call) if call.has_intent() => Journaling::IntentThenResult,
+            // Naming and subscribing are idempotent on their own.
+            Call::Ipc(_) => COMPLETE,
+            // Stop, pause and resume are idempotent: journaled once done.
+            Call::Proc(ProcCall::Signal { .. }) => COMPLETE,
+            Call::Proc(_) => Journaling::IntentThenResult,
+        }
+    }
+}
+
 /// A tool call that passed governance: granted, known, arguments valid.
 pub(crate) struct ToolCall {
     pub(crate) def: keel_tools::ToolDef,
@@ -285,48 +318,45 @@ impl Kernel {
     ) -> Reply {
         let hash = params_hash(method, &params);
         let journal = journal::Call { live, method, params, hash, reuse };
-        let complete = Journaling::Complete { failures: false };
+        let how = call.journaling();
         match call {
             Call::Now => {
                 let now = json!({ "unix_ms": now_ms() });
-                self.journaled(journal, complete, |_| async { Effect::reply(Ok(now)) }).await.reply
+                self.journaled(journal, how, |_| async { Effect::reply(Ok(now)) }).await.reply
             }
             Call::Random => {
                 let mut bytes = [0u8; 8];
                 keel_types::fill_random(&mut bytes);
                 let value = json!({ "value": u64::from_le_bytes(bytes) });
-                self.journaled(journal, complete, |_| async { Effect::reply(Ok(value)) }).await.reply
+                self.journaled(journal, how, |_| async { Effect::reply(Ok(value)) }).await.reply
             }
             Call::Emit(event) => {
-                let reply =
-                    self.journaled(journal, complete, |_| async { Effect::reply(Ok(json!({}))) }).await;
+                let reply = self.journaled(journal, how, |_| async { Effect::reply(Ok(json!({}))) }).await;
                 if reply.reply.is_ok() {
                     self.emit(&live.id, EventKind::Emit, event);
                 }
                 reply.reply
             }
             Call::Exit(output) => {
-                self.journaled(journal, complete, |_| async { Effect::reply(Ok(json!({}))) }).await.reply?;
+                self.journaled(journal, how, |_| async { Effect::reply(Ok(json!({}))) }).await.reply?;
                 live.exited.store(true, Ordering::SeqCst);
                 let patch = RunPatch { output: Some(Some(output)), ..RunPatch::default() };
                 self.store().update_run(&live.id, None, patch).await.map_err(internal)?;
                 Ok(json!({}))
             }
             Call::Checkpoint => {
-                let done =
-                    self.journaled(journal, complete, |_| async { Effect::reply(Ok(Value::Null)) }).await;
+                let done = self.journaled(journal, how, |_| async { Effect::reply(Ok(Value::Null)) }).await;
                 done.reply?;
                 // Replay now starts from this checkpoint, so a journal tail the restarted
                 // agent never asked for again can no longer be asked for.
                 self.abandon_replay_tail(live).await;
                 Ok(json!({ "seq": done.seq }))
             }
-            Call::LlmChat(request) => self.llm_chat(journal, request, stream).await,
-            Call::Tool(call) => self.perform_tool(journal, call).await,
+            Call::LlmChat(request) => self.llm_chat(journal, how, request, stream).await,
+            Call::Tool(call) => self.perform_tool(journal, how, call).await,
             Call::Proc(crate::syscall::procs::ProcCall::Signal { child, signal }) => {
-                // Stop, pause and resume are idempotent: journaled once done.
                 let signalled = self.proc_signal(live, &child, &signal).await;
-                self.journaled(journal, complete, |_| async { Effect::reply(signalled) }).await.reply
+                self.journaled(journal, how, |_| async { Effect::reply(signalled) }).await.reply
             }
             Call::Proc(call) => {
                 // A timer runs from its journaled intent's start, across crashes.
@@ -352,7 +382,7 @@ impl Kernel {
                         }
                     })
                 };
-                self.journaled(journal, Journaling::IntentThenResult, effect).await.reply
+                self.journaled(journal, how, effect).await.reply
             }
             Call::Exec(exec) => {
                 let effect = |seq: Option<Seq>| async move {
@@ -367,7 +397,7 @@ impl Kernel {
                     effect.with = reads;
                     effect
                 };
-                self.journaled(journal, Journaling::IntentThenResult, effect).await.reply
+                self.journaled(journal, how, effect).await.reply
             }
             Call::Mem(call) => {
                 let tenant = live.tenant.clone();
@@ -377,7 +407,6 @@ impl Kernel {
                 // a query again). A read that failed leaves nothing to replay. A write's
                 // key ties it to its journal entry: retried after a crash, an append or
                 // delete answers what it answered the first time.
-                let how = if call.is_write() { Journaling::IntentThenResult } else { complete };
                 let effect = |seq: Option<Seq>| async move {
                     let key = seq.map(|seq| format!("{}:{seq}", live.id));
                     let performed = memory::perform(
@@ -393,7 +422,7 @@ impl Kernel {
                 };
                 self.journaled(journal, how, effect).await.reply
             }
-            Call::Ipc(call) => self.perform_ipc(journal, call).await,
+            Call::Ipc(call) => self.perform_ipc(journal, how, call).await,
             Call::Ask(question) => {
                 let effect = |seq: Option<Seq>| async move {
                     let seq = seq.unwrap_or_default();
@@ -410,7 +439,7 @@ impl Kernel {
                         )),
                     })
                 };
-                self.journaled(journal, Journaling::IntentAnsweredElsewhere, effect).await.reply
+                self.journaled(journal, how, effect).await.reply
             }
         }
     }
@@ -421,6 +450,7 @@ impl Kernel {
     async fn llm_chat(
         &self,
         journal: journal::Call<'_>,
+        how: Journaling,
         request: LlmChatParams,
         stream: Option<DeltaSink>,
     ) -> Reply {
@@ -484,7 +514,7 @@ impl Kernel {
             });
             effect
         };
-        let done = self.journaled(journal, Journaling::IntentThenResult, effect).await;
+        let done = self.journaled(journal, how, effect).await;
         if done.seq.is_none() {
             self.release_budget(live, reservation); // The intent failed: the call never ran.
         }

@@ -91,7 +91,12 @@ impl Kernel {
     /// policy: a read-only tool without approval is run and journaled complete at once
     /// (a failed read is replayed as the same failure); any other gets its intent
     /// journaled, waits for approval and the crash-window policy (`gate`), then runs.
-    pub(crate) async fn perform_tool(&self, journal: JournalCall<'_>, call: ToolCall) -> Reply {
+    pub(crate) async fn perform_tool(
+        &self,
+        journal: JournalCall<'_>,
+        how: Journaling,
+        call: ToolCall,
+    ) -> Reply {
         let live = journal.live;
         let ToolCall { def, args, exec } = call;
         let name = def.name.clone();
@@ -105,7 +110,7 @@ impl Kernel {
         let usage = Usage { tool_calls: 1, ..Usage::default() };
         let reservation = self.reserve(live, usage).await?;
         let started = Instant::now();
-        if def.policy.read_only && !def.policy.requires_approval {
+        if let Journaling::Complete { .. } = how {
             // No effect to protect: run it, then journal what it answered.
             let key = format!("{}:read", live.id);
             let outcome = self
@@ -130,8 +135,7 @@ impl Kernel {
             }
             let event = json!({ "tool": name, "duration_ms": started.elapsed().as_millis() as u64 });
             let effect = Effect::reply(outcome).usage(usage).event(event);
-            let done =
-                self.journaled(journal, Journaling::Complete { failures: true }, |_| async { effect }).await;
+            let done = self.journaled(journal, how, |_| async { effect }).await;
             if let Some(seq) = done.seq {
                 self.audit_call(live, seq, &name, &args, exec, &done.reply, started);
             }
@@ -163,7 +167,7 @@ impl Kernel {
             let event = json!({ "tool": name, "duration_ms": started.elapsed().as_millis() as u64 });
             Effect::reply(reply).usage(usage).event(event)
         };
-        let done = self.journaled(journal, Journaling::IntentThenResult, effect).await;
+        let done = self.journaled(journal, how, effect).await;
         match done.seq {
             None => self.release_budget(live, reservation), // The intent failed: never ran.
             Some(seq) if !matches!(&done.reply, Err(err) if err.is(ErrorKind::Cancelled)) => {

@@ -482,16 +482,20 @@ impl Kernel {
     /// idempotent and journaled once done; sends, receives and publishes journal their
     /// intent first, and their key `run_id:seq` makes a retry after a crash answer what
     /// the first attempt did (a send its first seq, a receive the message it took).
-    pub(crate) async fn perform_ipc(&self, journal: crate::syscall::JournalCall<'_>, call: IpcCall) -> Reply {
-        use crate::syscall::{Effect, Journaling};
+    pub(crate) async fn perform_ipc(
+        &self,
+        journal: crate::syscall::JournalCall<'_>,
+        how: crate::syscall::Journaling,
+        call: IpcCall,
+    ) -> Reply {
+        use crate::syscall::Effect;
         let live = journal.live;
         let tenant = live.tenant.clone();
         // A name resolves to the run holding it now; the journal keeps the name.
         let call = self.resolve_send(&tenant, call).await?;
-        let complete = Journaling::Complete { failures: false };
         if let IpcCall::Register { name } = &call {
             let registered = self.register_name(&tenant, &live.id, name).await;
-            return self.journaled(journal, complete, |_| async { Effect::reply(registered) }).await.reply;
+            return self.journaled(journal, how, |_| async { Effect::reply(registered) }).await.reply;
         }
         if let IpcCall::Send { to, .. } = &call {
             // An unknown target (or another tenant's run) leaves nothing to replay.
@@ -507,7 +511,7 @@ impl Kernel {
             // Idempotent on its own: a crash before the entry is journaled makes the
             // replayed agent do it again, to the same effect.
             let subscribed = self.subscribe(&tenant, &live.id, call).await;
-            return self.journaled(journal, complete, |_| async { Effect::reply(subscribed) }).await.reply;
+            return self.journaled(journal, how, |_| async { Effect::reply(subscribed) }).await.reply;
         }
         let effect = |seq: Option<Seq>| async move {
             let key = format!("{}:{}", live.id, seq.unwrap_or_default());
@@ -523,7 +527,7 @@ impl Kernel {
                 }
             })
         };
-        self.journaled(journal, Journaling::IntentThenResult, effect).await.reply
+        self.journaled(journal, how, effect).await.reply
     }
 }
 

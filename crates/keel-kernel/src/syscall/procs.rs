@@ -335,17 +335,7 @@ impl Kernel {
 
     /// The runs (not ended) whose parent is `run`, by parent.
     pub(crate) async fn children(&self, run: &RunId) -> Vec<RunId> {
-        let filter = RunFilter {
-            states: vec![
-                RunState::Created,
-                RunState::Queued,
-                RunState::Running,
-                RunState::Paused,
-                RunState::Waiting,
-                RunState::Recovering,
-            ],
-            ..RunFilter::default()
-        };
+        let filter = RunFilter { states: crate::tenants::LIVE_STATES.to_vec(), ..RunFilter::default() };
         let runs = self.store().list_runs(&filter).await.unwrap_or_default();
         runs.iter().filter(|r| parent_of(r).as_ref() == Some(run)).map(|r| r.id.clone()).collect()
     }
