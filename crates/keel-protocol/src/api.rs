@@ -393,7 +393,8 @@ pub struct EventView {
     pub seq: u64,
     /// Unix milliseconds.
     pub ts: u64,
-    /// stdout, stderr, state, syscall, emit.
+    /// What the event records: the wire name of a `keel_protocol::EventKind` (`state`,
+    /// `stdout`, `syscall`...), whose doc says what `data` holds for each.
     pub kind: String,
     #[schema(value_type = Object)]
     pub data: Value,
