@@ -88,8 +88,25 @@ fn check_no_secrets(seen: &Value, secrets: &[(&str, &str)]) {
     assert!(env.get("GROQ_API_KEY").is_none());
 }
 
+/// The mock upstream's process, killed when the test ends, passed or failed (a failing
+/// test used to leave it running).
+pub(crate) struct Upstream(std::process::Child);
+
+impl Upstream {
+    pub(crate) fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// Starts the mock OpenAI upstream; returns (process, port, counts file).
-pub(crate) fn mock_upstream(keel: &Keel, script: &str) -> (std::process::Child, u16, std::path::PathBuf) {
+pub(crate) fn mock_upstream(keel: &Keel, script: &str) -> (Upstream, u16, std::path::PathBuf) {
     let port_file = keel.data.path().join("mock.port");
     let counts = keel.data.path().join("mock.counts");
     let child = std::process::Command::new("python3")
@@ -97,6 +114,7 @@ pub(crate) fn mock_upstream(keel: &Keel, script: &str) -> (std::process::Child, 
         .env("MOCK_COUNTS", &counts)
         .spawn()
         .expect("start the mock upstream");
+    let child = Upstream(child);
     let port =
         wait_for("the mock upstream", || std::fs::read_to_string(&port_file).ok()?.trim().parse().ok());
     (child, port, counts)
@@ -140,7 +158,7 @@ fn langgraph_survives_a_daemon_kill_and_the_upstream_serves_each_call_once() {
     assert!(logs.contains("(2 + 3) + 4 = 9"), "{logs}");
     assert!(done["attempt"].as_u64().unwrap() >= 2);
     let counts = read_counts(&counts);
-    let _ = upstream.kill();
+    upstream.kill();
     assert_eq!(counts["errors"], serde_json::json!([]), "request invariants: {counts}");
     assert_eq!(counts["total"], 3, "three distinct calls, each served once: {counts}");
     assert!(counts["counts"].as_object().unwrap().values().all(|n| n == 1), "{counts}");
@@ -203,7 +221,7 @@ fn the_sdks_reach_real_providers_backed_by_a_mock_upstream() {
         let line = logs.lines().find(|l| l.starts_with('{')).expect("agent output").to_owned();
         outputs.push(serde_json::from_str::<Value>(&line).unwrap());
     }
-    let _ = upstream.kill();
+    upstream.kill();
     let (openai, anthropic) = (&outputs[0], &outputs[1]);
     assert_eq!(openai["plain"], "hello from the kernel");
     assert_eq!(openai["streamed"].as_str().unwrap().trim(), "roses are journaled, violets replayed");

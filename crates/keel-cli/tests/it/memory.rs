@@ -330,7 +330,7 @@ fn embeddings_come_from_the_configured_upstream_once_per_put_across_a_crash() {
     });
     keel.crash_daemon_under(&view);
     let done = keel.wait_state(&run, &["succeeded", "failed"]);
-    let _ = upstream.kill();
+    upstream.kill();
     assert_eq!(done["state"], "succeeded", "{done}");
     assert!(done["attempt"].as_u64().unwrap() >= 2, "relaunched after the kill: {done}");
     assert_eq!(done["output"]["text"], json!([]), "{done}");

@@ -115,14 +115,7 @@ fn ps_shows_a_run_waiting_in_a_providers_llm_queue_and_its_place() {
     std::fs::write(&script, r#"{"responses": [{"match": "", "content": "ok"}]}"#).unwrap();
     let (upstream, port, _) = mock_upstream(&keel, script.to_str().unwrap());
     // Killed however the test ends: a leaked upstream would hold the test's output open.
-    struct KillOnDrop(std::process::Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _upstream = KillOnDrop(upstream);
+    let _upstream = upstream; // Killed when the test ends.
     std::fs::write(
         keel.data.path().join("keel.toml"),
         "[llm.models.\"openai/m\"]\nrequests_per_minute = 1\n[llm.retry]\nmax_queue_wait_ms = 600000\n",
