@@ -5,33 +5,29 @@
 mod audit;
 mod tenants;
 
-use keel_protocol::EventKind;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use keel_llm::{DeltaSink, Provider};
+use keel_protocol::EventKind;
+use keel_protocol::api::{
+    AuditEntryView, AuditVerifyView, CreateRunParams, EventsPage, ExecParams, ExecView, InspectView,
+    MemoryRecordView, RunView, ToolView,
+};
+use keel_protocol::rpc::{LlmChatParams, LlmChatResult, LlmEmbedParams, LlmEmbedResult};
 use keel_sandbox::{Sandbox, tree};
-use keel_store::{RunFilter, RunRecord, Seq, Store};
+use keel_store::{AuditFilter, RunFilter, RunRecord, Seq, Store};
 use keel_types::{RunId, RunState};
 use serde_json::Value;
 
 use crate::events::{EventLog, EventStream};
 use crate::llmqueue::LlmQueues;
-use crate::lock;
 use crate::run::{Command, LiveRun};
 use crate::syscall::RunHandle;
 use crate::tenants::Principal;
-use crate::views;
-use crate::{DataDir, Error, LockedDataDir, Result};
-use keel_llm::{DeltaSink, Provider};
-use keel_protocol::api::ToolView;
-use keel_protocol::api::{
-    AuditEntryView, AuditVerifyView, CreateRunParams, EventsPage, ExecParams, ExecView, InspectView,
-    MemoryRecordView, RunView,
-};
-use keel_protocol::rpc::{LlmChatParams, LlmChatResult, LlmEmbedParams, LlmEmbedResult};
-use keel_store::AuditFilter;
+use crate::{DataDir, Error, LockedDataDir, Result, lock, views};
 
 /// How a kernel is set up.
 pub struct KernelOptions {
@@ -280,9 +276,7 @@ impl Kernel {
     pub(crate) fn emit(&self, run: &RunId, kind: EventKind, data: Value) {
         self.inner.events.emit(run, kind, data);
     }
-}
 
-impl Kernel {
     /// The calls waiting for every configured provider now.
     pub(crate) fn llm_queues(&self) -> LlmQueues {
         LlmQueues::new(self.inner.llm.waiting_calls())
@@ -294,6 +288,8 @@ impl Kernel {
     }
 }
 
+/// Agents reaching the kernel over HTTP: the provider-compatible gateway and the MCP
+/// endpoint. Each call is a syscall of the run whose token it carries.
 impl Kernel {
     /// The live run whose token this is (waiting for one still being launched). Tokens
     /// end with their run's process.
@@ -329,6 +325,7 @@ impl Kernel {
     }
 }
 
+/// Operators talking to runs (the HTTP API's messages and signals).
 impl Kernel {
     /// An operator's named signal (`keel signal`, `POST /v1/runs/{id}/signal`).
     pub async fn signal_run(
@@ -352,6 +349,7 @@ impl Kernel {
     }
 }
 
+/// Memory and tools outside any run (the HTTP API, `keel mem`, `keel tools`).
 impl Kernel {
     /// A memory call from outside any run (the HTTP API and `keel mem`): the same params,
     /// checks and answers as the `mem.*` syscall `method`, for `tenant`. Not journaled:
@@ -382,9 +380,7 @@ impl Kernel {
             updated_at_ms: record.updated_at_ms,
         }))
     }
-}
 
-impl Kernel {
     /// `GET /v1/tools`.
     pub async fn tool_views(&self) -> Vec<ToolView> {
         self.inner.tools.views().await
