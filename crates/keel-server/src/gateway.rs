@@ -1,6 +1,8 @@
 //! The provider-compatible endpoints agents reach with unmodified SDKs:
 //! `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic), with and
-//! without streaming, and `POST /v1/embeddings` (OpenAI; one journaled `llm.embed`). The API key is the run's token. Each request becomes one journaled
+//! without streaming, and `POST /v1/embeddings` (OpenAI; one journaled `llm.embed`).
+//! Anything else is a 404 in the caller's dialect naming what is served. The API key is
+//! the run's token. Each request becomes one journaled
 //! `llm.chat` of that run; a streamed response is journaled whole and, when it is answered
 //! from the journal after a crash, replayed as a stream.
 
@@ -28,8 +30,43 @@ pub fn router(kernel: Kernel) -> axum::Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/messages", post(messages))
         .route("/v1/embeddings", post(embeddings))
+        .method_not_allowed_fallback(not_served)
         .with_state(kernel)
         .nest_service("/mcp", mcp)
+        .fallback(not_served)
+}
+
+/// What the gateway serves, for the answer to anything else.
+const SERVED: &str = "POST /v1/chat/completions, POST /v1/messages, POST /v1/embeddings and /mcp";
+
+/// Any other method or path: an error in the caller's dialect (an Anthropic SDK sends
+/// `anthropic-version`) naming what was asked and what is served, never a bare 404 an SDK
+/// reports with an empty body.
+async fn not_served(method: axum::http::Method, uri: axum::http::Uri, headers: HeaderMap) -> GatewayError {
+    let dialect =
+        if headers.contains_key("anthropic-version") { Dialect::Anthropic } else { Dialect::OpenAi };
+    let path = uri.path();
+    let hint = if path.ends_with("/responses") || path.contains("/responses/") {
+        " The OpenAI Responses API is not served yet: configure the SDK to use Chat \
+         Completions (OpenAI Agents SDK: `set_default_openai_api(\"chat_completions\")`; \
+         Pydantic AI: `OpenAIChatModel`)."
+    } else {
+        ""
+    };
+    // A served path asked with another method is 405, anything else 404.
+    let known = ["/v1/chat/completions", "/v1/messages", "/v1/embeddings"].contains(&path);
+    let (status, kind) = match (known, dialect) {
+        (true, Dialect::OpenAi) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+        (true, Dialect::Anthropic) => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error"),
+        (false, Dialect::OpenAi) => (StatusCode::NOT_FOUND, "not_found"),
+        (false, Dialect::Anthropic) => (StatusCode::NOT_FOUND, "not_found_error"),
+    };
+    GatewayError::new(
+        dialect,
+        status,
+        kind,
+        format!("the Keel gateway does not serve {method} {path}; it serves {SERVED}.{hint}"),
+    )
 }
 
 #[derive(Clone, Copy)]

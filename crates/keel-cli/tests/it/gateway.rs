@@ -235,3 +235,25 @@ fn the_sdks_reach_real_providers_backed_by_a_mock_upstream() {
     assert_eq!(counts["errors"], serde_json::json!([]), "request invariants at the upstream: {counts}");
     assert_eq!(counts["total"], 6, "4 OpenAI + 2 Anthropic calls, each served once: {counts}");
 }
+
+/// Issue 12: an SDK asking for what the gateway does not serve (the Responses API, the
+/// default of the newest agent SDKs) got a 404 with an empty body. It now gets an error in
+/// its own dialect naming the path, what is served, and what to configure instead.
+#[test]
+fn what_the_gateway_does_not_serve_is_named_in_the_callers_dialect() {
+    let keel = Keel::new();
+    let out = keel.run(&["run", "--quiet", "--", "python3", &agent("unserved_agent.py")]);
+    let seen = stdout_json(&out);
+    assert_eq!(seen["responses"]["status"], 404, "{seen}");
+    let message = seen["responses"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("POST /v1/responses")
+            && message.contains("POST /v1/chat/completions")
+            && message.contains("chat_completions"),
+        "{message}"
+    );
+    assert_eq!(seen["models"]["status"], 404, "{seen}");
+    assert!(seen["models"]["message"].as_str().unwrap_or_default().contains("GET /v1/models"), "{seen}");
+    assert_eq!(seen["anthropic_models"]["status"], 404, "{seen}");
+    assert_eq!(seen["anthropic_models"]["type"], "not_found_error", "{seen}");
+}
