@@ -318,6 +318,11 @@ impl Kernel {
         self.embed_syscall(run, request).await.map_err(Into::into)
     }
 
+    /// The models `run` may ask for by name (the gateway's `GET /v1/models`).
+    pub fn models(&self, run: &RunHandle) -> Vec<String> {
+        run.models()
+    }
+
     /// What the MCP endpoint serving each run its granted tools asks; the gateway mounts
     /// it at `/mcp`.
     pub fn mcp_host(&self) -> Arc<dyn keel_mcp::ToolHost> {

@@ -101,4 +101,10 @@ pub trait Provider: Send + Sync {
     fn waiting_calls(&self) -> Vec<ratelimit::WaitingCall> {
         Vec::new()
     }
+
+    /// The model names a call may ask for by name (a gateway's `GET /v1/models`): what
+    /// is configured, not a provider's whole catalogue. Empty when nothing is named.
+    fn models(&self) -> Vec<String> {
+        Vec::new()
+    }
 }

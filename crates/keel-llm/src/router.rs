@@ -352,6 +352,22 @@ impl Provider for Router {
         if self.script.is_some() { "scripted" } else { "router" }
     }
 
+    /// The run's default model and fallbacks, then the models routed in `[llm.models]`,
+    /// each once; `scripted` for a run whose script answers whatever it is asked.
+    fn models(&self) -> Vec<String> {
+        let mut models: Vec<String> = Vec::new();
+        let named = self.default_model.iter().chain(&self.fallback).chain(self.shared.model_routes.keys());
+        for model in named {
+            if !models.contains(model) {
+                models.push(model.clone());
+            }
+        }
+        if models.is_empty() && self.script.is_some() {
+            models.push("scripted".to_owned());
+        }
+        models
+    }
+
     /// The waiting calls of every configured provider, named as routes name them (the
     /// provider's key in `[llm.providers]`), whether or not this run has a script.
     fn waiting_calls(&self) -> Vec<crate::ratelimit::WaitingCall> {

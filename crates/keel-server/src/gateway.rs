@@ -1,7 +1,8 @@
 //! The provider-compatible endpoints agents reach with unmodified SDKs:
 //! `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic), with and
 //! without streaming, and `POST /v1/embeddings` (OpenAI; one journaled `llm.embed`).
-//! Anything else is a 404 in the caller's dialect naming what is served. The API key is
+//! `GET /v1/models` lists the models a run may ask for by name. Anything else is a 404
+//! in the caller's dialect naming what is served. The API key is
 //! the run's token. Each request becomes one journaled
 //! `llm.chat` of that run; a streamed response is journaled whole and, when it is answered
 //! from the journal after a crash, replayed as a stream.
@@ -30,6 +31,7 @@ pub fn router(kernel: Kernel) -> axum::Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/messages", post(messages))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", axum::routing::get(models))
         .method_not_allowed_fallback(not_served)
         .with_state(kernel)
         .nest_service("/mcp", mcp)
@@ -37,11 +39,43 @@ pub fn router(kernel: Kernel) -> axum::Router {
 }
 
 /// What the gateway serves, for the answer to anything else.
-const SERVED: &str = "POST /v1/chat/completions, POST /v1/messages, POST /v1/embeddings and /mcp";
+const SERVED: &str =
+    "POST /v1/chat/completions, POST /v1/messages, POST /v1/embeddings, GET /v1/models and /mcp";
 
 /// Any other method or path: an error in the caller's dialect (an Anthropic SDK sends
 /// `anthropic-version`) naming what was asked and what is served, never a bare 404 an SDK
 /// reports with an empty body.
+/// `GET /v1/models`: the models the run may ask for by name (its default and fallbacks,
+/// then those routed in keel.toml), in OpenAI's list shape, or Anthropic's for a caller
+/// that sends `anthropic-version`.
+async fn models(State(kernel): State<Kernel>, headers: HeaderMap) -> Result<Json<Value>, GatewayError> {
+    let dialect =
+        if headers.contains_key("anthropic-version") { Dialect::Anthropic } else { Dialect::OpenAi };
+    let run = authenticate(&kernel, &headers, dialect).await?;
+    let models = kernel.models(&run);
+    Ok(Json(match dialect {
+        Dialect::OpenAi => {
+            let data: Vec<Value> = models
+                .iter()
+                .map(|id| {
+                    let owned_by = id.split_once('/').map_or("keel", |(provider, _)| provider);
+                    json!({ "id": id, "object": "model", "created": 0, "owned_by": owned_by })
+                })
+                .collect();
+            json!({ "object": "list", "data": data })
+        }
+        Dialect::Anthropic => {
+            let data: Vec<Value> = models
+                .iter()
+                .map(|id| {
+                    json!({ "type": "model", "id": id, "display_name": id, "created_at": "1970-01-01T00:00:00Z" })
+                })
+                .collect();
+            json!({ "data": data, "has_more": false, "first_id": models.first(), "last_id": models.last() })
+        }
+    }))
+}
+
 async fn not_served(method: axum::http::Method, uri: axum::http::Uri, headers: HeaderMap) -> GatewayError {
     let dialect =
         if headers.contains_key("anthropic-version") { Dialect::Anthropic } else { Dialect::OpenAi };
@@ -54,7 +88,7 @@ async fn not_served(method: axum::http::Method, uri: axum::http::Uri, headers: H
         ""
     };
     // A served path asked with another method is 405, anything else 404.
-    let known = ["/v1/chat/completions", "/v1/messages", "/v1/embeddings"].contains(&path);
+    let known = ["/v1/chat/completions", "/v1/messages", "/v1/embeddings", "/v1/models"].contains(&path);
     let (status, kind) = match (known, dialect) {
         (true, Dialect::OpenAi) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
         (true, Dialect::Anthropic) => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error"),

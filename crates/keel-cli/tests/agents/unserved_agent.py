@@ -1,6 +1,6 @@
-"""An unmodified OpenAI and Anthropic SDK program that asks the gateway for what it does
-not serve (the Responses API, a model listing): it prints the status and message each
-SDK reports, one JSON line."""
+"""An unmodified OpenAI and Anthropic SDK program that lists the gateway's models and asks
+for what it does not serve (the Responses API, a made-up path): it prints what each SDK
+reports, one JSON line."""
 
 import json
 
@@ -14,14 +14,16 @@ try:
     out["responses"] = "served"
 except openai.APIStatusError as err:
     out["responses"] = {"status": err.status_code, "message": str(err.message)}
+out["models"] = [model.id for model in client.models.list()]
+out["anthropic_models"] = [model.id for model in anthropic.Anthropic().models.list()]
 try:
-    client.models.list()
-    out["models"] = "served"
+    client.get("/files", cast_to=object)
+    out["files"] = "served"
 except openai.APIStatusError as err:
-    out["models"] = {"status": err.status_code, "message": str(err.message)}
+    out["files"] = {"status": err.status_code, "message": str(err.message)}
 try:
-    anthropic.Anthropic().models.list()
-    out["anthropic_models"] = "served"
+    anthropic.Anthropic().get("/v1/files", cast_to=object)
+    out["anthropic_files"] = "served"
 except anthropic.APIStatusError as err:
-    out["anthropic_models"] = {"status": err.status_code, "type": err.body["error"]["type"]}
+    out["anthropic_files"] = {"status": err.status_code, "type": err.body["error"]["type"]}
 print(json.dumps(out))

@@ -238,11 +238,25 @@ fn the_sdks_reach_real_providers_backed_by_a_mock_upstream() {
 
 /// Issue 12: an SDK asking for what the gateway does not serve (the Responses API, the
 /// default of the newest agent SDKs) got a 404 with an empty body. It now gets an error in
-/// its own dialect naming the path, what is served, and what to configure instead.
+/// its own dialect naming the path, what is served, and what to configure instead; and
+/// `GET /v1/models`, which some clients call first, lists the run's models.
 #[test]
 fn what_the_gateway_does_not_serve_is_named_in_the_callers_dialect() {
     let keel = Keel::new();
-    let out = keel.run(&["run", "--quiet", "--", "python3", &agent("unserved_agent.py")]);
+    let script = agent("openai_script.json");
+    let out = keel.run(&[
+        "run",
+        "--quiet",
+        "--llm-script",
+        &script,
+        "--model",
+        "openai/gpt-4o-mini",
+        "--fallback-model",
+        "anthropic/claude-haiku-4-5",
+        "--",
+        "python3",
+        &agent("unserved_agent.py"),
+    ]);
     let seen = stdout_json(&out);
     assert_eq!(seen["responses"]["status"], 404, "{seen}");
     let message = seen["responses"]["message"].as_str().unwrap_or_default();
@@ -252,8 +266,10 @@ fn what_the_gateway_does_not_serve_is_named_in_the_callers_dialect() {
             && message.contains("chat_completions"),
         "{message}"
     );
-    assert_eq!(seen["models"]["status"], 404, "{seen}");
-    assert!(seen["models"]["message"].as_str().unwrap_or_default().contains("GET /v1/models"), "{seen}");
-    assert_eq!(seen["anthropic_models"]["status"], 404, "{seen}");
-    assert_eq!(seen["anthropic_models"]["type"], "not_found_error", "{seen}");
+    let models = serde_json::json!(["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5"]);
+    assert_eq!((&seen["models"], &seen["anthropic_models"]), (&models, &models), "{seen}");
+    assert_eq!(seen["files"]["status"], 404, "{seen}");
+    assert!(seen["files"]["message"].as_str().unwrap_or_default().contains("GET /v1/files"), "{seen}");
+    assert_eq!(seen["anthropic_files"]["status"], 404, "{seen}");
+    assert_eq!(seen["anthropic_files"]["type"], "not_found_error", "{seen}");
 }

@@ -18,6 +18,11 @@ use crate::syscall::SyscallError;
 pub struct RunHandle(Arc<LiveRun>);
 
 impl RunHandle {
+    /// The models the run may ask for by name (see `Provider::models`).
+    pub(crate) fn models(&self) -> Vec<String> {
+        self.0.provider.as_ref().map(|provider| provider.models()).unwrap_or_default()
+    }
+
     pub(crate) fn new(live: Arc<LiveRun>) -> RunHandle {
         RunHandle(live)
     }

@@ -846,3 +846,25 @@ fn the_worst_case_covers_the_whole_chain() {
         "the price override applies"
     );
 }
+
+#[test]
+fn a_run_lists_its_default_its_fallbacks_and_the_routed_models_once() {
+    let toml = r#"
+        [llm]
+        default_model = "openai/gpt-4o-mini"
+        fallback = ["anthropic/claude-haiku-4-5"]
+        [llm.providers.openai]
+        [llm.providers.anthropic]
+        [llm.providers.local]
+        kind = "openai"
+        base_url = "http://localhost:11434/v1"
+        [llm.models."llama3.1"]
+        provider = "local"
+    "#;
+    let configured = router(toml);
+    assert_eq!(configured.models(), ["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5", "llama3.1"]);
+    let run = configured.for_run(None, Some("llama3.1".into()), Vec::new());
+    assert_eq!(run.models(), ["llama3.1", "anthropic/claude-haiku-4-5"], "each once, the run's first");
+    let script = keel_llm::ScriptedProvider::from_value(&json!({"responses": [{"content": "hi"}]})).unwrap();
+    assert_eq!(Router::empty().for_run(Some(script), None, Vec::new()).models(), ["scripted"]);
+}
