@@ -597,7 +597,7 @@ pub async fn start_kernel(
     });
     // Only now: relaunched agents reach the gateway at once.
     if recover {
-        kernel.spawn_recovery();
+        kernel.start_recovery().await.context("listing the runs to recover")?;
     }
     Ok(kernel)
 }

@@ -81,11 +81,6 @@ impl SyscallError {
         self.kind == kind
     }
 
-    /// The kernel failed (the store, a lost task), not the caller.
-    pub(crate) fn internal(err: impl std::fmt::Display) -> SyscallError {
-        SyscallError::new(ErrorKind::Internal, format!("the kernel failed: {err}"))
-    }
-
     /// The wire form: `code`, `message`, and `data` = `{kind, ...detail}`.
     pub(crate) fn to_rpc(&self) -> RpcError {
         let mut error = self.kind.error(self.message.clone());
@@ -107,6 +102,11 @@ impl SyscallError {
         let kind = named.or_else(|| ErrorKind::ALL.into_iter().find(|k| k.code() == error.code));
         SyscallError { kind: kind.unwrap_or(ErrorKind::Internal), message: error.message, detail }
     }
+}
+
+/// A syscall failed because the kernel did (the store, a lost task), not the caller.
+pub(crate) fn internal(err: impl std::fmt::Display) -> SyscallError {
+    SyscallError::new(ErrorKind::Internal, format!("the kernel failed: {err}"))
 }
 
 fn kind_named(name: &str) -> Option<ErrorKind> {

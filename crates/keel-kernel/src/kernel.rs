@@ -110,35 +110,31 @@ pub(crate) struct Inner {
     pub(crate) tools: crate::tools::Registry,
     /// Interpreter workers for `code.exec`.
     pub(crate) interp: Option<keel_interp::Pool>,
-    /// True from `spawn_recovery` until recovery has listed the runs it brings back:
-    /// runs created meanwhile wait, so recovery never takes this kernel's new runs for
-    /// interrupted ones (and kills and relaunches them).
-    pub(crate) recovery_listing: tokio::sync::watch::Sender<bool>,
     /// Held for the kernel's life; dropping it releases the data directory.
     pub(crate) _lock: LockedDataDir,
 }
 
 impl Kernel {
-    /// Brings back, in the background, the runs that were live when the previous kernel
-    /// stopped. Call it once the sockets agents use (the gateway's) are listening, since
-    /// relaunched agents connect at once. The daemon does; the kernel embedded in a
-    /// foreground `keel run` does not (the runs would end with it). Call it before runs
-    /// can be created: a run created until recovery has listed the interrupted runs
-    /// waits for that, so it is never mistaken for one of them.
-    pub fn spawn_recovery(&self) {
-        self.inner.recovery_listing.send_replace(true);
-        // In the background, so the API answers (and shows `recovering` runs) while a large
-        // backlog is brought back.
+    /// Lists the runs that were live when the previous kernel stopped, then brings them
+    /// back in the background (so the API answers, and shows `recovering` runs, while a
+    /// large backlog is relaunched). Call it once the sockets agents use (the gateway's)
+    /// are listening, since relaunched agents connect at once, and before runs can be
+    /// created: the listing is taken before this returns, so a run created afterwards is
+    /// never mistaken for an interrupted one. The daemon recovers; the kernel embedded in
+    /// a foreground `keel run` does not (the runs would end with it).
+    pub async fn start_recovery(&self) -> Result<()> {
+        let interrupted = self.interrupted_runs().await?;
         let kernel = self.clone();
         tokio::spawn(async move {
-            if let Err(err) = kernel.recover_all().await {
+            if let Err(err) = kernel.recover_all(interrupted).await {
                 tracing::error!("recovery of interrupted runs stopped: {err}");
             }
         });
+        Ok(())
     }
 
     /// Opens the data directory (taking its exclusive lock), the store and the syscall
-    /// socket. Recovery of interrupted runs is separate: [`Kernel::spawn_recovery`].
+    /// socket. Recovery of interrupted runs is separate: [`Kernel::start_recovery`].
     pub async fn start(options: KernelOptions) -> Result<Kernel> {
         let dir = options.data_dir.dir().clone();
         let dir_error = |source| Error::DataDir { dir: dir.root().display().to_string(), source };
@@ -178,7 +174,6 @@ impl Kernel {
                 interp: options
                     .interp_worker
                     .map(|worker| keel_interp::Pool::new(keel_interp::PoolConfig { worker, size: 2 })),
-                recovery_listing: tokio::sync::watch::Sender::new(false),
                 _lock: options.data_dir,
             }),
         };
@@ -260,7 +255,7 @@ impl Kernel {
     }
 
     /// The open `human.ask` question of a run, if it waits for one.
-    pub(crate) async fn open_question(&self, run: &RunId) -> Result<Option<String>> {
+    async fn open_question(&self, run: &RunId) -> Result<Option<String>> {
         if let Some(live) = self.live(run)
             && let Some(ask) = lock(&live.ask).as_ref()
         {
@@ -278,12 +273,12 @@ impl Kernel {
     }
 
     /// The calls waiting for every configured provider now.
-    pub(crate) fn llm_queues(&self) -> LlmQueues {
+    fn llm_queues(&self) -> LlmQueues {
         LlmQueues::new(self.inner.llm.waiting_calls())
     }
 
     /// Where `run`'s LLM call stands in its provider's queue, in words, while it waits.
-    pub(crate) fn llm_queue_reason(&self, run: &RunId) -> Option<String> {
+    fn llm_queue_reason(&self, run: &RunId) -> Option<String> {
         self.llm_queues().reason(run)
     }
 }
@@ -450,6 +445,9 @@ impl Kernel {
 
     /// Runs, newest first, within what `principal` may see.
     pub async fn runs(&self, principal: &Principal, query: &RunQuery) -> Result<Vec<RunView>> {
+        if let Some(tenant) = &query.tenant {
+            crate::tenants::validate_name(tenant)?;
+        }
         let tenant = principal.listing(query.tenant.as_deref())?;
         let records =
             self.list(&RunFilter { states: query.states.clone(), limit: query.limit, tenant }).await?;

@@ -15,12 +15,15 @@ pub fn usage(usage: &Usage) -> UsageView {
 }
 
 pub fn run(record: &RunRecord, question: Option<String>) -> RunView {
+    // A spec that does not parse still lists the run (without command or parent); acting
+    // on it reports the bad spec.
+    let spec = crate::run::RunSpec::of(record).ok();
     RunView {
         run_id: record.id.to_string(),
         tenant: record.tenant.clone(),
         state: record.state.as_str().to_owned(),
         wait_reason: record.wait_reason.map(|r| r.as_str().to_owned()),
-        command: crate::run::command_of(record),
+        command: spec.as_ref().map(|spec| spec.command.clone()).unwrap_or_default(),
         created_at: record.created_at_ms,
         updated_at: record.updated_at_ms,
         ended_at: record.ended_at_ms,
@@ -35,7 +38,7 @@ pub fn run(record: &RunRecord, question: Option<String>) -> RunView {
         // Filled in by callers that can afford the lookups (see `Kernel::budget_view`).
         budget: None,
         reason: None,
-        parent: crate::run::RunSpec::of(record).ok().and_then(|spec| spec.parent).map(|p| p.to_string()),
+        parent: spec.and_then(|spec| spec.parent).map(|p| p.to_string()),
         swapped: crate::swap::is_swapped(record),
     }
 }

@@ -49,8 +49,7 @@ const SERVED: &str =
 /// then those routed in keel.toml), in OpenAI's list shape, or Anthropic's for a caller
 /// that sends `anthropic-version`.
 async fn models(State(kernel): State<Kernel>, headers: HeaderMap) -> Result<Json<Value>, GatewayError> {
-    let dialect =
-        if headers.contains_key("anthropic-version") { Dialect::Anthropic } else { Dialect::OpenAi };
+    let dialect = Dialect::of(&headers);
     let run = authenticate(&kernel, &headers, dialect).await?;
     let models = kernel.models(&run);
     Ok(Json(match dialect {
@@ -77,8 +76,7 @@ async fn models(State(kernel): State<Kernel>, headers: HeaderMap) -> Result<Json
 }
 
 async fn not_served(method: axum::http::Method, uri: axum::http::Uri, headers: HeaderMap) -> GatewayError {
-    let dialect =
-        if headers.contains_key("anthropic-version") { Dialect::Anthropic } else { Dialect::OpenAi };
+    let dialect = Dialect::of(&headers);
     let path = uri.path();
     let hint = if path.ends_with("/responses") || path.contains("/responses/") {
         " The OpenAI Responses API is not served yet: configure the SDK to use Chat \
@@ -107,6 +105,14 @@ async fn not_served(method: axum::http::Method, uri: axum::http::Uri, headers: H
 enum Dialect {
     OpenAi,
     Anthropic,
+}
+
+impl Dialect {
+    /// The dialect of a request to a path both could use: an Anthropic SDK sends
+    /// `anthropic-version` on every request.
+    fn of(headers: &HeaderMap) -> Dialect {
+        if headers.contains_key("anthropic-version") { Dialect::Anthropic } else { Dialect::OpenAi }
+    }
 }
 
 /// An error answered in the dialect's own error shape.

@@ -17,7 +17,7 @@ impl Kernel {
         self.queue_audit(record, false);
     }
 
-    pub(crate) fn queue_audit(&self, record: AuditRecord, tenant_from_run: bool) {
+    fn queue_audit(&self, record: AuditRecord, tenant_from_run: bool) {
         if let Some(run) = &record.run_id {
             let data = serde_json::json!({
                 "actor": record.actor,

@@ -148,7 +148,7 @@ impl Kernel {
         Ok(self.store().tenant_get(tenant).await?.as_ref().map(quota_of).unwrap_or_default())
     }
 
-    pub(crate) async fn check_run_quota(&self, tenant: &str, quota: &QuotaParams) -> Result<()> {
+    async fn check_run_quota(&self, tenant: &str, quota: &QuotaParams) -> Result<()> {
         let Some(max_runs) = quota.max_runs else { return Ok(()) };
         let filter = RunFilter {
             states: LIVE_STATES.to_vec(),

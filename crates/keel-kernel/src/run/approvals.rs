@@ -91,7 +91,7 @@ impl Kernel {
         })
     }
 
-    pub(crate) async fn wake_if_no_approvals(&self, live: &Arc<LiveRun>) {
+    async fn wake_if_no_approvals(&self, live: &Arc<LiveRun>) {
         if lock(&live.approvals).is_empty() {
             self.wake_run(live, WaitReason::Approval).await;
         }

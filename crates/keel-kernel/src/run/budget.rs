@@ -29,7 +29,7 @@ const TOPUP_SCOPE: &str = "kernel:budget-topups";
 impl Kernel {
     /// The run's effective limits: those it was created with plus every top-up (kept
     /// durably in the kv space, so they survive restarts). `None` if it has no budget.
-    pub(crate) async fn budget_params(&self, record: &RunRecord) -> Result<Option<BudgetParams>> {
+    async fn budget_params(&self, record: &RunRecord) -> Result<Option<BudgetParams>> {
         let initial = crate::run::RunSpec::of(record)?.budget;
         let topups: Option<BudgetParams> = self
             .store()
@@ -77,7 +77,7 @@ impl Kernel {
     /// whole slice, one that ended is charged what it spent (the rest of its slice came
     /// back). Read from the durable slice table and the children's records, so it holds
     /// across restarts. Returns the reservations of the running children.
-    pub(crate) async fn charge_children(
+    async fn charge_children(
         &self,
         account: &mut Account,
         run: &RunId,
@@ -230,11 +230,7 @@ impl Kernel {
 
     /// Records why the run is parked and moves it to `waiting(budget)`. Never fails the
     /// call that asked: at worst the state lags (and is logged), the wait itself holds.
-    pub(crate) async fn park_for_budget(
-        &self,
-        live: &Arc<LiveRun>,
-        reason: String,
-    ) -> Result<(), SyscallError> {
+    async fn park_for_budget(&self, live: &Arc<LiveRun>, reason: String) -> Result<(), SyscallError> {
         let _serial = live.budget.parking.lock().await;
         let first = lock(&live.budget.reason).replace(reason.clone()).is_none();
         if first {
@@ -259,7 +255,7 @@ impl Kernel {
         Ok(())
     }
 
-    pub(crate) async fn unpark_after_budget(&self, live: &Arc<LiveRun>) {
+    async fn unpark_after_budget(&self, live: &Arc<LiveRun>) {
         let _serial = live.budget.parking.lock().await;
         if lock(&live.budget.reason).take().is_none() {
             return;

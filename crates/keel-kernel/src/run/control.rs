@@ -42,7 +42,7 @@ pub enum Command {
 impl Kernel {
     /// Tells the agent, as an event it receives with `ipc.recv`, that an operator paused,
     /// resumed or stopped it (best effort: a full mailbox skips the event, not the action).
-    pub(crate) async fn control_event(&self, record: &RunRecord, signal: &str) {
+    async fn control_event(&self, record: &RunRecord, signal: &str) {
         let _ = self.deliver_signal(&record.tenant, None, &record.id, signal, Value::Null, None).await;
     }
 

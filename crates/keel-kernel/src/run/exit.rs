@@ -34,7 +34,7 @@ impl Kernel {
         });
     }
 
-    pub(crate) fn pump(
+    fn pump(
         &self,
         run: &RunId,
         kind: EventKind,

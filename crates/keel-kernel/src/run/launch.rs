@@ -29,8 +29,6 @@ impl Kernel {
     /// Creates and launches a run under an id chosen before (an agent called as a tool
     /// records its child's id durably first, so a retried call finds the same child).
     pub(crate) async fn create_as(&self, id: RunId, mut request: CreateRun) -> Result<RunRecord> {
-        // The sender lives in `inner`, so the wait ends only when the listing is done.
-        let _ = self.inner.recovery_listing.subscribe().wait_for(|listing| !*listing).await;
         if request.llm_script.is_none() {
             request.llm_script = self.inner.default_llm_script.clone();
         }
@@ -224,7 +222,7 @@ impl Kernel {
 
     /// The journal after the last checkpoint, as the replay matcher wants it; also hands
     /// the provider what it served before, so it continues where it was.
-    pub(crate) async fn load_replay(&self, run: &RunId, provider: Option<&dyn Provider>) -> Result<Replay> {
+    async fn load_replay(&self, run: &RunId, provider: Option<&dyn Provider>) -> Result<Replay> {
         let store = &self.inner.store;
         let after = store.latest_entry(run, "state.checkpoint").await?.map_or(0, |e| e.seq);
         let entries = store.journal(run, 0).await?;
@@ -250,7 +248,7 @@ impl Kernel {
         Ok(Replay { matcher: ReplayMatcher::new(calls), recorded })
     }
 
-    pub(crate) fn agent_env(
+    fn agent_env(
         &self,
         run: &RunId,
         token: &str,

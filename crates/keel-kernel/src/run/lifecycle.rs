@@ -80,7 +80,7 @@ impl Kernel {
 
     /// The write and announcement of a transition decided by [`Kernel::transition_if`],
     /// under the run's lock.
-    pub(crate) async fn write_transition(
+    async fn write_transition(
         &self,
         run: &RunId,
         current: RunRecord,

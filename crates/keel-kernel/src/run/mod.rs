@@ -16,4 +16,4 @@ mod swap;
 pub use control::Command;
 pub(crate) use registry::{Launching, LiveRun, PendingAsk, Replay};
 pub use spec::CreateRun;
-pub(crate) use spec::{RunSpec, command_of};
+pub(crate) use spec::RunSpec;

@@ -12,9 +12,8 @@ use crate::Kernel;
 use crate::Result;
 
 impl Kernel {
-    /// Brings back every run that was live when the previous kernel stopped, several at
-    /// a time so that their journal writes share commits.
-    pub(crate) async fn recover_all(&self) -> Result<()> {
+    /// The runs that were live when the previous kernel stopped, oldest first.
+    pub(crate) async fn interrupted_runs(&self) -> Result<Vec<RunRecord>> {
         let filter = RunFilter {
             states: vec![
                 RunState::Created,
@@ -26,10 +25,14 @@ impl Kernel {
             limit: None,
             tenant: None,
         };
-        let listed = self.inner.store.list_runs(&filter).await;
-        self.inner.recovery_listing.send_replace(false);
-        let mut runs = listed?;
+        let mut runs = self.inner.store.list_runs(&filter).await?;
         runs.reverse(); // Oldest first.
+        Ok(runs)
+    }
+
+    /// Brings back the runs `interrupted_runs` listed, several at a time so that their
+    /// journal writes share commits.
+    pub(crate) async fn recover_all(&self, runs: Vec<RunRecord>) -> Result<()> {
         // Swapped-out runs stay swapped out until what they wait for happens, and hold no
         // live slot meanwhile.
         let mut resident = Vec::with_capacity(runs.len());
@@ -71,7 +74,7 @@ impl Kernel {
         Ok(())
     }
 
-    pub(crate) async fn recover(&self, run: RunRecord) -> Result<RunRecord> {
+    async fn recover(&self, run: RunRecord) -> Result<RunRecord> {
         match run.state {
             RunState::Created | RunState::Queued => {
                 let run = if run.state == RunState::Created {

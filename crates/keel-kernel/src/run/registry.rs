@@ -109,7 +109,7 @@ impl Kernel {
         lock(&self.inner.live).get(run).cloned()
     }
 
-    pub(crate) fn live_by_token(&self, token: &str) -> Option<Arc<LiveRun>> {
+    fn live_by_token(&self, token: &str) -> Option<Arc<LiveRun>> {
         lock(&self.inner.tokens).get(token).cloned()
     }
 

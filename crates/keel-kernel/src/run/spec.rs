@@ -80,12 +80,7 @@ impl CreateRun {
             ScriptedProvider::from_value(script).map_err(|e| Error::InvalidRequest(e.to_string()))?;
         }
         let tenant = params.tenant.unwrap_or_else(|| "default".into());
-        if tenant.is_empty()
-            || tenant.len() > 64
-            || !tenant.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            return bad(format!("tenant {tenant:?} is not valid: use 1-64 letters, digits, '-' or '_'"));
-        }
+        crate::tenants::validate_name(&tenant)?;
         if let Some(budget) = &params.budget {
             crate::budget::validate(budget, "budget")?;
         }
@@ -277,12 +272,6 @@ impl RunSpec {
     pub(crate) fn priority(&self) -> Priority {
         self.priority.as_deref().and_then(|p| p.parse().ok()).unwrap_or_default()
     }
-}
-
-/// A run's command, for listings: empty if its spec does not parse (the listing still
-/// shows the run; acting on it reports the bad spec).
-pub(crate) fn command_of(record: &RunRecord) -> Vec<String> {
-    RunSpec::of(record).map(|spec| spec.command).unwrap_or_default()
 }
 
 /// `Option<RunId>` as an optional string.

@@ -52,7 +52,7 @@ impl Kernel {
     }
 
     /// Returns whether the run is being swapped out.
-    pub(crate) async fn maybe_swap_out(&self, live: &Arc<LiveRun>, threshold: Duration) -> bool {
+    async fn maybe_swap_out(&self, live: &Arc<LiveRun>, threshold: Duration) -> bool {
         // Every call in flight must be a durable wait: then killing the agent loses nothing.
         let inflight = live.inflight.load(Ordering::SeqCst);
         let waiting = live.waiting_calls.load(Ordering::SeqCst);
@@ -174,7 +174,7 @@ impl Kernel {
 
     /// Whether a swapped-out run's wait has ended (an answer, a message, a child's end,
     /// a decision, or its timer), read from the store alone.
-    pub(crate) async fn wait_is_over(&self, record: &RunRecord) -> bool {
+    async fn wait_is_over(&self, record: &RunRecord) -> bool {
         let store = self.store();
         match record.wait_reason {
             Some(WaitReason::Message) => store.mailbox_len(&record.id).await.is_ok_and(|n| n > 0),
@@ -206,7 +206,7 @@ impl Kernel {
     }
 
     /// Whether a child named by one of the run's pending `proc.wait`s has ended.
-    pub(crate) async fn any_child_ended(&self, run: &RunId) -> bool {
+    async fn any_child_ended(&self, run: &RunId) -> bool {
         let entries = self.store().journal(run, 0).await.unwrap_or_default();
         for entry in entries.iter().filter(|e| e.method == "proc.wait" && e.status == EntryStatus::Pending) {
             let waited =
@@ -222,7 +222,7 @@ impl Kernel {
     }
 
     /// When the pending `sys.sleep` of a run is due (Unix ms).
-    pub(crate) async fn timer_due(&self, run: &RunId) -> Option<u64> {
+    async fn timer_due(&self, run: &RunId) -> Option<u64> {
         let entries = self.store().journal(run, 0).await.ok()?;
         entries
             .iter()
@@ -232,7 +232,7 @@ impl Kernel {
     }
 
     /// Wakes a swapped-out sleeper when its timer is due.
-    pub(crate) async fn wake_at_timer(&self, run: &RunId) {
+    async fn wake_at_timer(&self, run: &RunId) {
         let Some(due) = self.timer_due(run).await else { return };
         let kernel = self.clone();
         let run = run.clone();

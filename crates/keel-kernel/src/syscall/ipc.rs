@@ -182,7 +182,7 @@ impl Kernel {
     /// Sends a message for `tenant`, from run `from` (or an operator when `None`), waiting
     /// for room if the mailbox is full and `wait` is set (else `would_block`). `still_wanted`
     /// ends a wait whose caller is gone (answering `cancelled`).
-    pub(crate) async fn mailbox_send(
+    async fn mailbox_send(
         &self,
         tenant: &str,
         from: Option<&RunId>,
@@ -276,7 +276,7 @@ impl Kernel {
     }
 
     /// Takes the run's next message, waiting up to `timeout_ms` (forever when `None`).
-    pub(crate) async fn mailbox_recv(
+    async fn mailbox_recv(
         &self,
         live: &Arc<LiveRun>,
         timeout_ms: Option<u64>,
@@ -416,7 +416,7 @@ impl Kernel {
     }
 
     /// The run registered as `name` in `tenant` (and not ended), for `ipc.send`.
-    pub(crate) async fn resolve_name(&self, tenant: &str, name: &str) -> Result<RunId, SyscallError> {
+    async fn resolve_name(&self, tenant: &str, name: &str) -> Result<RunId, SyscallError> {
         let missing = || {
             SyscallError::new(
                 ErrorKind::NotFound,
@@ -436,12 +436,7 @@ impl Kernel {
 
     /// `ipc.register`: the name is the caller's while it lives (a name held by a run that
     /// ended is free again); registering again is a no-op.
-    pub(crate) async fn register_name(
-        &self,
-        tenant: &str,
-        run: &RunId,
-        name: &str,
-    ) -> Result<Value, SyscallError> {
+    async fn register_name(&self, tenant: &str, run: &RunId, name: &str) -> Result<Value, SyscallError> {
         if let Ok(holder) = self.resolve_name(tenant, name).await
             && &holder != run
         {
@@ -455,7 +450,7 @@ impl Kernel {
     }
 
     /// Replaces a send to a name by a send to the run that holds it.
-    pub(crate) async fn resolve_send(&self, tenant: &str, call: IpcCall) -> Result<IpcCall, SyscallError> {
+    async fn resolve_send(&self, tenant: &str, call: IpcCall) -> Result<IpcCall, SyscallError> {
         match call {
             IpcCall::SendNamed { name, message, correlation_id, wait } => {
                 let to = self.resolve_name(tenant, &name).await?;

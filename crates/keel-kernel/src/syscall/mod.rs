@@ -16,12 +16,7 @@ mod tools;
 pub use gateway::RunHandle;
 pub(crate) use gateway::mcp_host;
 
-pub(crate) use crate::error::{Reply, SyscallError};
+pub(crate) use crate::error::{Reply, SyscallError, internal};
 pub(crate) use dispatch::{ToolCall, parse};
 pub(crate) use journal::{Call as JournalCall, Effect, Journaling, completed_entry};
 pub(crate) use socket::listen;
-
-/// The kernel failed (the store, a lost task), not the caller.
-pub(crate) fn internal(err: impl std::fmt::Display) -> SyscallError {
-    SyscallError::internal(err)
-}

@@ -38,7 +38,7 @@ impl Kernel {
         }
     }
 
-    pub(crate) async fn run_tool_untimed(
+    async fn run_tool_untimed(
         &self,
         live: &Arc<LiveRun>,
         def: &ToolDef,
@@ -80,12 +80,7 @@ impl Kernel {
         }
     }
 
-    pub(crate) async fn run_builtin(
-        &self,
-        live: &Arc<LiveRun>,
-        name: &str,
-        args: Value,
-    ) -> Result<Value, String> {
+    async fn run_builtin(&self, live: &Arc<LiveRun>, name: &str, args: Value) -> Result<Value, String> {
         let store: &dyn Store = self.store().as_ref();
         let scope = format!("run:{}", live.id);
         let key = || args.get("key").and_then(Value::as_str).unwrap_or_default().to_owned();
@@ -124,7 +119,7 @@ impl Kernel {
 
     /// `http.fetch` goes through the run's egress proxy (its allowlist, injected
     /// credentials and audit), reached through a loopback port of the kernel's own.
-    pub(crate) async fn fetcher_for(&self, live: &Arc<LiveRun>) -> Result<Fetcher, String> {
+    async fn fetcher_for(&self, live: &Arc<LiveRun>) -> Result<Fetcher, String> {
         let (proxy, bridge) = match &live.profile.network {
             keel_sandbox::Network::Allowlist(_) => {
                 let socket = self.inner.data_dir.egress_socket(live.id.as_str());
@@ -144,7 +139,7 @@ impl Kernel {
     /// An agent called as a tool: a child run with the call's arguments as its input;
     /// its `run.exit` output is the result. The child's id is stored under the call's
     /// key before the child starts, so a retry after a crash waits for the same child.
-    pub(crate) async fn run_agent_tool(
+    async fn run_agent_tool(
         &self,
         live: &Arc<LiveRun>,
         name: &str,

@@ -118,7 +118,9 @@ impl TestKernel {
                     Ok(kernel) => kernel,
                     Err(err) => return drop(started.send(Err(err))),
                 };
-                kernel.spawn_recovery();
+                if let Err(err) = kernel.start_recovery().await {
+                    return drop(started.send(Err(err)));
+                }
                 let _ = started.send(Ok((kernel.clone(), tokio::runtime::Handle::current())));
                 if let Ok(Stop::Shutdown) = stopped.await {
                     kernel.shutdown().await;

@@ -177,8 +177,8 @@ fn a_call_interrupted_by_a_crash_with_policy_ask_waits_for_an_operator() {
     assert_eq!(test.get(&run).state, RunState::Running);
 }
 
-/// Regression: recovery lists the interrupted runs in the background after
-/// `spawn_recovery`, and a run created before that listing was taken for an interrupted
+/// Regression: recovery listed the interrupted runs in the background after it was
+/// started, and a run created before that listing was taken for an interrupted
 /// one: its agent was SIGKILLed and another launched (or it was relaunched as attempt 2),
 /// and a syscall of the first agent was never answered.
 #[test]
