@@ -421,7 +421,7 @@ impl Kernel {
 
     /// Starts a run for `principal` (within its tenant's quotas).
     pub async fn create_run_for(&self, principal: &Principal, params: CreateRunParams) -> Result<RunView> {
-        let record = self.create_run_as(principal, params).await?;
+        let record = self.create_within_quota(principal, params).await?;
         self.view(&record, None).await
     }
 

@@ -119,7 +119,7 @@ impl Kernel {
     /// Creates a run for the principal: the tenant is the token's (a tenant token naming
     /// another is `Forbidden`), the tenant's `max_usd_per_run` is the budget of a run that
     /// brings none, and `max_runs` is enforced (`QuotaExceeded`).
-    pub(crate) async fn create_run_as(
+    pub(crate) async fn create_within_quota(
         &self,
         principal: &Principal,
         mut params: CreateRunParams,
