@@ -28,14 +28,14 @@ mod views;
 
 pub use admission::SchedulerConfig;
 
-/// Locks a std mutex. The state behind the kernel's mutexes (maps with single inserts and
-/// removes, plain numbers) stays consistent across a panic, so a poisoned lock is still
-/// safe to use.
 /// Now, in Unix milliseconds (0 if the clock is before 1970).
 pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Locks a std mutex. The state behind the kernel's mutexes (maps with single inserts and
+/// removes, plain numbers) stays consistent across a panic, so a poisoned lock is still
+/// safe to use.
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -10,4 +10,5 @@ mod harness;
 mod ipc;
 mod lifecycle;
 mod replay;
+mod shape;
 mod swapping;
