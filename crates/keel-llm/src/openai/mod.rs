@@ -3,6 +3,7 @@
 //! JSON or `stream: true` server-sent events. One upstream attempt per call, under the
 //! provider's rate limiter; retries and fallback are the router's.
 
+pub mod upstream_responses;
 pub mod wire;
 
 use std::sync::Arc;
