@@ -123,9 +123,7 @@ impl OpenAiProvider {
         }
         Ok((assembler.finish(), true))
     }
-}
 
-impl OpenAiProvider {
     /// One call through the Responses API: the same rate limiter and error handling as
     /// Chat Completions, a different body and answer (`body` is already built, so a
     /// request the API cannot express failed before any wait).
