@@ -120,6 +120,25 @@ pub(crate) fn mock_upstream(keel: &Keel, script: &str) -> (Upstream, u16, std::p
     (child, port, counts)
 }
 
+/// Points the daemon's OpenAI provider at the mock upstream on `port`: its Chat
+/// Completions API, or with `responses` its Responses API (`api = "responses"` in
+/// keel.toml).
+pub(crate) fn use_upstream(keel: &mut Keel, port: u16, responses: bool) {
+    keel.daemon_env = vec![("OPENAI_API_KEY".into(), "sk-upstream-test".into())];
+    if responses {
+        std::fs::write(
+            keel.data.path().join("keel.toml"),
+            format!(
+                "[llm]\ndefault_model = \"openai/gpt-4o-mini\"\n\n[llm.providers.openai]\nbase_url = \
+                 \"http://127.0.0.1:{port}/v1\"\napi = \"responses\"\n"
+            ),
+        )
+        .expect("keel.toml");
+    } else {
+        keel.daemon_env.push(("OPENAI_BASE_URL".into(), format!("http://127.0.0.1:{port}/v1")));
+    }
+}
+
 pub(crate) fn read_counts(path: &std::path::Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|_| "{}".into())).unwrap_or_default()
 }
@@ -128,10 +147,7 @@ pub(crate) fn read_counts(path: &std::path::Path) -> Value {
 fn langgraph_survives_a_daemon_kill_and_the_upstream_serves_each_call_once() {
     let mut keel = Keel::new();
     let (mut upstream, port, counts) = mock_upstream(&keel, &agent("langgraph_script.json"));
-    keel.daemon_env = vec![
-        ("OPENAI_API_KEY".into(), "sk-upstream-test".into()),
-        ("OPENAI_BASE_URL".into(), format!("http://127.0.0.1:{port}/v1")),
-    ];
+    use_upstream(&mut keel, port, false);
     keel.start_daemon();
     let run = keel.detach(&[
         "--env",
@@ -284,15 +300,7 @@ fn what_the_gateway_does_not_serve_is_named_in_the_callers_dialect() {
 fn a_chat_agent_is_served_through_an_upstream_responses_api() {
     let mut keel = Keel::new();
     let (mut upstream, port, counts) = mock_upstream(&keel, &agent("openai_script.json"));
-    std::fs::write(
-        keel.data.path().join("keel.toml"),
-        format!(
-            "[llm]\ndefault_model = \"openai/gpt-4o-mini\"\n\n[llm.providers.openai]\nbase_url = \
-             \"http://127.0.0.1:{port}/v1\"\napi = \"responses\"\n"
-        ),
-    )
-    .unwrap();
-    keel.daemon_env = vec![("OPENAI_API_KEY".into(), "sk-upstream-test".into())];
+    use_upstream(&mut keel, port, true);
     keel.start_daemon();
     let run = keel.detach(&["--", "python3", &agent("openai_agent.py")]);
     let done = keel.wait_state(&run, &["succeeded", "failed"]);

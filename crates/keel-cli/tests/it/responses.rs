@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use crate::gateway::{mock_upstream, read_counts};
+use crate::gateway::{mock_upstream, read_counts, use_upstream};
 use crate::harness::{Keel, agent, wait_for};
 
 fn llm_entries(view: &Value) -> Vec<Value> {
@@ -62,10 +62,7 @@ fn the_openai_sdk_speaks_the_responses_api_unmodified() {
 fn a_responses_conversation_survives_a_daemon_kill_and_the_upstream_serves_each_call_once() {
     let mut keel = Keel::new();
     let (mut upstream, port, counts) = mock_upstream(&keel, &agent("responses_crash_script.json"));
-    keel.daemon_env = vec![
-        ("OPENAI_API_KEY".into(), "sk-upstream-test".into()),
-        ("OPENAI_BASE_URL".into(), format!("http://127.0.0.1:{port}/v1")),
-    ];
+    use_upstream(&mut keel, port, false);
     keel.start_daemon();
     let run = keel.detach(&[
         "--env",
@@ -110,15 +107,7 @@ fn a_responses_conversation_survives_a_daemon_kill_and_the_upstream_serves_each_
 fn reasoning_round_trips_through_the_gateway_to_a_responses_upstream() {
     let mut keel = Keel::new();
     let (mut upstream, port, counts) = mock_upstream(&keel, &agent("responses_crash_script.json"));
-    std::fs::write(
-        keel.data.path().join("keel.toml"),
-        format!(
-            "[llm]\ndefault_model = \"openai/gpt-4o-mini\"\n\n[llm.providers.openai]\nbase_url = \
-             \"http://127.0.0.1:{port}/v1\"\napi = \"responses\"\n"
-        ),
-    )
-    .unwrap();
-    keel.daemon_env = vec![("OPENAI_API_KEY".into(), "sk-upstream-test".into())];
+    use_upstream(&mut keel, port, true);
     keel.start_daemon();
     let run = keel.detach(&["--", "python3", &agent("responses_crash_agent.py")]);
     let done = keel.wait_state(&run, &["succeeded", "failed"]);

@@ -318,7 +318,8 @@ fn reasoning_after_a_turn_belongs_to_that_turn() {
         json!({ "type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}" }),
         json!({ "type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "e" }),
     ];
-    let follow_up = parse(json!({ "input": [{ "type": "function_call_output", "call_id": "c1", "output": "5" }] }));
+    let follow_up =
+        parse(json!({ "input": [{ "type": "function_call_output", "call_id": "c1", "output": "5" }] }));
     let params = conversation(&history, &follow_up).unwrap();
     assert_eq!(params.messages[1].reasoning.as_ref().unwrap()[0]["id"], "rs_1");
     assert_eq!(params.messages[2].role, ChatRole::Tool);
