@@ -3,7 +3,10 @@
 //! process sandbox (`cpython`). Every tool the program calls goes through the governed,
 //! journaled dispatch as a `tool.call` of the run, marked with the `code.exec`'s seq, so
 //! a `code.exec` retried after a crash has its finished tool calls answered from the
-//! journal and only the result goes back to the agent.
+//! journal and only the result goes back to the agent. Its model calls (`llm`,
+//! `llm_batch`) are `llm.chat`s of the run in the same way: budgeted, queued, counted,
+//! journaled with the exec's seq in their params, and answered from the journal on a
+//! re-run.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +27,7 @@ const MAX_MEMORY_BYTES: u64 = 4 << 30;
 const MAX_TOOL_CALLS: u32 = 10_000;
 const MAX_OUTPUT_BYTES: u64 = 16 << 20;
 const MAX_RECURSION: u32 = 10_000;
+const MAX_LLM_CALLS: u32 = 10_000;
 
 /// The limits of one execution: the defaults, lowered or raised within the maxima.
 pub(crate) fn limits(params: &ExecLimits) -> Result<keel_interp::Limits, String> {
@@ -69,6 +73,12 @@ pub(crate) fn limits(params: &ExecLimits) -> Result<keel_interp::Limits, String>
         }
         limits.max_recursion = depth;
     }
+    if let Some(calls) = params.max_llm_calls {
+        if calls > MAX_LLM_CALLS {
+            return over("max_llm_calls", MAX_LLM_CALLS.to_string());
+        }
+        limits.max_llm_calls = calls;
+    }
     Ok(limits)
 }
 
@@ -89,12 +99,100 @@ impl keel_interp::ToolHandler for NestedTools {
             Err(err) => Err(err.message),
         }
     }
+
+    async fn llm(&self, requests: Vec<keel_interp::LlmRequest>) -> Vec<Result<String, String>> {
+        use futures_util::StreamExt;
+        // `buffered` keeps the answers in the requests' order while up to the bound run.
+        futures_util::stream::iter(requests)
+            .map(|request| self.kernel.exec_llm_chat(&self.live, self.exec, chat_params(request, self.exec)))
+            .buffered(keel_interp::LLM_BATCH_CONCURRENCY)
+            .map(|reply| reply.map(|response| answer_text(&response)).map_err(|err| err.message))
+            .collect()
+            .await
+    }
+}
+
+/// The `llm.chat` params of a program's model call, marked with its `code.exec`'s seq:
+/// the mark keeps them apart from the agent's own calls with the same messages, and is
+/// the same on a re-run, so replay matches them to their journal entries.
+fn chat_params(request: keel_interp::LlmRequest, exec: Seq) -> Value {
+    let mut messages = Vec::new();
+    if let Some(system) = request.system {
+        messages.push(json!({ "role": "system", "content": system }));
+    }
+    messages.push(json!({ "role": "user", "content": request.prompt }));
+    let mut params = json!({ "messages": messages, "exec": exec });
+    if let Some(model) = request.model {
+        params["model"] = json!(model);
+    }
+    if let Some(tokens) = request.max_tokens {
+        params["max_tokens"] = json!(tokens);
+    }
+    params
+}
+
+/// The text of an `llm.chat` reply (an answer with tool calls but no text is "").
+fn answer_text(response: &Value) -> String {
+    response.pointer("/message/content").and_then(Value::as_str).unwrap_or_default().to_owned()
+}
+
+impl Kernel {
+    /// One model call of the `code.exec` `exec`: counted against the program's
+    /// `max_llm_calls` (kept per exec while it runs), then an `llm.chat` of the run.
+    /// `params` carry `"exec": exec` (see [`chat_params`]).
+    pub(crate) async fn exec_llm_chat(&self, live: &Arc<LiveRun>, exec: Seq, params: Value) -> Reply {
+        {
+            let mut calls = lock(&live.exec_llm_calls);
+            let Some((made, allowed)) = calls.get_mut(&exec) else {
+                return Err(SyscallError::new(
+                    ErrorKind::Denied,
+                    "llm.chat: the code.exec of this program has ended; its model calls end with it",
+                ));
+            };
+            if *made >= *allowed {
+                return Err(SyscallError::new(
+                    ErrorKind::Denied,
+                    format!(
+                        "llm_call_limit: the program asked for more than {allowed} LLM calls; filter or chunk \
+                         the input into fewer calls, or raise max_llm_calls (--max-llm-calls)"
+                    ),
+                ));
+            }
+            *made += 1;
+        }
+        Box::pin(self.syscall(live, "llm.chat", params)).await
+    }
+
+    /// How many model calls the `code.exec` `exec` made.
+    fn exec_llm_made(&self, live: &Arc<LiveRun>, exec: Seq) -> u32 {
+        lock(&live.exec_llm_calls).get(&exec).map_or(0, |(made, _)| *made)
+    }
+}
+
+/// Forgets a `code.exec`'s model-call count when it ends, however it ends.
+struct LlmCallsGuard {
+    live: Arc<LiveRun>,
+    exec: Seq,
+}
+
+impl LlmCallsGuard {
+    fn new(live: &Arc<LiveRun>, exec: Seq, allowed: u32) -> Self {
+        lock(&live.exec_llm_calls).insert(exec, (0, allowed));
+        LlmCallsGuard { live: live.clone(), exec }
+    }
+}
+
+impl Drop for LlmCallsGuard {
+    fn drop(&mut self) {
+        lock(&self.live.exec_llm_calls).remove(&self.exec);
+    }
 }
 
 impl Kernel {
     pub(crate) async fn exec_code(&self, live: &Arc<LiveRun>, seq: Seq, params: CodeExecParams) -> Reply {
         let limits = limits(&params.limits).map_err(|e| SyscallError::new(ErrorKind::InvalidParams, e))?;
         let tools: Vec<String> = self.granted_tools(live).await.into_iter().map(|d| d.name).collect();
+        let _llm_calls = LlmCallsGuard::new(live, seq, limits.max_llm_calls);
         if params.lang == "cpython" {
             return self.exec_cpython(live, seq, params, tools, limits).await;
         }
@@ -123,13 +221,17 @@ impl Kernel {
             "code.exec",
             lang.as_str(),
             if outcome.result.is_ok() { "ok" } else { "error" },
-            json!({ "call": seq, "tool_calls": tool_calls.len(), "duration_us": duration_us }),
+            json!({
+                "call": seq, "tool_calls": tool_calls.len(), "llm_calls": outcome.llm_calls,
+                "duration_us": duration_us,
+            }),
         );
         match outcome.result {
             Ok(result) => Ok(json!({
                 "result": result,
                 "stdout": outcome.stdout,
                 "tool_calls": tool_calls,
+                "llm_calls": outcome.llm_calls,
                 "duration_us": duration_us,
             })),
             Err(err) => Err(exec_error(err.kind.as_str(), &err.message, outcome.stdout, &tool_calls)),
@@ -178,6 +280,7 @@ impl Kernel {
             "inputs": params.inputs,
             "tools": tools,
             "max_tool_calls": limits.max_tool_calls,
+            "max_llm_calls": limits.max_llm_calls,
         });
         let env = vec![
             ("KEEL_SOCKET".to_owned(), socket),
@@ -284,6 +387,7 @@ impl Kernel {
                 "result": outcome.get("result").cloned().unwrap_or(Value::Null),
                 "stdout": printed,
                 "tool_calls": tool_calls,
+                "llm_calls": self.exec_llm_made(live, seq),
                 "duration_us": duration_us,
             })),
         }

@@ -5,6 +5,7 @@
 
 mod approvals;
 mod budgets;
+mod exec_llm;
 mod governance;
 mod harness;
 mod ipc;
