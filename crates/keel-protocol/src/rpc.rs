@@ -344,6 +344,11 @@ pub struct CodeExecParams {
     /// Bound as global variables of the program.
     #[serde(default)]
     pub inputs: serde_json::Map<String, Value>,
+    /// More inputs, each named by the hash of an input that `POST /v1/exec` stored for
+    /// the run's tenant (`sha256:<hex>`): how an input too large for the socket's lines
+    /// reaches the program without passing through the journal.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub input_refs: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     pub limits: ExecLimits,
 }

@@ -198,8 +198,8 @@ fn provider_error(err: &keel_llm::Error) -> SyscallError {
 fn never_fits_message(never: &keel_core::budget::NeverFits) -> String {
     use keel_core::budget::Dimension;
     let (what, flag) = match never.dimension {
-        Dimension::CostUsd => ("cost", "--max-usd"),
-        _ => ("input tokens", "--max-tokens"),
+        Dimension::CostUsd => ("cost", "--budget-usd"),
+        _ => ("input tokens", "--budget-tokens"),
     };
     format!(
         "llm.chat: budget exhausted before the call: this prompt alone needs about {} {what} (estimated from \

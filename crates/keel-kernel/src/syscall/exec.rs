@@ -188,9 +188,71 @@ impl Drop for LlmCallsGuard {
     }
 }
 
+/// The inputs of one `POST /v1/exec`, at most, in all (a string counts its text).
+pub(crate) const MAX_INPUT_BYTES: usize = 64 << 20;
+/// An input larger than this is stored and named by its hash instead of riding inline in
+/// the exec run's input and its `code.exec` params (and so in the journal).
+const INLINE_INPUT_BYTES: usize = 4096;
+
+/// How much of the inputs' limit a value takes: a string its text, anything else its JSON.
+fn input_size(value: &Value) -> usize {
+    match value {
+        Value::String(text) => text.len(),
+        other => other.to_string().len(),
+    }
+}
+
+/// Where a tenant's stored inputs live in the store's key-value space, by `sha256:<hex>`
+/// of their JSON: content-addressed (the same input sent again is the same row) and
+/// scoped to the tenant (a run names only its own tenant's inputs).
+fn input_scope(tenant: &str) -> String {
+    format!("exec-inputs:{tenant}")
+}
+
+fn input_hash(value: &Value) -> String {
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(value.to_string().as_bytes())))
+}
+
 impl Kernel {
-    pub(crate) async fn exec_code(&self, live: &Arc<LiveRun>, seq: Seq, params: CodeExecParams) -> Reply {
+    /// The program's inputs: the inline ones and those its `input_refs` name, read from
+    /// the store (never from the journal, which holds only their hashes).
+    async fn exec_inputs(
+        &self,
+        live: &Arc<LiveRun>,
+        mut inputs: serde_json::Map<String, Value>,
+        refs: std::collections::BTreeMap<String, String>,
+    ) -> Result<serde_json::Map<String, Value>, SyscallError> {
+        let scope = input_scope(&live.tenant);
+        for (name, hash) in refs {
+            if inputs.contains_key(&name) {
+                return Err(SyscallError::new(
+                    ErrorKind::InvalidParams,
+                    format!(
+                        "code.exec: input {name:?} is given both in `inputs` and in `input_refs`; give it once"
+                    ),
+                ));
+            }
+            let value = self.store().kv_get(&scope, &hash).await.map_err(crate::syscall::internal)?;
+            let value = value.ok_or_else(|| {
+                SyscallError::new(
+                    ErrorKind::InvalidParams,
+                    format!(
+                        "code.exec: input {name:?} names {hash}, which is not an input stored for tenant {}; \
+                         large inputs are stored by POST /v1/exec (keel exec --input-file NAME=PATH)",
+                        live.tenant
+                    ),
+                )
+            })?;
+            inputs.insert(name, value);
+        }
+        Ok(inputs)
+    }
+
+    pub(crate) async fn exec_code(&self, live: &Arc<LiveRun>, seq: Seq, mut params: CodeExecParams) -> Reply {
         let limits = limits(&params.limits).map_err(|e| SyscallError::new(ErrorKind::InvalidParams, e))?;
+        let refs = std::mem::take(&mut params.input_refs);
+        params.inputs = self.exec_inputs(live, std::mem::take(&mut params.inputs), refs).await?;
         let tools: Vec<String> = self.granted_tools(live).await.into_iter().map(|d| d.name).collect();
         let _llm_calls = LlmCallsGuard::new(live, seq, limits.max_llm_calls);
         if params.lang == "cpython" {
@@ -234,7 +296,8 @@ impl Kernel {
                 "llm_calls": outcome.llm_calls,
                 "duration_us": duration_us,
             })),
-            Err(err) => Err(exec_error(err.kind.as_str(), &err.message, outcome.stdout, &tool_calls)),
+            Err(err) => Err(exec_error(err.kind.as_str(), &err.message, outcome.stdout, &tool_calls)
+                .with("llm_calls", outcome.llm_calls)),
         }
     }
 }
@@ -448,7 +511,8 @@ try:
 except keel.KeelError as err:
     data = err.data if isinstance(err.data, dict) else {}
     client.exit({"ok": False, "error": {"kind": data.get("exec_error", err.kind), "message": err.message},
-                 "stdout": data.get("stdout", ""), "tool_calls": data.get("tool_calls", [])})
+                 "stdout": data.get("stdout", ""), "tool_calls": data.get("tool_calls", []),
+                 "llm_calls": data.get("llm_calls", 0)})
 "#;
 
 impl Kernel {
@@ -472,17 +536,48 @@ impl Kernel {
                 params.lang
             )));
         }
-        let input =
-            json!({ "lang": params.lang, "code": params.code, "inputs": params.inputs, "limits": asked });
-        let create: keel_protocol::api::CreateRunParams = serde_json::from_value(json!({
+        let total: usize = params.inputs.values().map(input_size).sum();
+        if total > MAX_INPUT_BYTES {
+            return Err(Error::InvalidRequest(format!(
+                "the inputs are {total} bytes in all, over the limit of {MAX_INPUT_BYTES} (64 MiB); filter the \
+                 input before sending it, or split the work over several execs"
+            )));
+        }
+        let mut create = json!({
             "command": ["python3", "-c", EXEC_AGENT],
             "tenant": params.tenant,
             "grant": params.grant,
-            "input": input,
             "sandbox": params.sandbox,
-        }))
-        .map_err(|e| Error::InvalidRequest(e.to_string()))?;
-        let request = crate::CreateRun::validate(create)?;
+            "llm_script": params.llm_script,
+            "model": params.model,
+            "budget": params.budget,
+        });
+        let validate = |create: &Value| {
+            let create: keel_protocol::api::CreateRunParams =
+                serde_json::from_value(create.clone()).map_err(|e| Error::InvalidRequest(e.to_string()))?;
+            crate::CreateRun::validate(create)
+        };
+        // Checked before anything is stored, so a bad request stores nothing.
+        let tenant = validate(&create)?.tenant;
+        // Large inputs are stored once, before the run exists, and named by hash: the run's
+        // input, its code.exec params and the journal stay small whatever the input's size.
+        let scope = input_scope(&tenant);
+        let mut inline = serde_json::Map::new();
+        let mut refs = std::collections::BTreeMap::new();
+        for (name, value) in params.inputs {
+            if input_size(&value) <= INLINE_INPUT_BYTES {
+                inline.insert(name, value);
+                continue;
+            }
+            let hash = input_hash(&value);
+            self.store().kv_put(&scope, &hash, value).await?;
+            refs.insert(name, hash);
+        }
+        let input = json!({
+            "lang": params.lang, "code": params.code, "inputs": inline, "input_refs": refs, "limits": asked,
+        });
+        create["input"] = input;
+        let request = validate(&create)?;
         let mut record = self.act(crate::Command::Create(request)).await?;
         while !record.state.is_terminal() {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -505,6 +600,7 @@ impl Kernel {
             error: output.get("error").cloned(),
             stdout: output.get("stdout").and_then(Value::as_str).unwrap_or_default().to_owned(),
             tool_calls: output.get("tool_calls").and_then(Value::as_array).cloned().unwrap_or_default(),
+            llm_calls: output.get("llm_calls").and_then(Value::as_u64).map_or(0, |n| n as u32),
             duration_us: output.get("duration_us").and_then(Value::as_u64).unwrap_or(0),
         })
     }

@@ -122,7 +122,7 @@ fn a_prompt_bigger_than_the_whole_budget_is_refused_up_front_with_why() {
         let message = out["result"].as_str().unwrap_or_default();
         assert!(message.contains("budget exhausted"), "{lang}: {message}");
         assert!(message.contains("more than the run's whole tokens budget of 1000"), "{lang}: {message}");
-        assert!(message.contains("llm_batch()") && message.contains("--max-tokens"), "{lang}: {message}");
+        assert!(message.contains("llm_batch()") && message.contains("--budget-tokens"), "{lang}: {message}");
     }
     let record = test.get(&run);
     assert_eq!(record.state, RunState::Running, "refused, not parked");
