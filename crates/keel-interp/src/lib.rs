@@ -52,6 +52,21 @@
 //! a `Promise` is resolved by running pending jobs (top-level `await` is not supported:
 //! end with `(async () => { ... })()`). `console.log/info/warn/error` go to `stdout`.
 //!
+//! # Model calls
+//!
+//! Both languages (and the kernel's `cpython` harness) have `llm(prompt, system=None,
+//! model=None, max_tokens=None)` → the model's text and `llm_batch(prompts, ...)` → the
+//! texts in order (each prompt a string, or a dict / object with `prompt` and the same
+//! options; the options given to `llm_batch` are the defaults). JavaScript takes the
+//! options as an object: `llm(prompt, {system, model, max_tokens})`. One call or batch
+//! suspends the program and goes to the host as one [`ToolHandler::llm`] (over the pipe:
+//! a `call` of [`LLM_CALL`]); a failed call raises `RuntimeError` (JavaScript: `Error`)
+//! with the host's message, a batch naming the first failed prompt. They are not tool
+//! calls (no grant, not in `tool_calls`); `max_llm_calls` counts each prompt, and one
+//! more than it ends the job with `llm_call_limit` (uncatchable), before any of that
+//! batch reaches the host. `llm` and `llm_batch` win over tools of the same name
+//! (`call_tool("llm", ...)` still reaches such a tool).
+//!
 //! # Results
 //!
 //! The result becomes JSON. Values with no JSON form become their string repr in Python
@@ -81,6 +96,9 @@
 //!   (In Python the overflowing `print` raises `MemoryError`, which a program could catch;
 //!   the output stays bounded either way.)
 //! - `max_tool_calls`: one more call ends the job with `tool_call_limit` (uncatchable).
+//! - `max_llm_calls`: the same for model calls, `llm_call_limit`.
+//! - Inputs are the job's data: the worker's `RLIMIT_AS` and QuickJS's heap limit grow by
+//!   twice their size, so a 64 MiB input does not use up `memory_bytes`.
 //!
 //! # Isolation (the `interpreter` sandbox tier)
 //!
