@@ -465,6 +465,8 @@ impl Kernel {
             .await
             .unwrap_or_default()
             .into_iter()
+            // The program's model calls carry its seq too; they are not tool calls.
+            .filter(|e| e.method == "tool.call")
             .map(|e| (e.started_at_ms, e.params, e.status, e.finished_at_ms.unwrap_or(e.started_at_ms)))
             .collect();
         if let Some(reads) = lock(&live.exec_buffers).get(&seq) {

@@ -50,6 +50,7 @@ fn llm_in_each_language_is_an_llm_chat_of_the_run() {
         let out = exec(&mut agent, lang, code, json!({})).unwrap_or_else(|e| panic!("{lang}: {e}"));
         assert_eq!(out["result"], json!(format!("answer-{i}")), "{lang}");
         assert_eq!(out["llm_calls"], json!(1), "{lang}");
+        assert_eq!(out["tool_calls"], json!([]), "{lang}: model calls are not tool calls");
         let exec_seq = test.journal(&run).iter().rev().find(|e| e.method == "code.exec").unwrap().seq;
         let calls = llm_entries(&test, &run, exec_seq);
         assert_eq!(calls.len(), 1, "{lang}: one llm.chat, marked with the exec's seq");
