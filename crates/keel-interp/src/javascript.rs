@@ -317,6 +317,9 @@ fn llm_call<'js>(ctx: &Ctx<'js>, host: &Rc<RefCell<Host>>, requests: &str) -> rq
             &format!("llm options: {error} (system and model are strings, max_tokens a positive integer)"),
         )
     })?;
+    if requests.iter().any(|request| request.max_tokens == Some(0)) {
+        return Err(Exception::throw_type(ctx, "llm options: max_tokens must be a positive integer"));
+    }
     let mut host = host.borrow_mut();
     let started = Instant::now();
     let outcome = host.gate.llm(requests);

@@ -423,12 +423,17 @@ fn a_failed_model_call_is_a_catchable_error_with_the_hosts_message() {
         let error = run_in_process(job(lang, code), &mut llm_host(&mut batches)).result.unwrap_err();
         assert!(error.message.contains("llm_batch: prompt 1: budget exhausted"), "{lang}: {error}");
     }
-    for (lang, code) in
-        [(Lang::Python, "llm(3)"), (Lang::JavaScript, "llm(3)"), (Lang::Python, "llm('a', temperature=1)")]
-    {
+    for (lang, code) in [
+        (Lang::Python, "llm(3)"),
+        (Lang::JavaScript, "llm(3)"),
+        (Lang::Python, "llm('a', temperature=1)"),
+        (Lang::Python, "llm('a', max_tokens=0)"),
+        (Lang::JavaScript, "llm('a', {max_tokens: 0})"),
+        (Lang::JavaScript, "llm('a', {system: 3})"),
+    ] {
         let mut batches = Vec::new();
         let error = run_in_process(job(lang, code), &mut llm_host(&mut batches)).result.unwrap_err();
-        assert!(error.message.contains("llm("), "{lang}: {error}");
+        assert!(error.message.contains("llm"), "{lang}: {error}");
         assert!(batches.is_empty(), "a bad call never reaches the host");
     }
 }
