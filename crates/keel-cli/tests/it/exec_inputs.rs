@@ -108,6 +108,30 @@ fn keel_exec_input_file_gives_the_program_a_large_file_stored_once() {
     assert!(stderr.contains("budget exhausted before the call"), "{stderr}");
     assert!(stderr.contains("more than the run's whole tokens budget of 200000"), "{stderr}");
     assert!(stderr.contains("--budget-tokens"), "{stderr}");
+
+    // --max-llm-calls: a batch of 5 prompts is one too many for 4, and asks for none.
+    let limited = keel.run(&[
+        "exec",
+        "--sandbox",
+        "none",
+        "--input-file",
+        &input,
+        "--llm-script",
+        &script,
+        "--max-llm-calls",
+        "4",
+        "--memory-bytes",
+        &memory,
+        "--json",
+        "-e",
+        PROGRAM,
+    ]);
+    assert_eq!(limited.status.code(), Some(1));
+    let out: Value = serde_json::from_slice(&limited.stdout).expect("exec --json prints JSON");
+    assert_eq!(out["error"]["kind"], "llm_call_limit", "{out}");
+    let view = keel.inspect(out["run_id"].as_str().unwrap());
+    let sent = view["journal"].as_array().unwrap().iter().filter(|e| e["method"] == "llm.chat").count();
+    assert_eq!(sent, 0, "the batch past the limit was never sent");
 }
 
 #[test]
