@@ -499,7 +499,11 @@ impl Kernel {
         };
         let limits = lock(&live.budget.account).limits();
         if let Some(never) = keel_core::budget::never_fits(&limits, &input_only) {
-            return Err(SyscallError::new(ErrorKind::BudgetExhausted, never_fits_message(&never)));
+            // `never_fits` tells it apart from a call that merely does not fit now.
+            return Err(SyscallError::new(ErrorKind::BudgetExhausted, never_fits_message(&never))
+                .with("never_fits", true)
+                .with("needs", never.needs)
+                .with("limit", never.limit));
         }
         let reservation = self.reserve(live, worst).await?;
         let effect = |_| async move {
