@@ -11,9 +11,11 @@
 //! sequence is [`ResponseStream`](super::responses_stream::ResponseStream)'s.
 //!
 //! What the chat shape cannot express is refused with the field named (built-in tools
-//! such as `web_search`, image and file inputs, `item_reference`, background responses,
-//! stored prompts and conversations), except `reasoning` items, which ride along on the
-//! assistant message they precede so a Responses upstream gets them back unchanged.
+//! such as `web_search`, image and file inputs, background responses, stored prompts and
+//! conversations), except `reasoning` items, which ride along on the assistant message
+//! they precede so a Responses upstream gets them back unchanged. An `item_reference` to
+//! an output item of a kept response is resolved by the gateway ([`response_of_item`]
+//! says which response holds it) before [`conversation`] sees the input.
 
 use keel_protocol::rpc::{ChatMessage, ChatRole, LlmChatParams, LlmChatResult};
 use serde_json::{Map, Value, json};
@@ -239,12 +241,12 @@ fn normalize_item(item: &Value, at: &str) -> Checked<Value> {
             Ok(json!({ "type": "function_call_output", "call_id": call_id, "output": output }))
         }
         "reasoning" => Ok(item.clone()),
-        "item_reference" => Err(RequestError::new(
-            format!("{at}.type"),
-            format!(
-                "{at} is an item_reference, which the Keel gateway cannot resolve; send the item itself, or continue with `previous_response_id`"
-            ),
-        )),
+        // Resolved by the gateway from the responses the kernel keeps (see
+        // `response_of_item`) before the conversation is built.
+        "item_reference" => {
+            let id = text_field("id")?;
+            Ok(json!({ "type": "item_reference", "id": id }))
+        }
         other => Err(RequestError::new(
             format!("{at}.type"),
             format!(
@@ -462,6 +464,15 @@ pub fn conversation(history: &[Value], request: &ResponsesRequest) -> Checked<Ll
                 messages.push(tool);
             }
             "reasoning" => pending_reasoning.push(item.clone()),
+            "item_reference" => {
+                return Err(RequestError::new(
+                    format!("{at}.id"),
+                    format!(
+                        "{at} refers to item {:?}, which no response kept for this tenant holds; send the item itself, or continue with `previous_response_id`",
+                        text("id")
+                    ),
+                ));
+            }
             _ => {}
         }
     }
@@ -505,14 +516,51 @@ pub fn response_id(call_key: &str) -> String {
     format!("resp_{}", digest(&["response", call_key]))
 }
 
-/// The id of a response's output message.
+/// The id of a response's output message: the response's own digest, so an
+/// `item_reference` to it leads back to the response ([`response_of_item`]).
 pub fn message_item_id(response_id: &str) -> String {
-    format!("msg_{}", digest(&[response_id, "message"]))
+    format!("msg_{}", id_digest(response_id))
 }
 
 /// The id of a response's `index`th function call item.
 pub fn call_item_id(response_id: &str, index: usize) -> String {
-    format!("fc_{}", digest(&[response_id, "call", &index.to_string()]))
+    format!("fc_{}_{index}", id_digest(response_id))
+}
+
+fn id_digest(response_id: &str) -> &str {
+    response_id.strip_prefix("resp_").unwrap_or(response_id)
+}
+
+/// The response whose output holds the item `item_id` (a message or function call item
+/// the gateway made), for resolving an `item_reference`. Other ids (an upstream's
+/// reasoning items) name none.
+pub fn response_of_item(item_id: &str) -> Option<String> {
+    let digest = match item_id.strip_prefix("msg_") {
+        Some(digest) => digest,
+        None => item_id.strip_prefix("fc_")?.rsplit_once('_')?.0,
+    };
+    (!digest.is_empty() && digest.bytes().all(|b| b.is_ascii_hexdigit())).then(|| format!("resp_{digest}"))
+}
+
+/// Replaces each `item_reference` in `input` with the item it names, found by `lookup`
+/// (the output items of the response [`response_of_item`] names, or `None` when that
+/// response is not kept). References that resolve to nothing stay, and
+/// [`conversation`] refuses them naming the field.
+pub fn resolve_references(input: &mut [Value], mut lookup: impl FnMut(&str) -> Option<Vec<Value>>) {
+    for item in input.iter_mut() {
+        if item.get("type").and_then(Value::as_str) != Some("item_reference") {
+            continue;
+        }
+        let id = item.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let found = response_of_item(&id).and_then(|response| lookup(&response)).and_then(|output| {
+            output
+                .into_iter()
+                .find(|candidate| candidate.get("id").and_then(Value::as_str) == Some(id.as_str()))
+        });
+        if let Some(found) = found {
+            *item = found;
+        }
+    }
 }
 
 /// 48 hex digits of a SHA-256 over `parts` (the journal's own stable digest).

@@ -132,7 +132,8 @@ fn bad_requests_name_the_field() {
             Some("input[0].content[1].type"),
         ),
         (json!({ "input": [{ "type": "web_search_call", "id": "x" }] }), Some("input[0].type")),
-        (json!({ "input": [{ "type": "item_reference", "id": "x" }] }), Some("input[0].type")),
+        (json!({ "input": [{ "type": "item_reference", "id": "msg_00" }] }), Some("input[0].id")),
+        (json!({ "input": [{ "type": "item_reference" }] }), Some("input[0].id")),
         (json!({ "input": [{ "role": "robot", "content": "x" }] }), Some("input[0].role")),
         (
             json!({ "input": [{ "type": "function_call", "call_id": "c", "name": "f" }] }),
@@ -324,4 +325,32 @@ fn reasoning_after_a_turn_belongs_to_that_turn() {
     assert_eq!(params.messages[1].reasoning.as_ref().unwrap()[0]["id"], "rs_1");
     assert_eq!(params.messages[2].role, ChatRole::Tool);
     assert_eq!(params.messages[2].reasoning, None);
+}
+
+#[test]
+fn an_item_reference_resolves_to_the_kept_item() {
+    let id = response_id("run:7");
+    let answer = result(Some("thinking aloud"), &[("call_1", "add", "{}")], None);
+    let output = output_items(&id, &answer);
+    let (message, call) = (output[0]["id"].as_str().unwrap(), output[1]["id"].as_str().unwrap());
+    assert_eq!(response_of_item(message), Some(id.clone()));
+    assert_eq!(response_of_item(call), Some(id.clone()));
+    assert_eq!(response_of_item("rs_upstream"), None);
+    assert_eq!(response_of_item("msg_not-hex"), None);
+    let mut request = parse(json!({ "input": [
+        { "role": "user", "content": "add" },
+        { "type": "item_reference", "id": message },
+        { "type": "item_reference", "id": call },
+        { "type": "function_call_output", "call_id": "call_1", "output": "5" },
+    ] }));
+    resolve_references(&mut request.input, |response| (response == id).then(|| output.clone()));
+    let params = conversation(&[], &request).unwrap();
+    assert_eq!(params.messages[1].content.as_deref(), Some("thinking aloud"));
+    assert_eq!(params.messages[1].tool_calls.as_ref().unwrap()[0]["id"], "call_1");
+    assert_eq!(params.messages[2].tool_call_id.as_deref(), Some("call_1"));
+
+    // A reference to a response that is not kept stays, and is refused naming it.
+    let mut lost = parse(json!({ "input": [{ "type": "item_reference", "id": message }] }));
+    resolve_references(&mut lost.input, |_| None);
+    assert_eq!(conversation(&[], &lost).unwrap_err().param.as_deref(), Some("input[0].id"));
 }

@@ -66,7 +66,8 @@ pub(super) async fn create(
     let dialect = Dialect::OpenAi;
     let run = authenticate(&kernel, &headers, dialect).await?;
     let raw = parse_body(&body, dialect)?;
-    let request = responses::parse_request(&raw).map_err(refused)?;
+    let mut request = responses::parse_request(&raw).map_err(refused)?;
+    resolve_references(&kernel, &run, &mut request).await?;
     let history = match &request.previous_response_id {
         Some(id) => history(&kernel, &run, id).await?,
         None => Vec::new(),
@@ -205,6 +206,36 @@ async fn history(kernel: &Kernel, run: &RunHandle, id: &str) -> Result<Vec<Value
         }
     }
     Ok(items)
+}
+
+/// Replaces the request's `item_reference`s (the Vercel AI SDK sends earlier output by
+/// reference) with the items of the kept responses they name.
+async fn resolve_references(
+    kernel: &Kernel,
+    run: &RunHandle,
+    request: &mut ResponsesRequest,
+) -> Result<(), GatewayError> {
+    let mut outputs = std::collections::HashMap::new();
+    for item in &request.input {
+        if item.get("type").and_then(Value::as_str) != Some("item_reference") {
+            continue;
+        }
+        let Some(response) = item.get("id").and_then(Value::as_str).and_then(responses::response_of_item)
+        else {
+            continue;
+        };
+        if outputs.contains_key(&response) {
+            continue;
+        }
+        let record = kernel
+            .response(run, &response)
+            .await
+            .map_err(|err| GatewayError::from_rpc(Dialect::OpenAi, &err))?;
+        let output = record.and_then(|r| r.pointer("/response/output").and_then(Value::as_array).cloned());
+        outputs.insert(response, output);
+    }
+    responses::resolve_references(&mut request.input, |response| outputs.get(response).cloned().flatten());
+    Ok(())
 }
 
 /// `GET /v1/responses/{id}`: a response kept for the run's tenant.
