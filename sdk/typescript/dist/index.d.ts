@@ -292,7 +292,8 @@ export declare class Client {
      * or `spawn({ agent: "researcher", input: {...} })`. Retried after a crash, the call
      * returns the same child. Stopping this run stops its children.
      */
-    spawn(command: readonly string[] | SpawnOptions, options?: SpawnOptions): Promise<string>;
+    spawn(command: readonly string[], options?: Omit<SpawnOptions, "command">): Promise<string>;
+    spawn(options: SpawnOptions): Promise<string>;
     /** Wait for a child run to end: `{run_id, state, output, error, exit_code}`, or
      * `{timed_out: true, ...}` after `timeoutMs`. Journaled: after a crash the wait
      * answers the same. */

@@ -383,11 +383,6 @@ class Client {
         }
         return object(await this.call("code.exec", params), "code.exec");
     }
-    /**
-     * Start a child run (`proc.spawn`) and return its run id: `spawn(["node", "child.js"])`
-     * or `spawn({ agent: "researcher", input: {...} })`. Retried after a crash, the call
-     * returns the same child. Stopping this run stops its children.
-     */
     async spawn(command, options = {}) {
         const spec = isArray(command) ? { ...options, command } : command;
         const params = compact({

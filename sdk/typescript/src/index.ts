@@ -556,7 +556,9 @@ export class Client {
    * or `spawn({ agent: "researcher", input: {...} })`. Retried after a crash, the call
    * returns the same child. Stopping this run stops its children.
    */
-  async spawn(command: readonly string[] | SpawnOptions, options: SpawnOptions = {}): Promise<string> {
+  spawn(command: readonly string[], options?: Omit<SpawnOptions, "command">): Promise<string>;
+  spawn(options: SpawnOptions): Promise<string>;
+  async spawn(command: readonly string[] | SpawnOptions, options: Omit<SpawnOptions, "command"> = {}): Promise<string> {
     const spec: SpawnOptions = isArray(command) ? { ...options, command } : command;
     const params = compact({
       command: spec.command,

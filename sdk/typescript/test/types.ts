@@ -52,6 +52,9 @@ export async function refused(k: Client): Promise<void> {
   const random: number = await k.random();
   // @ts-expect-error: mem.search modes are text, semantic or hybrid
   await k.memSearch("notes", "q", { mode: "fuzzy" });
+  // @ts-expect-error: the command is the first argument or an option, not both
+  await k.spawn(["node", "a.js"], { command: ["node", "b.js"] });
+  await k.spawn({ agent: "researcher", input: { topic: "tides" } });
   // @ts-expect-error: the client is made by connect(), not new
   new Client();
   // @ts-expect-error: the JSON helpers are internal (stripped from the declarations)
