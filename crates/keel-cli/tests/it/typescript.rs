@@ -106,7 +106,7 @@ fn a_node_agent_survives_daemon_sigkills_and_pays_each_call_once() {
     let path = agent("ts_agent.js");
     let mut keel = Keel::new();
     keel.start_daemon();
-    let run = keel.detach(&["--llm-script", &script, "--env", "TS_AGENT_DELAY_MS=150", "--", "node", &path]);
+    let run = keel.detach(&["--llm-script", &script, "--env", "TS_AGENT_DELAY_MS=250", "--", "node", &path]);
     // Kill points by journal length: before the checkpoint (sys.now, sys.random, then an
     // llm.chat and an emit per step) and after it (kv.put and the checkpoint at 9, 10).
     for kill_at in [4usize, 13] {
