@@ -1,5 +1,6 @@
-//! Syscall round trip: the Python SDK's no-op syscall (`sys.ping`) through the kernel,
-//! against the floor of a raw Unix-socket echo server doing nothing, in the same run.
+//! Syscall round trip: the Python and TypeScript SDKs' no-op syscall (`sys.ping`) through
+//! the kernel, each against the floor of its language's client on a raw Unix-socket echo
+//! server doing nothing, in the same run.
 //!
 //! cargo bench -p keel-cli --bench syscall
 
@@ -45,25 +46,11 @@ fn row(name: &str, stats: &Value, floor: f64) -> String {
     )
 }
 
-fn main() {
-    let client = common::bench_dir().join("bench_client.py");
-    let scratch = tempfile::tempdir().expect("tempdir");
-    let echo_path = scratch.path().join("echo.sock");
-    echo_server(&echo_path);
-    let out = Command::new("python3")
-        .arg(&client)
-        .args(["echo", &echo_path.display().to_string()])
-        .output()
-        .expect("run the echo client");
-    assert!(out.status.success(), "echo client failed: {}", String::from_utf8_lossy(&out.stderr));
-    let echo: Value = serde_json::from_slice(&out.stdout).expect("echo stats");
-
-    let daemon = common::Daemon::start(tempfile::tempdir().expect("tempdir"));
-    let out = daemon
-        .keel()
-        .args(["run", "--detach", "--json", "--", "python3", &client.display().to_string(), "kernel"])
-        .output()
-        .expect("keel run");
+/// Runs `program` (an interpreter and its arguments) as a benchmark agent under the daemon
+/// and returns the output it exited with.
+fn agent_output(daemon: &common::Daemon, program: &[&str]) -> Value {
+    let out =
+        daemon.keel().args(["run", "--detach", "--json", "--"]).args(program).output().expect("keel run");
     assert!(out.status.success(), "keel run failed: {}", String::from_utf8_lossy(&out.stderr));
     let run: Value = serde_json::from_slice(&out.stdout).expect("run id");
     let run = run["run_id"].as_str().expect("run_id").to_owned();
@@ -78,15 +65,50 @@ fn main() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(view["state"], "succeeded", "benchmark agent failed: {view}");
-    let output = &view["output"];
-    let floor = echo["echo"]["p50_us"].as_f64().unwrap_or(1.0);
+    view["output"].clone()
+}
+
+/// The floor: `interpreter client echo PATH`'s stats.
+fn echo_floor(interpreter: &str, client: &std::path::Path, echo_path: &std::path::Path) -> Value {
+    let out = Command::new(interpreter)
+        .arg(client)
+        .args(["echo", &echo_path.display().to_string()])
+        .output()
+        .expect("run the echo client");
+    assert!(out.status.success(), "echo client failed: {}", String::from_utf8_lossy(&out.stderr));
+    let echo: Value = serde_json::from_slice(&out.stdout).expect("echo stats");
+    echo["echo"].clone()
+}
+
+fn main() {
+    let python_client = common::bench_dir().join("bench_client.py");
+    let node_client = common::bench_dir().join("bench_client.js");
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let echo_path = scratch.path().join("echo.sock");
+    echo_server(&echo_path);
+    let python_echo = echo_floor("python3", &python_client, &echo_path);
+    let node_echo = echo_floor("node", &node_client, &echo_path);
+
+    let daemon = common::Daemon::start(tempfile::tempdir().expect("tempdir"));
+    let python = agent_output(&daemon, &["python3", &python_client.display().to_string(), "kernel"]);
+    let node = agent_output(&daemon, &["node", &node_client.display().to_string(), "kernel"]);
+    let python_floor = python_echo["p50_us"].as_f64().unwrap_or(1.0);
+    let node_floor = node_echo["p50_us"].as_f64().unwrap_or(1.0);
     println!("cargo bench -p keel-cli --bench syscall\n");
     println!("| round trip | n | mean µs | p50 µs | p99 µs | p50 vs floor |");
     println!("|---|---:|---:|---:|---:|---:|");
     println!(
         "{}",
-        row("floor: raw Unix-socket echo (Python client, Rust echo server)", &echo["echo"], floor)
+        row("floor: raw Unix-socket echo (Python client, Rust echo server)", &python_echo, python_floor)
     );
-    println!("{}", row("kernel: sys.ping, raw socket client", &output["kernel_raw"], floor));
-    println!("{}", row("kernel: sys.ping through the Python SDK", &output["kernel_sdk"], floor));
+    println!("{}", row("kernel: sys.ping, raw socket client", &python["kernel_raw"], python_floor));
+    println!("{}", row("kernel: sys.ping through the Python SDK", &python["kernel_sdk"], python_floor));
+    println!(
+        "{}",
+        row("floor: raw Unix-socket echo (Node client, Rust echo server)", &node_echo, node_floor)
+    );
+    println!(
+        "{}",
+        row("kernel: sys.ping through the TypeScript SDK (Node)", &node["kernel_sdk"], node_floor)
+    );
 }

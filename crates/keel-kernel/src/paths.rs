@@ -78,6 +78,12 @@ impl DataDir {
     pub fn python_sdk(&self) -> PathBuf {
         self.root.join("sdk/python")
     }
+
+    /// The directory holding the Node SDK's package `keel`, unpacked from the binary; it
+    /// is what agents' `NODE_PATH` names, so `require("keel")` finds the package.
+    pub fn node_sdk(&self) -> PathBuf {
+        self.root.join("sdk/node")
+    }
 }
 
 fn non_empty_env(name: &str) -> Option<String> {

@@ -84,6 +84,9 @@ pub enum Error {
 pub struct KeelResources {
     pub syscall_socket: Option<PathBuf>,
     pub python_sdk: Option<PathBuf>,
+    /// The directory holding the Node SDK's package `keel` (bound at
+    /// `plan::inside::NODE_SDK`, which `NODE_PATH` names).
+    pub node_sdk: Option<PathBuf>,
     /// The CA bundle that trusts the egress proxy's CA (`allowlist` runs with injected
     /// credentials); bound read-only at `plan::inside::CA_BUNDLE`.
     pub ca_bundle: Option<PathBuf>,

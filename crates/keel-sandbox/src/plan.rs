@@ -21,6 +21,8 @@ pub mod inside {
     pub const SYSCALL_SOCKET: &str = "/run/keel/syscall.sock";
     /// The Python SDK (on `PYTHONPATH`).
     pub const PYTHON_SDK: &str = "/run/keel/sdk";
+    /// The directory holding the Node SDK's package `keel` (on `NODE_PATH`).
+    pub const NODE_SDK: &str = "/run/keel/node";
     /// The CA bundle of `allowlist` runs whose proxy injects credentials (`SSL_CERT_FILE`).
     pub const CA_BUNDLE: &str = "/run/keel/ca-bundle.pem";
     /// Scratch space that is the agent's home; a volume can take its place.
@@ -172,9 +174,10 @@ pub struct PlanInputs<'a> {
     /// Files named by the command's arguments (see [`argument_binds`]).
     pub argument_files: &'a [ArgumentFile],
     pub volumes: &'a [Volume],
-    /// The kernel's syscall socket and Python SDK on the host, if the agent gets them.
+    /// The kernel's syscall socket and SDKs on the host, if the agent gets them.
     pub syscall_socket: Option<&'a Path>,
     pub python_sdk: Option<&'a Path>,
+    pub node_sdk: Option<&'a Path>,
     pub ca_bundle: Option<&'a Path>,
     /// (port, host socket) of each bridge.
     pub bridges: &'a [(u16, PathBuf)],
@@ -401,6 +404,13 @@ pub fn build(inputs: &PlanInputs<'_>) -> Result<MountPlan, PlanError> {
             writable: false,
         });
     }
+    if let Some(sdk) = inputs.node_sdk {
+        ops.push(MountOp::Bind {
+            source: sdk.to_path_buf(),
+            target: inside::NODE_SDK.into(),
+            writable: false,
+        });
+    }
     if let Some(bundle) = inputs.ca_bundle {
         ops.push(MountOp::Bind {
             source: bundle.to_path_buf(),
@@ -522,6 +532,7 @@ mod tests {
             volumes: &[],
             syscall_socket: None,
             python_sdk: None,
+            node_sdk: None,
             ca_bundle: None,
             bridges: &[],
             secrets: &[],
@@ -751,10 +762,12 @@ mod tests {
         let mut input = inputs(&host, Path::new("/p"));
         input.syscall_socket = Some(Path::new("/data/syscall.sock"));
         input.python_sdk = Some(Path::new("/data/sdk/python"));
+        input.node_sdk = Some(Path::new("/data/sdk/node"));
         input.bridges = &bridges;
         let binds = binds(&build(&input).unwrap());
         assert!(binds.contains(&("/data/syscall.sock".into(), inside::SYSCALL_SOCKET.into(), false)));
         assert!(binds.contains(&("/data/sdk/python".into(), inside::PYTHON_SDK.into(), false)));
+        assert!(binds.contains(&("/data/sdk/node".into(), inside::NODE_SDK.into(), false)));
         assert!(binds.contains(&("/data/gateway.sock".into(), "/run/keel/bridge-4000.sock".into(), false)));
     }
 }

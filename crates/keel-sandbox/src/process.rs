@@ -230,6 +230,7 @@ impl Shared {
             volumes: &spec.profile.volumes,
             syscall_socket: spec.keel.syscall_socket.as_deref(),
             python_sdk: spec.keel.python_sdk.as_deref(),
+            node_sdk: spec.keel.node_sdk.as_deref(),
             ca_bundle: spec.keel.ca_bundle.as_deref(),
             bridges: &bridges,
             secrets: &secrets,

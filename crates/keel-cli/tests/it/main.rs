@@ -1,6 +1,6 @@
 //! End-to-end tests of the real `keel` binary: runs, operator controls, crash recovery
 //! with SIGKILL, bad input, the HTTP API, and memory. Agents are the Python programs in
-//! `tests/agents`.
+//! `tests/agents`, and one Node program on the TypeScript SDK (`ts_agent.js`).
 
 mod api;
 mod audit;
@@ -24,3 +24,4 @@ mod scheduler;
 mod swap;
 mod tenants;
 mod tools;
+mod typescript;

@@ -169,6 +169,7 @@ impl Kernel {
                 keel: KeelResources {
                     syscall_socket: Some(data_dir.syscall_socket()),
                     python_sdk: Some(data_dir.python_sdk()),
+                    node_sdk: Some(data_dir.node_sdk()),
                     ca_bundle,
                     secrets: vec![data_dir.root().to_path_buf()],
                 },
@@ -283,6 +284,18 @@ impl Kernel {
         };
         env.insert("PYTHONPATH".into(), python_path);
         env.insert("PYTHONUNBUFFERED".into(), "1".into());
+        // The Node SDK: `require("keel")` resolves through NODE_PATH (a user's own
+        // NODE_PATH still works, after it).
+        let node_sdk = if shares_host {
+            self.inner.data_dir.node_sdk().display().to_string()
+        } else {
+            inside::NODE_SDK.to_owned()
+        };
+        let node_path = match env.get("NODE_PATH") {
+            Some(existing) if !existing.is_empty() => format!("{node_sdk}:{existing}"),
+            _ => node_sdk,
+        };
+        env.insert("NODE_PATH".into(), node_path);
         let socket = if shares_host {
             self.inner.data_dir.syscall_socket().display().to_string()
         } else {

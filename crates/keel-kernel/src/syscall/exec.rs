@@ -376,6 +376,7 @@ impl Kernel {
                 keel: keel_sandbox::KeelResources {
                     syscall_socket: Some(data_dir.syscall_socket()),
                     python_sdk: None,
+                    node_sdk: None,
                     ca_bundle: None,
                     secrets: vec![data_dir.root().to_path_buf()],
                 },

@@ -122,7 +122,7 @@ def case_host_env(*names):
     # OPENAI_API_KEY and ANTHROPIC_API_KEY hold the run token (the gateway's "key"), never
     # the kernel's real keys.
     leaked = {name: os.environ[name] for name in names if os.environ.get(name, token) != token}
-    allowed = {"HOME", "TMPDIR", "LANG", "PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "KEEL_SOCKET",
+    allowed = {"HOME", "TMPDIR", "LANG", "PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "NODE_PATH", "KEEL_SOCKET",
                "KEEL_RUN_TOKEN", "KEEL_RUN_ID", "OPENAI_BASE_URL", "OPENAI_API_KEY",
                "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "KEEL_MCP_URL", "LC_CTYPE"}
     extra = sorted(set(os.environ) - allowed)
@@ -135,7 +135,8 @@ def case_host_env(*names):
 def case_write_outside():
     results = []
     for path in ["/etc/keel-escape", "/usr/keel-escape", "/keel-escape", "/proc/keel-escape",
-                 "/run/keel/keel-escape", os.path.join(os.getcwd(), "keel-escape")]:
+                 "/run/keel/keel-escape", "/run/keel/sdk/keel/keel-escape",
+                 "/run/keel/node/keel/keel-escape", os.path.join(os.getcwd(), "keel-escape")]:
         ok, detail = fails(lambda p=path: open(p, "w").write("x"))
         results.append((ok, f"{path}: {detail}"))
     inside = []

@@ -1,0 +1,1017 @@
+/**
+ * Keel's Node SDK: talk to the Keel agent kernel from an agent program.
+ *
+ * Keel starts your program with `KEEL_SOCKET` and `KEEL_RUN_TOKEN` set; {@link connect}
+ * uses them. Every interaction with the world (LLM calls, tools, time, randomness, asking
+ * a human) is a *syscall* that the kernel meters and journals:
+ *
+ * ```js
+ * const keel = require("keel");
+ *
+ * const k = await keel.connect();
+ * const state = (await k.restore()) ?? { done: 0 };   // resume after a crash
+ * for (let step = state.done; step < 3; step++) {
+ *   const reply = await k.llmChat([{ role: "user", content: `step ${step + 1}` }]);
+ *   await k.tool("kv.put", { key: `step-${step + 1}`, value: reply.message.content });
+ *   state.done = step + 1;
+ *   await k.checkpoint(state);                        // replay after a crash starts here
+ * }
+ * await k.exit({ steps: state.done });
+ * ```
+ *
+ * Run it with `keel run -- node agent.js`.
+ *
+ * Durability, and the one rule it asks of you: if the kernel crashes, it starts your
+ * program again from the top and answers its syscalls from the journal (the LLM is not
+ * called, nor paid, twice) until the program asks for something new. So a program must
+ * do the same thing given the same syscall results: take time and randomness from
+ * {@link Client.nowMs} and {@link Client.random}, call {@link Client.restore} first, and
+ * {@link Client.checkpoint} after each unit of work.
+ *
+ * The wire contract is protocol 1: JSON-RPC 2.0, one object per line, over a Unix
+ * socket; calls may be in flight together and are matched to their answers by id.
+ * Results keep the wire's field names (`cost_usd`, `input_tokens`); methods and options
+ * are camelCase. Integers a JS number cannot hold exactly (`sys.random`'s u64, or any
+ * in your own data) arrive as `bigint`, and a `bigint` you send is written as a JSON
+ * integer, so values survive a checkpoint and a replay unchanged.
+ *
+ * @packageDocumentation
+ */
+
+import * as net from "node:net";
+
+/** The protocol this SDK speaks; `hello` refuses a kernel that speaks another. */
+export const PROTOCOL_VERSION = 1;
+
+/**
+ * The kernel refuses longer request lines (and then closes the connection), so the
+ * client refuses to send them and keeps the connection usable instead.
+ */
+export const MAX_LINE_BYTES = 1024 * 1024;
+
+/** The stable strings of `data.kind` in the kernel's error answers. */
+export type ErrorKind =
+  | "parse_error"
+  | "invalid_request"
+  | "too_large"
+  | "unknown_method"
+  | "invalid_params"
+  | "unauthenticated"
+  | "denied"
+  | "not_found"
+  | "run_exited"
+  | "provider_error"
+  | "no_provider"
+  | "tool_error"
+  | "budget_exhausted"
+  | "internal"
+  | "cancelled"
+  | "would_block";
+
+/** `data.kind` for each error code, used when an error arrives without one. */
+export const ERROR_KINDS: Readonly<Record<number, ErrorKind>> = Object.freeze({
+  [-32700]: "parse_error",
+  [-32600]: "invalid_request",
+  [-32601]: "unknown_method",
+  [-32602]: "invalid_params",
+  1000: "unauthenticated",
+  1001: "denied",
+  1002: "not_found",
+  1003: "run_exited",
+  1004: "provider_error",
+  1005: "no_provider",
+  1006: "tool_error",
+  1007: "budget_exhausted",
+  1008: "internal",
+  1009: "cancelled",
+  1010: "would_block",
+});
+
+const NOT_UNDER_KEEL =
+  "not running under Keel: start this program with `keel run -- node your_agent.js`";
+
+// -- errors --------------------------------------------------------------------------------
+
+/**
+ * The kernel answered a syscall with an error.
+ *
+ * `code` is the JSON-RPC code, `kind` the stable string from `data.kind` (match on this,
+ * e.g. `err.kind === "budget_exhausted"`), `message` the kernel's explanation, `data`
+ * the whole `data` member, and `method` the syscall that failed.
+ */
+export class KeelError extends Error {
+  override readonly name = "KeelError";
+  readonly code: number;
+  /** An {@link ErrorKind}, or `"unknown"` for a code this SDK does not know. */
+  readonly kind: ErrorKind | "unknown" | (string & {});
+  readonly data: unknown;
+  readonly method: string | undefined;
+
+  constructor(code: number, message: string, data?: unknown, method?: string) {
+    super(message);
+    this.code = code;
+    this.data = data ?? null;
+    this.method = method;
+    const kind = isObject(data) ? data["kind"] : undefined;
+    this.kind = typeof kind === "string" ? kind : (ERROR_KINDS[code] ?? "unknown");
+    // An uncaught KeelError should say which call failed and how, not only the message.
+    if (typeof this.stack === "string") {
+      const rest = this.stack.indexOf("\n");
+      this.stack = `${this.name}: ${this.describe()}${rest >= 0 ? this.stack.slice(rest) : ""}`;
+    }
+  }
+
+  /** `"<method> failed: <message> [<kind>, code <code>]"`. */
+  describe(): string {
+    const where = this.method !== undefined ? `${this.method} failed: ` : "";
+    return `${where}${this.message} [${this.kind}, code ${this.code}]`;
+  }
+
+  override toString(): string {
+    return `${this.name}: ${this.describe()}`;
+  }
+}
+
+/**
+ * The connection to the kernel is gone (or could not be made). Calls in flight and every
+ * later call reject with this. Under Keel the right reaction is usually to exit: if the
+ * kernel crashed, it restarts the agent and replays.
+ */
+export class ConnectionLost extends Error {
+  override readonly name = "ConnectionLost";
+}
+
+/** The kernel said something this SDK does not understand (a bug on one side). */
+export class ProtocolError extends Error {
+  override readonly name = "ProtocolError";
+}
+
+/** `KEEL_SOCKET` or `KEEL_RUN_TOKEN` is missing: the program was not started by Keel. */
+export class NotUnderKeel extends Error {
+  override readonly name = "NotUnderKeel";
+  constructor(detail?: string) {
+    super(detail === undefined ? NOT_UNDER_KEEL : `${NOT_UNDER_KEEL} (${detail})`);
+  }
+}
+
+/** No answer came within a call's `timeoutMs`; the connection stays usable. */
+export class TimeoutError extends Error {
+  override readonly name = "TimeoutError";
+}
+
+// -- wire shapes -------------------------------------------------------------------------
+
+/** A chat message in the OpenAI chat shape. */
+export interface ChatMessage {
+  role: "system" | "user" | "assistant" | "tool";
+  /** May be null on an assistant message that only carries tool calls. */
+  content: string | null;
+  tool_calls?: ToolCallRequest[];
+  tool_call_id?: string;
+  name?: string;
+}
+
+/** A tool call the model asked for, in the OpenAI shape. */
+export interface ToolCallRequest {
+  id: string;
+  type: "function";
+  function: { name: string; arguments: string };
+}
+
+export interface LlmChatOptions {
+  model?: string;
+  /** Tools the model may call, in the OpenAI shape (`{type: "function", function: {...}}`). */
+  tools?: readonly unknown[];
+  maxTokens?: number;
+  temperature?: number;
+  /** `"auto"`, `"none"`, `"required"` or `{type: "function", function: {name}}`. */
+  toolChoice?: unknown;
+  stop?: readonly string[];
+  topP?: number;
+  /** OpenAI shape (`{type: "json_object"}`, `{type: "json_schema", ...}`). */
+  responseFormat?: unknown;
+  /** `false` asks for at most one tool call per response. */
+  parallelToolCalls?: boolean;
+}
+
+export interface LlmChatResult {
+  message: { role: "assistant"; content: string | null; tool_calls?: ToolCallRequest[] };
+  usage: { input_tokens: number; output_tokens: number };
+  cost_usd: number;
+  model: string;
+  /** `stop`, `length`, `tool_calls` or `content_filter`. */
+  finish_reason?: string;
+}
+
+export interface LlmEmbedResult {
+  model: string;
+  /** One vector per input, in order. */
+  embeddings: number[][];
+  input_tokens: number;
+}
+
+export interface ToolSpec {
+  name: string;
+  description: string;
+  input_schema: unknown;
+}
+
+export interface ExecLimits {
+  timeout_ms?: number;
+  memory_bytes?: number;
+  max_tool_calls?: number;
+  max_output_bytes?: number;
+  max_recursion?: number;
+}
+
+export interface ExecOptions {
+  /** `python` (monty, the default), `javascript` (QuickJS) or `cpython`. */
+  lang?: "python" | "javascript" | "cpython" | (string & {});
+  /** Bound as the program's global variables. */
+  inputs?: Record<string, unknown>;
+  limits?: ExecLimits;
+}
+
+export interface CodeExecResult {
+  result: unknown;
+  stdout: string;
+  tool_calls: { name: string; args: unknown; ok: boolean; duration_us: number }[];
+  duration_us: number;
+}
+
+export interface SpawnOptions {
+  /** The child's program and arguments (run in this run's working directory and sandbox). */
+  command?: readonly string[];
+  /** Or the name of an agent tool (`[[tools.agent]]` in keel.toml). */
+  agent?: string;
+  /** The child's input (its `keel.input()`). */
+  input?: unknown;
+  env?: Record<string, string>;
+  /** Tool patterns, each within this run's grant; default: this run's grant. */
+  grant?: readonly string[];
+  /** `high`, `normal` or `low`; default: this run's. */
+  priority?: "high" | "normal" | "low";
+  /** The child's own budget (`max_usd`, `max_tokens`, ...), the same shape as a run's. */
+  budget?: Record<string, unknown>;
+}
+
+export interface WaitResult {
+  run_id: string;
+  state?: string;
+  output?: unknown;
+  error?: string | null;
+  exit_code?: number | null;
+  /** Set when `timeoutMs` passed before the child ended. */
+  timed_out?: boolean;
+  [field: string]: unknown;
+}
+
+export interface ThreadEntry {
+  index: number;
+  role: string;
+  content: string;
+}
+
+export interface MemSearchHit {
+  key: string;
+  /** Higher is more relevant; comparable within one search only. */
+  score: number;
+  /** An excerpt around the matched words, which are in `[...]`. */
+  snippet: string;
+}
+
+/** A received message. */
+export interface IpcMessage<T = unknown> {
+  /** The sending run's id, or null for an operator's message. */
+  from: string | null;
+  seq: number;
+  message: T;
+  correlation_id?: string;
+  /** The topic, for a message published on one (`"signal"` for signals). */
+  topic?: string;
+}
+
+export interface ConnectOptions {
+  /** Default: `KEEL_SOCKET`. */
+  socketPath?: string;
+  /** Default: `KEEL_RUN_TOKEN`. */
+  token?: string;
+}
+
+export interface CallOptions {
+  /** Give up waiting after this many milliseconds ({@link TimeoutError}); default: wait
+   * forever (`human.ask` may legitimately take hours). */
+  timeoutMs?: number;
+  /** Give up waiting when this aborts (the promise rejects with the signal's reason). */
+  signal?: AbortSignal;
+}
+
+// -- the client ----------------------------------------------------------------------
+
+/** The run's input (`keel run --input JSON`; an agent called as a tool or spawned gets its
+ * arguments there), or `defaultValue` when it has none. */
+export function input<T = unknown>(defaultValue?: T): T {
+  const text = process.env["KEEL_INPUT"];
+  if (text === undefined) {
+    return defaultValue as T;
+  }
+  try {
+    return parseJson(text) as T;
+  } catch (err) {
+    throw new ProtocolError(`KEEL_INPUT is not JSON (${errorText(err)}): ${text.slice(0, 200)}`);
+  }
+}
+
+/**
+ * Connect to the kernel and say hello.
+ *
+ * Reads `KEEL_SOCKET` and `KEEL_RUN_TOKEN` from the environment unless given. Rejects
+ * with {@link NotUnderKeel} when they are missing, {@link ConnectionLost} when the socket
+ * cannot be reached, and {@link KeelError} (kind `unauthenticated`) when the token is
+ * refused.
+ */
+export function connect(options: ConnectOptions = {}): Promise<Client> {
+  return Client.connect(options);
+}
+
+interface Pending {
+  method: string;
+  resolve(result: unknown): void;
+  reject(error: Error): void;
+  timer?: NodeJS.Timeout;
+  abort?: { signal: AbortSignal; listener: () => void };
+}
+
+/**
+ * A connection to the kernel. Build one with {@link connect}. Each method is one
+ * syscall and returns a promise of its answer; any number of calls may be in flight at
+ * once, and each gets its own answer.
+ *
+ * The connection keeps the process alive only while a call is in flight, so a program
+ * ends when its work is done even if it never calls {@link Client.close}.
+ */
+export class Client {
+  /** The run's id, as the kernel's `hello` said. */
+  runId = "";
+  /** The protocol the kernel speaks (always {@link PROTOCOL_VERSION} once connected). */
+  protocol = 0;
+
+  readonly #socket: net.Socket;
+  readonly #pending = new Map<number, Pending>();
+  #nextId = 1; // id 0 is hello's
+  #partial: Buffer[] = []; // bytes of a line not yet complete
+  #closedReason: string | null = null;
+  #orphanError: string | null = null; // an error the kernel sent with a null id
+
+  private constructor(socket: net.Socket) {
+    this.#socket = socket;
+    socket.on("data", (chunk: Buffer) => this.#onData(chunk));
+    socket.on("error", (err) => this.#failAll(`the connection to the Keel kernel failed: ${err.message}`));
+    socket.on("close", () => this.#failAll("the Keel kernel closed the connection"));
+    socket.unref();
+  }
+
+  /** See {@link connect}. */
+  static async connect(options: ConnectOptions = {}): Promise<Client> {
+    const socketPath = options.socketPath ?? nonEmpty(process.env["KEEL_SOCKET"]);
+    const token = options.token ?? nonEmpty(process.env["KEEL_RUN_TOKEN"]);
+    if (socketPath === undefined) {
+      throw new NotUnderKeel("KEEL_SOCKET is not set");
+    }
+    if (token === undefined) {
+      throw new NotUnderKeel("KEEL_SOCKET is set but KEEL_RUN_TOKEN is not");
+    }
+    const socket = await new Promise<net.Socket>((resolve, reject) => {
+      const attempt = net.createConnection({ path: socketPath });
+      const refused = (err: Error): void => {
+        attempt.destroy();
+        reject(new ConnectionLost(`cannot connect to the Keel kernel at ${socketPath}: ${err.message}`, { cause: err }));
+      };
+      attempt.once("error", refused);
+      attempt.once("connect", () => {
+        attempt.off("error", refused);
+        resolve(attempt);
+      });
+    });
+    const client = new Client(socket);
+    try {
+      const hello = object(await client.#request(0, "hello", { token }, {}), "hello");
+      if (hello["protocol"] !== PROTOCOL_VERSION) {
+        throw new ProtocolError(
+          `the kernel speaks protocol ${JSON.stringify(hello["protocol"])}; this SDK speaks ${PROTOCOL_VERSION}`,
+        );
+      }
+      client.runId = String(field(hello, "run_id", "hello"));
+      client.protocol = PROTOCOL_VERSION;
+    } catch (err) {
+      client.close();
+      throw err;
+    }
+    return client;
+  }
+
+  // -- the generic call ---------------------------------------------------------------
+
+  /**
+   * Send one request and return its `result` (an object for every protocol-1 method).
+   * Rejects with {@link KeelError} for an error answer, {@link ConnectionLost} when the
+   * connection goes, {@link TimeoutError} after `timeoutMs`.
+   */
+  call<T = unknown>(method: string, params: Record<string, unknown> = {}, options: CallOptions = {}): Promise<T> {
+    return this.#request(this.#nextId++, method, params, options) as Promise<T>;
+  }
+
+  #request(id: number, method: string, params: Record<string, unknown>, options: CallOptions): Promise<unknown> {
+    if (this.#closedReason !== null) {
+      return Promise.reject(new ConnectionLost(this.#closedReason));
+    }
+    if (!isObject(params)) {
+      return Promise.reject(new TypeError(`${method}: params must be an object, got ${describeValue(params)}`));
+    }
+    let line: string;
+    try {
+      line = stringifyJson({ jsonrpc: "2.0", id, method, params }, "request") + "\n";
+    } catch (err) {
+      return Promise.reject(new TypeError(`${method}: cannot send the params as JSON: ${errorText(err)}`));
+    }
+    const bytes = Buffer.byteLength(line, "utf8");
+    if (bytes > MAX_LINE_BYTES) {
+      return Promise.reject(
+        new KeelError(
+          -32600,
+          `the request is ${bytes} bytes and the kernel refuses lines over ${MAX_LINE_BYTES} bytes; ` +
+            "send less (store big data with a tool and pass a key)",
+          { kind: "too_large" },
+          method,
+        ),
+      );
+    }
+    const { timeoutMs, signal } = options;
+    if (signal?.aborted) {
+      return Promise.reject(signal.reason);
+    }
+    return new Promise((resolve, reject) => {
+      const pending: Pending = { method, resolve, reject };
+      this.#pending.set(id, pending);
+      this.#socket.ref(); // a call in flight keeps the process alive
+      if (timeoutMs !== undefined) {
+        pending.timer = setTimeout(() => {
+          if (this.#settle(id)) {
+            reject(new TimeoutError(`${method}: no answer from the Keel kernel within ${timeoutMs} ms`));
+          }
+        }, timeoutMs);
+      }
+      if (signal !== undefined) {
+        const listener = (): void => {
+          if (this.#settle(id)) {
+            reject(signal.reason);
+          }
+        };
+        signal.addEventListener("abort", listener, { once: true });
+        pending.abort = { signal, listener };
+      }
+      this.#socket.write(line, (err) => {
+        if (err && this.#settle(id)) {
+          reject(new ConnectionLost(`sending ${method} to the Keel kernel failed: ${err.message}`, { cause: err }));
+        }
+      });
+    });
+  }
+
+  /** Forgets request `id`; whether it was still waiting. A late answer is then dropped. */
+  #settle(id: number): Pending | undefined {
+    const pending = this.#pending.get(id);
+    if (pending === undefined) {
+      return undefined;
+    }
+    this.#pending.delete(id);
+    if (pending.timer !== undefined) {
+      clearTimeout(pending.timer);
+    }
+    if (pending.abort !== undefined) {
+      pending.abort.signal.removeEventListener("abort", pending.abort.listener);
+    }
+    if (this.#pending.size === 0) {
+      this.#socket.unref(); // idle: let the program end when its work is done
+    }
+    return pending;
+  }
+
+  // -- the syscalls -------------------------------------------------------------------
+
+  /** Ask the LLM (OpenAI chat shape). Returns the whole result: `message`, `usage`
+   * (`input_tokens`, `output_tokens`), `cost_usd` and `model`. */
+  async llmChat(messages: readonly ChatMessage[], options: LlmChatOptions = {}): Promise<LlmChatResult> {
+    // Unset options are left out rather than sent as null: the kernel matches replayed
+    // calls by their exact parameters.
+    const params = compact({
+      messages,
+      model: options.model,
+      tools: options.tools,
+      max_tokens: options.maxTokens,
+      temperature: options.temperature,
+      tool_choice: options.toolChoice,
+      stop: options.stop,
+      top_p: options.topP,
+      response_format: options.responseFormat,
+      parallel_tool_calls: options.parallelToolCalls,
+    });
+    return object(await this.call("llm.chat", params), "llm.chat") as unknown as LlmChatResult;
+  }
+
+  /** Vectors for `input` from the kernel's embedder (`llm.embed`), journaled like a read. */
+  async embed(input: readonly string[], options: { model?: string } = {}): Promise<LlmEmbedResult> {
+    const params = compact({ input, model: options.model });
+    return object(await this.call("llm.embed", params), "llm.embed") as unknown as LlmEmbedResult;
+  }
+
+  /** Call a tool and return its result: `await k.tool("kv.put", { key: "k", value: 1 })`. */
+  async tool<T = unknown>(name: string, args: Record<string, unknown> = {}): Promise<T> {
+    return field(await this.call("tool.call", { name, args }), "result", "tool.call") as T;
+  }
+
+  /** The tools this run may call: `name`, `description`, `input_schema`. */
+  async listTools(): Promise<ToolSpec[]> {
+    return field(await this.call("tool.list"), "tools", "tool.list") as ToolSpec[];
+  }
+
+  /**
+   * Run a short program whose tool calls are governed, journaled syscalls (`code.exec`).
+   *
+   * Tools are functions inside it (`fs.read(path="a.txt")` in Python,
+   * `fs.read({path: "a.txt"})` in JavaScript); `inputs` are its global variables. A
+   * failing program rejects with a {@link KeelError} whose `data.exec_error` says how it
+   * failed (`syntax`, `runtime`, `timeout`, `memory`, `tool_call_limit`...).
+   */
+  async exec(code: string, options: ExecOptions = {}): Promise<CodeExecResult> {
+    const params: Record<string, unknown> = { lang: options.lang ?? "python", code, inputs: options.inputs ?? {} };
+    if (options.limits !== undefined && Object.keys(options.limits).length > 0) {
+      params["limits"] = options.limits;
+    }
+    return object(await this.call("code.exec", params), "code.exec") as unknown as CodeExecResult;
+  }
+
+  /**
+   * Start a child run (`proc.spawn`) and return its run id: `spawn(["node", "child.js"])`
+   * or `spawn({ agent: "researcher", input: {...} })`. Retried after a crash, the call
+   * returns the same child. Stopping this run stops its children.
+   */
+  spawn(command: readonly string[], options?: Omit<SpawnOptions, "command">): Promise<string>;
+  spawn(options: SpawnOptions): Promise<string>;
+  async spawn(command: readonly string[] | SpawnOptions, options: Omit<SpawnOptions, "command"> = {}): Promise<string> {
+    const spec: SpawnOptions = isArray(command) ? { ...options, command } : command;
+    const params = compact({
+      command: spec.command,
+      agent: spec.agent,
+      input: spec.input,
+      env: spec.env !== undefined && Object.keys(spec.env).length > 0 ? spec.env : undefined,
+      grant: spec.grant,
+      priority: spec.priority,
+      budget: spec.budget,
+    });
+    return String(field(await this.call("proc.spawn", params), "run_id", "proc.spawn"));
+  }
+
+  /** Wait for a child run to end: `{run_id, state, output, error, exit_code}`, or
+   * `{timed_out: true, ...}` after `timeoutMs`. Journaled: after a crash the wait
+   * answers the same. */
+  async wait(runId: string, options: { timeoutMs?: number } = {}): Promise<WaitResult> {
+    const params = compact({ run_id: runId, timeout_ms: options.timeoutMs });
+    return object(await this.call("proc.wait", params), "proc.wait") as WaitResult;
+  }
+
+  /** `stop`, `pause` or `resume` a descendant run (or send it a custom signal). */
+  async signal(runId: string, signal: string): Promise<Record<string, unknown>> {
+    return object(await this.call("proc.signal", { run_id: runId, signal }), "proc.signal");
+  }
+
+  /** Take `name` in this run's tenant: other runs `send(name, ...)` to it while this run
+   * lives (`ipc.register`). A name held by a live run rejects with kind `denied`. */
+  async register(name: string): Promise<void> {
+    await this.call("ipc.register", { name });
+  }
+
+  /** A durable timer: after a crash the run sleeps only what was left (`sys.sleep`). */
+  async sleep(ms: number): Promise<void> {
+    await this.call("sys.sleep", { ms: wholeNumber(ms, "sleep", "ms") });
+  }
+
+  /** Save `state` (any JSON); after a crash, {@link Client.restore} returns it and replay
+   * starts here. Returns the checkpoint's sequence number. */
+  async checkpoint(state: unknown): Promise<number> {
+    return Number(field(await this.call("state.checkpoint", { state }), "seq", "state.checkpoint"));
+  }
+
+  /** The last checkpointed state, or null on a fresh run. */
+  async restore<T = unknown>(): Promise<T | null> {
+    return field(await this.call("state.restore"), "state", "state.restore") as T | null;
+  }
+
+  /** Wall-clock time in Unix milliseconds, journaled (use instead of `Date.now()`). */
+  async nowMs(): Promise<number> {
+    return Number(field(await this.call("sys.now"), "unix_ms", "sys.now"));
+  }
+
+  /** A no-op round trip to the kernel (not journaled): checks the channel is alive. */
+  async ping(): Promise<void> {
+    await this.call("sys.ping");
+  }
+
+  /** A random unsigned 64-bit integer, journaled (use instead of `Math.random()`). A
+   * `bigint`, since a JS number cannot hold every u64. */
+  async random(): Promise<bigint> {
+    const value = field(await this.call("sys.random"), "value", "sys.random");
+    if (typeof value === "bigint") {
+      return value;
+    }
+    if (typeof value === "number" && Number.isSafeInteger(value)) {
+      return BigInt(value);
+    }
+    throw new ProtocolError(`sys.random: the value is not an integer: ${describeValue(value)}`);
+  }
+
+  /** Ask a human and wait (durably, maybe for hours) for `keel answer`. */
+  async ask(question: string, options: CallOptions = {}): Promise<string> {
+    return String(field(await this.call("human.ask", { question }, options), "answer", "human.ask"));
+  }
+
+  /** Publish an event (any JSON) on the run's event stream. */
+  async emit(event: unknown): Promise<void> {
+    await this.call("run.emit", { event });
+  }
+
+  /** Finish the run with `output` (any JSON). Later calls reject with kind `run_exited`;
+   * the program should end after this. */
+  async exit(output: unknown = null): Promise<void> {
+    await this.call("run.exit", { output });
+  }
+
+  // -- memory -------------------------------------------------------------------------
+
+  /** Append a message to the conversation thread `thread` (shared by id between the runs
+   * of a tenant; created on first append). Returns its index (0 first). */
+  async threadAppend(thread: string, role: string, content: string): Promise<number> {
+    const params = { thread, message: { role, content } };
+    return Number(field(await this.call("mem.thread.append", params), "index", "mem.thread.append"));
+  }
+
+  /** The thread's messages, oldest first: the newest `last` of them and/or the newest that
+   * fit in `maxTokens` (estimated). */
+  async threadRead(thread: string, options: { last?: number; maxTokens?: number } = {}): Promise<ThreadEntry[]> {
+    const params = compact({ thread, last: options.last, max_tokens: options.maxTokens });
+    return field(await this.call("mem.thread.read", params), "messages", "mem.thread.read") as ThreadEntry[];
+  }
+
+  /** Store `value` (any JSON) under `namespace`/`key` in long-term memory. `text` is what
+   * {@link Client.memSearch} finds it by (default: the value itself, or its JSON). */
+  async memPut(namespace: string, key: string, value: unknown, options: { text?: string } = {}): Promise<void> {
+    await this.call("mem.put", compact({ namespace, key, value, text: options.text }));
+  }
+
+  /** The value stored under `namespace`/`key`, or null. */
+  async memGet<T = unknown>(namespace: string, key: string): Promise<T | null> {
+    return field(await this.call("mem.get", { namespace, key }), "value", "mem.get") as T | null;
+  }
+
+  /** Delete a record; whether there was one. */
+  async memDelete(namespace: string, key: string): Promise<boolean> {
+    return field(await this.call("mem.delete", { namespace, key }), "deleted", "mem.delete") === true;
+  }
+
+  /** Search a namespace: hits (`key`, `score`, `snippet`), most relevant first. `mode` is
+   * `"text"` (full-text, the default), `"semantic"` or `"hybrid"`. */
+  async memSearch(
+    namespace: string,
+    query: string,
+    options: { limit?: number; mode?: "text" | "semantic" | "hybrid" } = {},
+  ): Promise<MemSearchHit[]> {
+    const params = compact({ namespace, query, limit: options.limit, mode: options.mode });
+    return field(await this.call("mem.search", params), "hits", "mem.search") as MemSearchHit[];
+  }
+
+  // -- IPC ----------------------------------------------------------------------------
+
+  /**
+   * Put `message` (any JSON) in the mailbox of run `to` (a run of the same tenant, or a
+   * registered name) and return its seq there. When the mailbox is full this waits for
+   * room, or with `wait: false` rejects with kind `would_block` (nothing was sent).
+   */
+  async send(to: string, message: unknown, options: { correlationId?: string; wait?: boolean } = {}): Promise<number> {
+    const params = compact({
+      to,
+      message,
+      correlation_id: options.correlationId,
+      wait: options.wait === false ? false : undefined,
+    });
+    return Number(field(await this.call("ipc.send", params), "seq", "ipc.send"));
+  }
+
+  /** The next message of this run's mailbox, waiting up to `timeoutMs` (forever when
+   * absent); null on timeout. Each message is received once, and a restarted run
+   * receives the same messages again. */
+  async recv<T = unknown>(options: { timeoutMs?: number } = {}): Promise<IpcMessage<T> | null> {
+    const params = compact({ timeout_ms: options.timeoutMs });
+    return field(await this.call("ipc.recv", params), "message", "ipc.recv") as IpcMessage<T> | null;
+  }
+
+  /** Deliver messages published on the tenant's `topic` to this run's mailbox from now on. */
+  async subscribe(topic: string): Promise<void> {
+    await this.call("ipc.subscribe", { topic });
+  }
+
+  /** Stop delivering `topic`'s messages to this run. */
+  async unsubscribe(topic: string): Promise<void> {
+    await this.call("ipc.unsubscribe", { topic });
+  }
+
+  /** Put `message` in the mailbox of every run of the tenant subscribed to `topic` (all or
+   * nothing); returns how many got it. */
+  async publish(topic: string, message: unknown, options: { wait?: boolean } = {}): Promise<number> {
+    const params = compact({ topic, message, wait: options.wait === false ? false : undefined });
+    return Number(field(await this.call("ipc.publish", params), "delivered", "ipc.publish"));
+  }
+
+  // -- lifetime -----------------------------------------------------------------------
+
+  /** Close the connection. Calls still waiting reject with {@link ConnectionLost}.
+   * Idempotent. */
+  close(): void {
+    this.#failAll("the client was closed");
+    this.#socket.destroy();
+  }
+
+  // -- reading ------------------------------------------------------------------------
+
+  #onData(chunk: Buffer): void {
+    let start = 0;
+    for (;;) {
+      const newline = chunk.indexOf(0x0a, start);
+      if (newline < 0) {
+        break;
+      }
+      const piece = chunk.subarray(start, newline);
+      const line = this.#partial.length > 0 ? Buffer.concat([...this.#partial, piece]) : piece;
+      this.#partial = [];
+      start = newline + 1;
+      const problem = this.#dispatch(line);
+      if (problem !== undefined) {
+        this.#failAll(problem);
+        this.#socket.destroy();
+        return;
+      }
+    }
+    if (start < chunk.length) {
+      this.#partial.push(chunk.subarray(start));
+    }
+  }
+
+  /** Hands one answer to its caller. Returns a reason to give up, if any. */
+  #dispatch(line: Buffer): string | undefined {
+    const text = line.toString("utf8");
+    let message: unknown;
+    try {
+      message = parseJson(text);
+    } catch {
+      return `the Keel kernel sent a line that is not JSON: ${JSON.stringify(text.slice(0, 200))}`;
+    }
+    if (!isObject(message)) {
+      return `the Keel kernel sent JSON that is not an object: ${text.slice(0, 200)}`;
+    }
+    const id = message["id"];
+    const error = message["error"];
+    if (id === null || id === undefined) {
+      if (isObject(error)) {
+        // An error about a request the kernel could not attribute to an id. The kernel
+        // closes the connection after such errors, so keep the explanation for the
+        // callers that will see ConnectionLost.
+        this.#orphanError = `the Keel kernel reported: ${String(error["message"])}`;
+      }
+      return undefined; // a notification: protocol 1 defines none, so ignore it
+    }
+    const pending = typeof id === "number" ? this.#settle(id) : undefined;
+    if (pending === undefined) {
+      return undefined; // a caller that timed out or gave up
+    }
+    if (isObject(error)) {
+      const code = typeof error["code"] === "number" ? error["code"] : 0;
+      pending.reject(new KeelError(code, String(error["message"] ?? ""), error["data"], pending.method));
+    } else if ("result" in message) {
+      pending.resolve(message["result"]);
+    } else {
+      pending.reject(new ProtocolError(`${pending.method}: an answer with neither result nor error: ${text.slice(0, 200)}`));
+    }
+    return undefined;
+  }
+
+  #failAll(reason: string): void {
+    if (this.#closedReason === null) {
+      this.#closedReason = this.#orphanError !== null ? `${reason}; ${this.#orphanError}` : reason;
+    }
+    for (const id of [...this.#pending.keys()]) {
+      this.#settle(id)?.reject(new ConnectionLost(this.#closedReason));
+    }
+  }
+}
+
+// -- JSON, without losing integers ----------------------------------------------------------
+
+/** Any integer literal a JS number might not hold exactly has at least 16 digits. */
+const LONG_DIGITS = /\d{16}/;
+
+/** One JSON token (the text is known to be valid JSON when this is used). */
+const TOKEN = /[ \t\n\r]*(?:("(?:[^"\\]|\\.)*")|(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)|(true|false|null)|([{}[\]:,]))/y;
+
+/**
+ * `JSON.parse`, except that an integer a JS number cannot hold exactly becomes a
+ * `bigint` (a u64 from `sys.random`, a big id in a tool's result) instead of a nearby
+ * double, so what the kernel journaled comes back unchanged.
+ *
+ * @internal
+ */
+export function parseJson(text: string): unknown {
+  const value: unknown = JSON.parse(text); // validates; the common case ends here
+  if (!LONG_DIGITS.test(text)) {
+    return value;
+  }
+  const tokens: string[] = [];
+  TOKEN.lastIndex = 0;
+  while (TOKEN.lastIndex < text.length) {
+    const start = TOKEN.lastIndex;
+    const match = TOKEN.exec(text);
+    if (match === null) {
+      if (text.slice(start).trim() === "") {
+        break;
+      }
+      throw new SyntaxError(`unexpected JSON at ${start}`);
+    }
+    tokens.push(match[1] ?? match[2] ?? match[3] ?? match[4] ?? "");
+  }
+  let at = 0;
+  const next = (): string => tokens[at++] ?? "";
+  const parseValue = (): unknown => {
+    const token = next();
+    if (token === "{") {
+      const result: Record<string, unknown> = {};
+      if (tokens[at] === "}") {
+        at++;
+        return result;
+      }
+      for (;;) {
+        const key = JSON.parse(next()) as string;
+        next(); // ":"
+        // defineProperty, so that a key "__proto__" is data, as JSON.parse makes it.
+        Object.defineProperty(result, key, { value: parseValue(), enumerable: true, writable: true, configurable: true });
+        if (next() === "}") {
+          return result;
+        }
+      }
+    }
+    if (token === "[") {
+      const result: unknown[] = [];
+      if (tokens[at] === "]") {
+        at++;
+        return result;
+      }
+      for (;;) {
+        result.push(parseValue());
+        if (next() === "]") {
+          return result;
+        }
+      }
+    }
+    if (token.startsWith('"')) {
+      return JSON.parse(token);
+    }
+    if (token === "true" || token === "false" || token === "null") {
+      return JSON.parse(token);
+    }
+    const number = Number(token);
+    if (/^-?\d+$/.test(token) && !Number.isSafeInteger(number)) {
+      return BigInt(token);
+    }
+    return number;
+  };
+  return parseValue();
+}
+
+/**
+ * `JSON.stringify`, except that a `bigint` is written as a JSON integer, and that NaN,
+ * Infinity and cycles are refused naming where they are (JSON cannot carry them, and a
+ * silent `null` would journal something other than what the program meant).
+ *
+ * @internal
+ */
+export function stringifyJson(value: unknown, path = "value"): string {
+  const ancestors: object[] = [];
+  const write = (input: unknown, key: string, where: string): string | undefined => {
+    let item = input;
+    if (item !== null && typeof item === "object" && typeof (item as { toJSON?: unknown }).toJSON === "function") {
+      item = (item as { toJSON(key: string): unknown }).toJSON(key);
+    }
+    if (item instanceof Number || item instanceof String || item instanceof Boolean || item instanceof BigInt) {
+      item = item.valueOf();
+    }
+    switch (typeof item) {
+      case "string":
+        return JSON.stringify(item);
+      case "number":
+        if (!Number.isFinite(item)) {
+          throw new TypeError(`${where} is ${item}, which JSON cannot carry`);
+        }
+        return JSON.stringify(item);
+      case "boolean":
+        return item ? "true" : "false";
+      case "bigint":
+        return item.toString();
+      case "undefined":
+      case "function":
+      case "symbol":
+        return undefined;
+      default:
+        break;
+    }
+    if (item === null) {
+      return "null";
+    }
+    const container = item as object;
+    if (ancestors.includes(container)) {
+      throw new TypeError(`${where} refers to one of its own parents, and JSON cannot carry a cycle`);
+    }
+    ancestors.push(container);
+    let text: string;
+    if (Array.isArray(container)) {
+      const items = container.map((element: unknown, index) => write(element, String(index), `${where}[${index}]`) ?? "null");
+      text = `[${items.join(",")}]`;
+    } else {
+      const members: string[] = [];
+      for (const name of Object.keys(container)) {
+        const member = write((container as Record<string, unknown>)[name], name, `${where}.${name}`);
+        if (member !== undefined) {
+          members.push(`${JSON.stringify(name)}:${member}`);
+        }
+      }
+      text = `{${members.join(",")}}`;
+    }
+    ancestors.pop();
+    return text;
+  };
+  return write(value, "", path) ?? "null";
+}
+
+// -- helpers -------------------------------------------------------------------------
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+function isArray(value: unknown): value is readonly unknown[] {
+  return Array.isArray(value);
+}
+
+function nonEmpty(value: string | undefined): string | undefined {
+  return value === undefined || value === "" ? undefined : value;
+}
+
+/** The params without the members left undefined (absent, not null, on the wire). */
+function compact(params: Record<string, unknown>): Record<string, unknown> {
+  const result: Record<string, unknown> = {};
+  for (const [name, value] of Object.entries(params)) {
+    if (value !== undefined) {
+      result[name] = value;
+    }
+  }
+  return result;
+}
+
+function object(value: unknown, method: string): Record<string, unknown> {
+  if (!isObject(value)) {
+    throw new ProtocolError(`${method}: expected an object as the result, got ${describeValue(value)}`);
+  }
+  return value;
+}
+
+function field(result: unknown, name: string, method: string): unknown {
+  if (!isObject(result) || !(name in result)) {
+    throw new ProtocolError(`${method}: the result lacks ${JSON.stringify(name)}: ${describeValue(result)}`);
+  }
+  return result[name];
+}
+
+function wholeNumber(value: number, method: string, name: string): number {
+  if (!Number.isSafeInteger(value) || value < 0) {
+    throw new TypeError(`${method}: ${name} must be a whole number of at least 0, got ${describeValue(value)}`);
+  }
+  return value;
+}
+
+function describeValue(value: unknown): string {
+  try {
+    return stringifyJson(value).slice(0, 200);
+  } catch {
+    return String(value);
+  }
+}
+
+function errorText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
