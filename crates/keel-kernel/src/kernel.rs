@@ -300,7 +300,47 @@ impl Kernel {
         request: LlmChatParams,
         stream: Option<DeltaSink>,
     ) -> Result<LlmChatResult, keel_protocol::rpc::RpcError> {
-        self.chat_syscall(run, request, stream).await.map_err(Into::into)
+        let listener = crate::syscall::Listener { deltas: stream, entry: None };
+        self.chat_syscall(run, request, listener).await.map_err(Into::into)
+    }
+
+    /// [`Kernel::chat`] for a caller that names its answer after the call's journal
+    /// entry (the gateway's Responses API derives response ids from it, so a call
+    /// answered from the journal after a crash gets the same id): `entry` gets the seq of
+    /// the run's `llm.chat` entry as soon as it exists (its intent durable, or the entry
+    /// found on replay), before any delta. A call refused before it was journaled (bad
+    /// params, no budget) drops `entry` unsent.
+    pub async fn chat_with_entry(
+        &self,
+        run: &RunHandle,
+        request: LlmChatParams,
+        stream: Option<DeltaSink>,
+        entry: tokio::sync::oneshot::Sender<u64>,
+    ) -> Result<LlmChatResult, keel_protocol::rpc::RpcError> {
+        let listener = crate::syscall::Listener { deltas: stream, entry: Some(entry) };
+        self.chat_syscall(run, request, listener).await.map_err(Into::into)
+    }
+
+    /// A Responses API response kept for `run`'s tenant (see [`Kernel::keep_response`]).
+    pub async fn response(
+        &self,
+        run: &RunHandle,
+        id: &str,
+    ) -> Result<Option<serde_json::Value>, keel_protocol::rpc::RpcError> {
+        self.kept_response(run, id).await.map_err(Into::into)
+    }
+
+    /// Keeps a Responses API response for `run`'s tenant under `id`, durably before it
+    /// returns, so a later request of any run of the tenant can continue it
+    /// (`previous_response_id`) or read it. Writing the same id again replaces it (a
+    /// call answered from the journal writes what it wrote the first time).
+    pub async fn keep_response(
+        &self,
+        run: &RunHandle,
+        id: &str,
+        record: serde_json::Value,
+    ) -> Result<(), keel_protocol::rpc::RpcError> {
+        self.keep_response_record(run, id, record).await.map_err(Into::into)
     }
 
     /// Embeddings for `run` (the gateway's `/v1/embeddings`), through the journaled

@@ -209,6 +209,7 @@ mod tests {
             tool_calls: None,
             tool_call_id: None,
             name: None,
+            reasoning: None,
         };
         let request = LlmChatParams {
             messages: vec![

@@ -188,6 +188,7 @@ impl Provider for ScriptedProvider {
                     role: ChatRole::Assistant,
                     content,
                     tool_calls: entry.tool_calls.clone(),
+                    reasoning: None,
                 },
                 usage,
                 cost_usd,
@@ -232,6 +233,7 @@ mod tests {
                 tool_calls: None,
                 tool_call_id: None,
                 name: None,
+                reasoning: None,
             }],
             ..LlmChatParams::default()
         }

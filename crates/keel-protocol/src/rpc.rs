@@ -199,6 +199,11 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// Items of an OpenAI Responses API turn that the chat shape cannot express
+    /// (`reasoning` items, with their `encrypted_content`), kept as they came so a
+    /// Responses upstream gets them back unchanged; every other provider ignores them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<Vec<Value>>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -245,6 +250,11 @@ pub struct AssistantMessage {
     pub content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<Value>>,
+    /// Items of an OpenAI Responses API turn that the chat shape cannot express
+    /// (`reasoning` items, with their `encrypted_content`), kept as they came so a
+    /// Responses upstream gets them back unchanged; every other provider ignores them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<Vec<Value>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]

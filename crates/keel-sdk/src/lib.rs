@@ -53,6 +53,7 @@ pub fn user(content: &str) -> ChatMessage {
         tool_calls: None,
         tool_call_id: None,
         name: None,
+        reasoning: None,
     }
 }
 

@@ -1,11 +1,12 @@
 //! The provider-compatible endpoints agents reach with unmodified SDKs:
-//! `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic), with and
-//! without streaming, and `POST /v1/embeddings` (OpenAI; one journaled `llm.embed`).
-//! `GET /v1/models` lists the models a run may ask for by name. Anything else is a 404
-//! in the caller's dialect naming what is served. The API key is
-//! the run's token. Each request becomes one journaled
-//! `llm.chat` of that run; a streamed response is journaled whole and, when it is answered
-//! from the journal after a crash, replayed as a stream.
+//! `POST /v1/chat/completions` and `POST /v1/responses` (OpenAI; the Responses API and
+//! `GET /v1/responses/{id}` are in `gateway/responses.rs`) and `POST /v1/messages`
+//! (Anthropic), with and without streaming, and `POST /v1/embeddings` (OpenAI; one
+//! journaled `llm.embed`). `GET /v1/models` lists the models a run may ask for by name.
+//! Anything else is a 404 in the caller's dialect naming what is served. The API key is
+//! the run's token. Each request becomes one journaled `llm.chat` of that run; a streamed
+//! response is journaled whole and, when it is answered from the journal after a crash,
+//! replayed as a stream.
 
 use std::convert::Infallible;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -23,6 +24,8 @@ use keel_protocol::rpc::{LlmChatParams, LlmChatResult, RpcError};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+mod responses;
+
 /// The gateway's router; served on loopback for unsandboxed agents and on the data
 /// directory's gateway socket for sandboxed ones.
 pub fn router(kernel: Kernel) -> axum::Router {
@@ -32,6 +35,8 @@ pub fn router(kernel: Kernel) -> axum::Router {
         .route("/v1/messages", post(messages))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", axum::routing::get(models))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", axum::routing::get(responses::get))
         .method_not_allowed_fallback(not_served)
         .with_state(kernel)
         .nest_service("/mcp", mcp)
@@ -39,8 +44,8 @@ pub fn router(kernel: Kernel) -> axum::Router {
 }
 
 /// What the gateway serves, for the answer to anything else.
-const SERVED: &str =
-    "POST /v1/chat/completions, POST /v1/messages, POST /v1/embeddings, GET /v1/models and /mcp";
+const SERVED: &str = "POST /v1/chat/completions, POST /v1/responses, GET /v1/responses/{id}, \
+     POST /v1/messages, POST /v1/embeddings, GET /v1/models and /mcp";
 
 /// Any other method or path: an error in the caller's dialect (an Anthropic SDK sends
 /// `anthropic-version`) naming what was asked and what is served, never a bare 404 an SDK
@@ -78,15 +83,10 @@ async fn models(State(kernel): State<Kernel>, headers: HeaderMap) -> Result<Json
 async fn not_served(method: axum::http::Method, uri: axum::http::Uri, headers: HeaderMap) -> GatewayError {
     let dialect = Dialect::of(&headers);
     let path = uri.path();
-    let hint = if path.ends_with("/responses") || path.contains("/responses/") {
-        " The OpenAI Responses API is not served yet: configure the SDK to use Chat \
-         Completions (OpenAI Agents SDK: `set_default_openai_api(\"chat_completions\")`; \
-         Pydantic AI: `OpenAIChatModel`)."
-    } else {
-        ""
-    };
     // A served path asked with another method is 405, anything else 404.
-    let known = ["/v1/chat/completions", "/v1/messages", "/v1/embeddings", "/v1/models"].contains(&path);
+    let known = ["/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/embeddings", "/v1/models"]
+        .contains(&path)
+        || responses::is_response_path(path);
     let (status, kind) = match (known, dialect) {
         (true, Dialect::OpenAi) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
         (true, Dialect::Anthropic) => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error"),
@@ -97,7 +97,7 @@ async fn not_served(method: axum::http::Method, uri: axum::http::Uri, headers: H
         dialect,
         status,
         kind,
-        format!("the Keel gateway does not serve {method} {path}; it serves {SERVED}.{hint}"),
+        format!("the Keel gateway does not serve {method} {path}; it serves {SERVED}."),
     )
 }
 
@@ -121,11 +121,13 @@ struct GatewayError {
     status: StatusCode,
     kind: String,
     message: String,
+    /// The request field at fault (OpenAI's `param`).
+    param: Option<String>,
 }
 
 impl GatewayError {
     fn new(dialect: Dialect, status: StatusCode, kind: &str, message: impl Into<String>) -> GatewayError {
-        GatewayError { dialect, status, kind: kind.to_owned(), message: message.into() }
+        GatewayError { dialect, status, kind: kind.to_owned(), message: message.into(), param: None }
     }
 
     fn from_rpc(dialect: Dialect, error: &RpcError) -> GatewayError {
@@ -136,10 +138,10 @@ impl GatewayError {
 
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
-        let GatewayError { dialect, status, kind, message } = self;
+        let GatewayError { dialect, status, kind, message, param } = self;
         let body = match dialect {
             Dialect::OpenAi => {
-                json!({ "error": { "message": message, "type": kind, "param": null, "code": kind } })
+                json!({ "error": { "message": message, "type": kind, "param": param, "code": kind } })
             }
             Dialect::Anthropic => json!({ "type": "error", "error": { "type": kind, "message": message } }),
         };

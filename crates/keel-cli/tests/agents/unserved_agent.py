@@ -1,6 +1,6 @@
 """An unmodified OpenAI and Anthropic SDK program that lists the gateway's models and asks
-for what it does not serve (the Responses API, a made-up path): it prints what each SDK
-reports, one JSON line."""
+for what it does not serve (a response's input items, deleting a response, a made-up
+path): it prints what each SDK reports, one JSON line."""
 
 import json
 
@@ -10,10 +10,15 @@ import openai
 out = {}
 client = openai.OpenAI()
 try:
-    client.responses.create(model="gpt-4o-mini", input="hello")
-    out["responses"] = "served"
+    client.responses.input_items.list("resp_1")
+    out["input_items"] = "served"
 except openai.APIStatusError as err:
-    out["responses"] = {"status": err.status_code, "message": str(err.message)}
+    out["input_items"] = {"status": err.status_code, "message": str(err.message)}
+try:
+    client.responses.delete("resp_1")
+    out["delete"] = "served"
+except openai.APIStatusError as err:
+    out["delete"] = {"status": err.status_code, "message": str(err.message)}
 out["models"] = [model.id for model in client.models.list()]
 out["anthropic_models"] = [model.id for model in anthropic.Anthropic().models.list()]
 try:

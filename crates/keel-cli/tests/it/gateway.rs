@@ -236,10 +236,11 @@ fn the_sdks_reach_real_providers_backed_by_a_mock_upstream() {
     assert_eq!(counts["total"], 6, "4 OpenAI + 2 Anthropic calls, each served once: {counts}");
 }
 
-/// Issue 12: an SDK asking for what the gateway does not serve (the Responses API, the
-/// default of the newest agent SDKs) got a 404 with an empty body. It now gets an error in
-/// its own dialect naming the path, what is served, and what to configure instead; and
-/// `GET /v1/models`, which some clients call first, lists the run's models.
+/// Issue 12: an SDK asking for what the gateway does not serve (before, the Responses
+/// API, the default of the newest agent SDKs) got a 404 with an empty body. It now gets
+/// an error in its own dialect naming the path and what is served (405 for a served path
+/// asked with another method); and `GET /v1/models`, which some clients call first, lists
+/// the run's models.
 #[test]
 fn what_the_gateway_does_not_serve_is_named_in_the_callers_dialect() {
     let keel = Keel::new();
@@ -258,14 +259,15 @@ fn what_the_gateway_does_not_serve_is_named_in_the_callers_dialect() {
         &agent("unserved_agent.py"),
     ]);
     let seen = stdout_json(&out);
-    assert_eq!(seen["responses"]["status"], 404, "{seen}");
-    let message = seen["responses"]["message"].as_str().unwrap_or_default();
+    assert_eq!(seen["input_items"]["status"], 404, "{seen}");
+    let message = seen["input_items"]["message"].as_str().unwrap_or_default();
     assert!(
-        message.contains("POST /v1/responses")
-            && message.contains("POST /v1/chat/completions")
-            && message.contains("chat_completions"),
+        message.contains("GET /v1/responses/resp_1/input_items")
+            && message.contains("POST /v1/responses")
+            && message.contains("POST /v1/chat/completions"),
         "{message}"
     );
+    assert_eq!(seen["delete"]["status"], 405, "a served path asked with another method: {seen}");
     let models = serde_json::json!(["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5"]);
     assert_eq!((&seen["models"], &seen["anthropic_models"]), (&models, &models), "{seen}");
     assert_eq!(seen["files"]["status"], 404, "{seen}");

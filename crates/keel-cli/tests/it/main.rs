@@ -16,6 +16,7 @@ mod mcp;
 mod memory;
 mod pipe;
 mod procs;
+mod responses;
 mod runs;
 mod sandbox;
 mod sandbox_escape;

@@ -213,19 +213,37 @@ fn reply_of(entry: &JournalEntry) -> Reply {
     }
 }
 
+/// What the caller of a syscall hears before its result (the gateway does; the socket
+/// hears nothing): the deltas of a live streamed LLM call, and the seq of an `llm.chat`'s
+/// journal entry as soon as it has one (its intent durable, or its entry found on
+/// replay), before any delta, so the caller can name what it answers after the entry.
+#[derive(Default)]
+pub(crate) struct Listener {
+    pub(crate) deltas: Option<DeltaSink>,
+    pub(crate) entry: Option<tokio::sync::oneshot::Sender<Seq>>,
+}
+
+impl Listener {
+    fn journaled(&mut self, seq: Seq) {
+        if let Some(entry) = self.entry.take() {
+            let _ = entry.send(seq);
+        }
+    }
+}
+
 impl Kernel {
     pub(crate) async fn syscall(&self, live: &Arc<LiveRun>, method: &str, params: Value) -> Reply {
-        self.syscall_streaming(live, method, params, None).await
+        self.syscall_streaming(live, method, params, Listener::default()).await
     }
 
-    /// A syscall whose LLM deltas, if it makes a live streamed call, go to `stream`. A
-    /// replayed call sends no deltas: the caller renders the journaled result instead.
+    /// A syscall whose caller hears more than its result (see [`Listener`]). A replayed
+    /// call sends no deltas: the caller renders the journaled result instead.
     pub(crate) async fn syscall_streaming(
         &self,
         live: &Arc<LiveRun>,
         method: &str,
         params: Value,
-        stream: Option<DeltaSink>,
+        mut listener: Listener,
     ) -> Reply {
         let _busy = crate::swap::Busy::new(&live.inflight);
         if live.exited.load(Ordering::SeqCst) {
@@ -266,6 +284,7 @@ impl Kernel {
                     live.exited.store(true, Ordering::SeqCst);
                 }
                 self.emit(&live.id, EventKind::Syscall, json!({ "seq": seq, "method": method, "status": entry.status.as_str(), "replayed": true }));
+                listener.journaled(seq);
                 reply_of(&entry)
             }
             Decision::Reattach { seq } => {
@@ -277,15 +296,16 @@ impl Kernel {
                 if let Some(entry) =
                     current.into_iter().find(|e| e.seq == seq && e.status != EntryStatus::Pending)
                 {
+                    listener.journaled(seq);
                     return reply_of(&entry);
                 }
-                self.perform(live, method, call, params, Some(seq), stream).await
+                self.perform(live, method, call, params, Some(seq), listener).await
             }
             Decision::Live { first } => {
                 if first {
                     self.go_live(live).await;
                 }
-                self.perform(live, method, call, params, None, stream).await
+                self.perform(live, method, call, params, None, listener).await
             }
         }
     }
@@ -314,7 +334,7 @@ impl Kernel {
         call: Call,
         params: Value,
         reuse: Option<Seq>,
-        stream: Option<DeltaSink>,
+        listener: Listener,
     ) -> Reply {
         let hash = params_hash(method, &params);
         let journal = journal::Call { live, method, params, hash, reuse };
@@ -352,7 +372,7 @@ impl Kernel {
                 self.abandon_replay_tail(live).await;
                 Ok(json!({ "seq": done.seq }))
             }
-            Call::LlmChat(request) => self.llm_chat(journal, how, request, stream).await,
+            Call::LlmChat(request) => self.llm_chat(journal, how, request, listener).await,
             Call::Tool(call) => self.perform_tool(journal, how, call).await,
             Call::Proc(crate::syscall::procs::ProcCall::Signal { child, signal }) => {
                 let signalled = self.proc_signal(live, &child, &signal).await;
@@ -452,7 +472,7 @@ impl Kernel {
         journal: journal::Call<'_>,
         how: Journaling,
         request: LlmChatParams,
-        stream: Option<DeltaSink>,
+        mut listener: Listener,
     ) -> Reply {
         let live = journal.live;
         let provider: Arc<dyn Provider> = live
@@ -473,7 +493,11 @@ impl Kernel {
                 as u64,
         };
         let reservation = self.reserve(live, worst).await?;
-        let effect = |_| async move {
+        let effect = |seq: Option<Seq>| async move {
+            if let Some(seq) = seq {
+                listener.journaled(seq);
+            }
+            let stream = listener.deltas;
             let started = std::time::Instant::now();
             // Calls waiting for the provider's capacity go in priority and fair-share
             // order between tenants; the run shows its place in `keel ps`.

@@ -5,13 +5,13 @@
 
 use std::sync::Arc;
 
-use keel_llm::DeltaSink;
 use keel_protocol::rpc::{ErrorKind, LlmChatParams, LlmChatResult, LlmEmbedParams, LlmEmbedResult};
 use keel_types::RunId;
+use serde_json::Value;
 
 use crate::Kernel;
 use crate::run::LiveRun;
-use crate::syscall::SyscallError;
+use crate::syscall::{Listener, SyscallError};
 
 /// A live run, authenticated by its token.
 #[derive(Clone)]
@@ -38,7 +38,7 @@ impl Kernel {
         &self,
         run: &RunHandle,
         request: LlmChatParams,
-        stream: Option<DeltaSink>,
+        listener: Listener,
     ) -> Result<LlmChatResult, SyscallError> {
         let params = serde_json::to_value(&request).map_err(|e| {
             SyscallError::new(ErrorKind::InvalidParams, format!("the request cannot be encoded: {e}"))
@@ -48,7 +48,7 @@ impl Kernel {
         // stream closed, like a syscall on the socket.
         let mut ended = run.0.ended.subscribe();
         let result = tokio::select! {
-            result = self.syscall_streaming(&run.0, "llm.chat", params, stream) => result?,
+            result = self.syscall_streaming(&run.0, "llm.chat", params, listener) => result?,
             _ = ended.wait_for(|ended| *ended) => {
                 return Err(SyscallError::new(ErrorKind::Cancelled, "llm.chat: the run's agent is gone; the call was dropped"));
             }
@@ -56,6 +56,28 @@ impl Kernel {
         serde_json::from_value(result).map_err(|e| {
             SyscallError::new(ErrorKind::Internal, format!("the journaled LLM response is unreadable: {e}"))
         })
+    }
+
+    /// A response the run's tenant keeps (the gateway's Responses API), if there is one.
+    pub(crate) async fn kept_response(
+        &self,
+        run: &RunHandle,
+        id: &str,
+    ) -> Result<Option<Value>, SyscallError> {
+        self.store().kv_get(&responses_scope(&run.0.tenant), id).await.map_err(crate::syscall::internal)
+    }
+
+    /// Keeps a response for the run's tenant, durably, under `id`.
+    pub(crate) async fn keep_response_record(
+        &self,
+        run: &RunHandle,
+        id: &str,
+        record: Value,
+    ) -> Result<(), SyscallError> {
+        self.store()
+            .kv_put(&responses_scope(&run.0.tenant), id, record)
+            .await
+            .map_err(crate::syscall::internal)
     }
 
     /// [`Kernel::embed`], failing as a syscall does.
@@ -72,6 +94,11 @@ impl Kernel {
             SyscallError::new(ErrorKind::Internal, format!("the journaled embeddings are unreadable: {e}"))
         })
     }
+}
+
+/// Where a tenant's Responses API responses are kept (the store's key-value table).
+fn responses_scope(tenant: &str) -> String {
+    format!("responses/{tenant}")
 }
 
 /// The run's granted tools as an MCP server (streamable HTTP at `/mcp` of the gateway,

@@ -17,6 +17,6 @@ pub use gateway::RunHandle;
 pub(crate) use gateway::mcp_host;
 
 pub(crate) use crate::error::{Reply, SyscallError, internal};
-pub(crate) use dispatch::{ToolCall, parse};
+pub(crate) use dispatch::{Listener, ToolCall, parse};
 pub(crate) use journal::{Call as JournalCall, Effect, Journaling, completed_entry};
 pub(crate) use socket::listen;

@@ -5,6 +5,7 @@
 
 mod approvals;
 mod budgets;
+mod gateway;
 mod governance;
 mod harness;
 mod ipc;

@@ -246,6 +246,7 @@ pub fn parse_message(value: &Value) -> std::result::Result<Parsed, String> {
             role: ChatRole::Assistant,
             content: text,
             tool_calls: (!calls.is_empty()).then_some(calls),
+            reasoning: None,
         },
         usage,
         model: value.get("model").and_then(Value::as_str).map(str::to_owned),
@@ -404,6 +405,7 @@ impl EventAssembler {
                 role: ChatRole::Assistant,
                 content: self.text,
                 tool_calls: (!calls.is_empty()).then_some(calls),
+                reasoning: None,
             },
             usage,
             model: self.model,
@@ -452,6 +454,7 @@ pub fn messages_request_to_canonical(body: &Value) -> Result<(LlmChatParams, boo
         tool_calls: None,
         tool_call_id: None,
         name: None,
+        reasoning: None,
     };
     if let Some(system) = object.get("system").filter(|s| !s.is_null()) {
         let text = blocks_text(system, "system")?;
@@ -499,6 +502,7 @@ pub fn messages_request_to_canonical(body: &Value) -> Result<(LlmChatParams, boo
                                 tool_calls: None,
                                 tool_call_id: Some(id.to_owned()),
                                 name: None,
+                                reasoning: None,
                             });
                         }
                         kind => {
@@ -556,6 +560,7 @@ pub fn messages_request_to_canonical(body: &Value) -> Result<(LlmChatParams, boo
                     tool_calls: (!calls.is_empty()).then_some(calls),
                     tool_call_id: None,
                     name: None,
+                    reasoning: None,
                 });
             }
             other => return Err(invalid(format!("{at}.role is {other:?}; expected user or assistant"))),
@@ -715,6 +720,7 @@ mod tests {
             tool_calls: None,
             tool_call_id: None,
             name: None,
+            reasoning: None,
         }
     }
 
@@ -1010,6 +1016,7 @@ mod tests {
                 role: ChatRole::Assistant,
                 content: Some("Checking.".into()),
                 tool_calls: Some(vec![weather_call("toolu_1")]),
+                reasoning: None,
             },
             usage: TokenUsage { input_tokens: 10, output_tokens: 20 },
             cost_usd: 0.001,

@@ -3,6 +3,8 @@
 //! JSON or `stream: true` server-sent events. One upstream attempt per call, under the
 //! provider's rate limiter; retries and fallback are the router's.
 
+pub mod responses;
+pub mod responses_stream;
 pub mod wire;
 
 use std::sync::Arc;

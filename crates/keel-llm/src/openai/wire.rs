@@ -114,7 +114,7 @@ pub fn parse_chat_completion(value: &Value) -> std::result::Result<Parsed, Strin
         .filter(|calls| !calls.is_empty())
         .map(|calls| calls.iter().map(normalize_tool_call).collect());
     Ok(Parsed {
-        message: AssistantMessage { role: ChatRole::Assistant, content, tool_calls },
+        message: AssistantMessage { role: ChatRole::Assistant, content, tool_calls, reasoning: None },
         usage: usage_of(value),
         model: value.get("model").and_then(Value::as_str).map(str::to_owned),
         finish_reason: choice.get("finish_reason").and_then(Value::as_str).map(str::to_owned),
@@ -241,6 +241,7 @@ impl ChunkAssembler {
                 role: ChatRole::Assistant,
                 content: self.content,
                 tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
+                reasoning: None,
             },
             usage: self.usage,
             model: self.model,
@@ -320,6 +321,7 @@ pub fn chat_request_to_canonical(body: &Value) -> Result<(LlmChatParams, bool)> 
             tool_calls,
             tool_call_id,
             name: text("name"),
+            reasoning: None,
         });
     }
     let tools = match object.get("tools") {
@@ -454,6 +456,7 @@ mod tests {
             tool_calls: None,
             tool_call_id: None,
             name: None,
+            reasoning: None,
         }
     }
 
@@ -467,6 +470,7 @@ mod tests {
                 role: ChatRole::Assistant,
                 content: Some("Let me check.".into()),
                 tool_calls: Some(vec![weather_call()]),
+                reasoning: None,
             },
             usage: TokenUsage { input_tokens: 12, output_tokens: 7 },
             cost_usd: 0.0,
@@ -488,6 +492,7 @@ mod tests {
                     ]),
                     tool_call_id: None,
                     name: None,
+                    reasoning: None,
                 },
             ],
             tools: Some(vec![json!({"type":"function","function":{"name":"f","parameters":{}}})]),

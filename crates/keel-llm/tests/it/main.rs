@@ -69,6 +69,7 @@ fn message(role: ChatRole, content: Option<&str>) -> ChatMessage {
         tool_calls: None,
         tool_call_id: None,
         name: None,
+        reasoning: None,
     }
 }
 

@@ -1,0 +1,102 @@
+//! The OpenAI Responses API on the gateway (issue 12), with the official `openai` package
+//! as an unmodified agent in the default sandbox: plain, streamed, a tool round trip
+//! continued with `previous_response_id`, reading a response back, refusals that name the
+//! field and journal nothing, and a conversation that survives a daemon SIGKILL with the
+//! upstream serving each call once.
+
+use serde_json::{Value, json};
+
+use crate::gateway::{mock_upstream, read_counts};
+use crate::harness::{Keel, agent, wait_for};
+
+fn llm_entries(view: &Value) -> Vec<Value> {
+    view["journal"].as_array().into_iter().flatten().filter(|e| e["method"] == "llm.chat").cloned().collect()
+}
+
+#[test]
+fn the_openai_sdk_speaks_the_responses_api_unmodified() {
+    let keel = Keel::new();
+    let script = agent("responses_script.json");
+    let out =
+        keel.run(&["run", "--quiet", "--llm-script", &script, "--", "python3", &agent("responses_agent.py")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "agent failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let line = stdout.lines().rev().find(|l| l.starts_with('{')).expect("the agent's JSON line");
+    let seen: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(seen["plain"], "hello from the responses api");
+    assert_eq!(seen["plain_usage"], json!([9, 4]));
+    assert_eq!(seen["plain_status"], "completed");
+    assert_eq!(seen["streamed"], "roses are journaled, violets replayed");
+    assert_eq!(seen["stream_final"], seen["streamed"]);
+    assert_eq!(seen["stream_first_last"], json!(["response.created", "response.completed"]));
+    for event in [
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.output_item.done",
+    ] {
+        assert!(seen["stream_events"].as_array().unwrap().contains(&json!(event)), "{event} in {seen}");
+    }
+    assert_eq!(seen["tool_call"], json!(["add", {"a": 2, "b": 3}]));
+    assert_eq!(seen["final"], "2 plus 3 is 5.");
+    assert_eq!(seen["final_previous"], true);
+    assert_eq!(seen["retrieved"], true);
+    assert_eq!(seen["unknown_call_id"], json!([400, "input[0].call_id"]));
+    assert_eq!(seen["web_search"], json!([400, "tools[0].type"]));
+    assert_eq!(seen["image"], json!([400, "input[0].content[0].type"]));
+    assert_eq!(seen["unknown_previous"], json!([404, "previous_response_id"]));
+    assert_eq!(seen["retrieve_unknown"], 404);
+    let run = keel.json(&["ps", "--json"])[0].clone();
+    assert_eq!(run["provider_calls"], 4);
+    let view = keel.inspect(run["run_id"].as_str().unwrap());
+    assert_eq!(llm_entries(&view).len(), 4, "the refused requests journaled nothing");
+    // The follow-up carried the whole conversation: the question, the call, its output.
+    let follow_up = &llm_entries(&view)[3]["params"]["messages"];
+    let roles: Vec<&str> =
+        follow_up.as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool"], "{follow_up}");
+}
+
+#[test]
+fn a_responses_conversation_survives_a_daemon_kill_and_the_upstream_serves_each_call_once() {
+    let mut keel = Keel::new();
+    let (mut upstream, port, counts) = mock_upstream(&keel, &agent("responses_crash_script.json"));
+    keel.daemon_env = vec![
+        ("OPENAI_API_KEY".into(), "sk-upstream-test".into()),
+        ("OPENAI_BASE_URL".into(), format!("http://127.0.0.1:{port}/v1")),
+    ];
+    keel.start_daemon();
+    let run = keel.detach(&[
+        "--env",
+        "RESPONSES_TOOL_DELAY_MS=1500",
+        "--",
+        "python3",
+        &agent("responses_crash_agent.py"),
+    ]);
+    wait_for("the first call to be journaled", || {
+        (llm_entries(&keel.inspect(&run)).iter().filter(|e| e["status"] == "ok").count() >= 1).then_some(())
+    });
+    keel.kill_daemon();
+    keel.start_daemon();
+    let done = keel.wait_state(&run, &["succeeded", "failed"]);
+    let logs = keel.ok(&["logs", &run]);
+    assert_eq!(done["state"], "succeeded", "{logs}");
+    assert!(done["attempt"].as_u64().unwrap() >= 2, "the agent ran again after the kill");
+    let line = logs.lines().rev().find(|l| l.starts_with('{')).expect("agent output");
+    let seen: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(seen["final"], "2 plus 3 is 5.");
+    let events = seen["events"].as_array().unwrap();
+    assert_eq!(events.first(), Some(&json!("response.created")));
+    assert_eq!(events.last(), Some(&json!("response.completed")));
+    assert!(
+        events.contains(&json!("response.function_call_arguments.done")),
+        "replayed as a stream: {events:?}"
+    );
+    let counts = read_counts(&counts);
+    upstream.kill();
+    assert_eq!(counts["errors"], json!([]), "request invariants: {counts}");
+    assert_eq!(counts["total"], 2, "two distinct calls, each served once: {counts}");
+    assert!(counts["counts"].as_object().unwrap().values().all(|n| n == 1), "{counts}");
+    assert_eq!(done["provider_calls"], 2);
+}

@@ -1,0 +1,96 @@
+//! The kernel side of the gateway's Responses API: a call's journal entry is named before
+//! its answer and stays the same when the call is answered from the journal after a crash
+//! (response ids are derived from it), and kept responses belong to the run's tenant.
+
+use keel_kernel::{Kernel, Principal, RunHandle};
+use keel_protocol::api::CreateTenantParams;
+use keel_protocol::rpc::LlmChatParams;
+use keel_sdk::user;
+use keel_types::RunId;
+use serde_json::json;
+
+use crate::harness::{TestKernel, wait_for};
+
+/// The run's current agent as the gateway authenticates it (by its token).
+fn handle(test: &TestKernel, run: &RunId) -> RunHandle {
+    let record = test.wait_run(run, "its agent to be launched", |r| r.pid.is_some());
+    let tokens = test.token_file(run);
+    let token = wait_for("the run's token", || {
+        let text = std::fs::read_to_string(&tokens).ok()?;
+        text.lines().nth(record.attempt as usize - 1).map(str::to_owned)
+    });
+    test.on_kernel(|kernel| async move { kernel.authenticate(&token).await }).expect("a live run's token")
+}
+
+/// One gateway call: its result's text and the seq its entry was named by.
+fn chat(test: &TestKernel, run: &RunHandle, text: &str) -> (String, Option<u64>) {
+    let (run, request) =
+        (run.clone(), LlmChatParams { messages: vec![user(text)], ..LlmChatParams::default() });
+    test.on_kernel(|kernel: Kernel| async move {
+        let (entry, named) = tokio::sync::oneshot::channel();
+        let result = kernel.chat_with_entry(&run, request, None, entry).await.expect("the call");
+        (result.message.content.unwrap_or_default(), named.await.ok())
+    })
+}
+
+#[test]
+fn a_replayed_call_names_the_same_journal_entry() {
+    let mut test = TestKernel::start();
+    let run =
+        test.create_run(json!({ "llm_script": {"responses": [{"content": "one"}, {"content": "two"}]} }));
+    let first = chat(&test, &handle(&test, &run), "a");
+    assert_eq!(first.0, "one");
+    let seq = first.1.expect("the entry is named");
+
+    test.crash_and_restart();
+    test.wait_run(&run, "relaunched by replay", |r| r.attempt == 2 && r.pid.is_some());
+    let agent = handle(&test, &run);
+    let replayed = chat(&test, &agent, "a");
+    assert_eq!(replayed, ("one".to_owned(), Some(seq)), "answered from the journal, under the same entry");
+    let live = chat(&test, &agent, "b");
+    assert_eq!(live.0, "two");
+    assert_ne!(live.1, Some(seq));
+    assert_eq!(test.get(&run).provider_calls, 2, "the replayed call was not served again");
+}
+
+#[test]
+fn a_call_refused_before_the_journal_names_no_entry() {
+    let test = TestKernel::start();
+    // A run with no provider: the call is refused before its intent is journaled.
+    let run = test.create_run(json!({}));
+    let agent = handle(&test, &run);
+    let journal = test.journal(&run).len();
+    let refused = test.on_kernel(|kernel: Kernel| async move {
+        let (entry, named) = tokio::sync::oneshot::channel();
+        let request = LlmChatParams { messages: vec![user("b")], ..LlmChatParams::default() };
+        let result = kernel.chat_with_entry(&agent, request, None, entry).await;
+        (result.map(|_| ()), named.await.ok())
+    });
+    let (result, named) = refused;
+    assert!(result.is_err(), "no provider: {result:?}");
+    assert_eq!(named, None);
+    assert_eq!(test.journal(&run).len(), journal, "nothing was journaled");
+}
+
+#[test]
+fn kept_responses_belong_to_the_runs_tenant() {
+    let test = TestKernel::start();
+    for name in ["acme", "globex"] {
+        let params = CreateTenantParams { name: name.into(), quota: None };
+        test.on_kernel(|kernel: Kernel| async move { kernel.create_tenant(&Principal::Admin, params).await })
+            .expect("the tenant");
+    }
+    let acme = handle(&test, &test.create_run(json!({ "tenant": "acme" })));
+    let acme_too = handle(&test, &test.create_run(json!({ "tenant": "acme" })));
+    let globex = handle(&test, &test.create_run(json!({ "tenant": "globex" })));
+    let record = json!({ "input": [], "response": { "id": "resp_1" } });
+    let kept = acme.clone();
+    test.on_kernel(|kernel: Kernel| async move { kernel.keep_response(&kept, "resp_1", record).await })
+        .expect("kept");
+    let read = |run: RunHandle| {
+        test.on_kernel(|kernel: Kernel| async move { kernel.response(&run, "resp_1").await }).expect("read")
+    };
+    assert_eq!(read(acme_too).unwrap()["response"]["id"], "resp_1", "another run of the tenant finds it");
+    assert_eq!(read(globex), None, "another tenant's run does not");
+    assert_eq!(read(acme.clone()).map(|r| r["input"].clone()), Some(json!([])));
+}

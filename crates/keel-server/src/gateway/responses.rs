@@ -1,0 +1,223 @@
+//! OpenAI's Responses API on the gateway: `POST /v1/responses` (JSON or the typed event
+//! stream) and `GET /v1/responses/{id}`. A request is checked and converted to one
+//! canonical `llm.chat` of the run (`keel_llm::openai::responses`), so it is budgeted,
+//! queued, journaled and replayed like every other LLM call and works over any provider.
+//!
+//! The kernel keeps each response for the run's tenant (unless the request says
+//! `store: false`): this request's input items and the response object, whose
+//! `previous_response_id` links it to the one before. A follow-up naming
+//! `previous_response_id` continues the conversation from those items. A response's id
+//! is derived from its `llm.chat` journal entry, so after a crash the replayed call gets
+//! the same id and the agent's next `previous_response_id` still finds it.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use keel_kernel::{Kernel, RunHandle};
+use keel_llm::openai::responses::{self, RequestError, ResponsesRequest};
+use keel_llm::openai::responses_stream::{ResponseStream, StreamEvent};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Dialect, GatewayError, authenticate, parse_body, status_of, unix_secs};
+
+/// The most responses one `previous_response_id` may chain back through.
+const MAX_CHAIN: usize = 10_000;
+
+/// Whether `path` is `/v1/responses/{id}` (for the 405 a wrong method gets).
+pub(super) fn is_response_path(path: &str) -> bool {
+    path.strip_prefix("/v1/responses/").is_some_and(|id| !id.is_empty() && !id.contains('/'))
+}
+
+fn refused(err: RequestError) -> GatewayError {
+    let mut error =
+        GatewayError::new(Dialect::OpenAi, StatusCode::BAD_REQUEST, "invalid_request_error", err.message);
+    error.param = err.param;
+    error
+}
+
+fn internal(message: impl Into<String>) -> GatewayError {
+    GatewayError::new(Dialect::OpenAi, StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+}
+
+fn not_found(id: &str, param: Option<&str>) -> GatewayError {
+    let mut error = GatewayError::new(
+        Dialect::OpenAi,
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!(
+            "no response with id {id:?} is kept for this run's tenant (an id from another tenant, or \
+             from a request with `store: false`, is not found)"
+        ),
+    );
+    error.param = param.map(str::to_owned);
+    error
+}
+
+/// `POST /v1/responses`.
+pub(super) async fn create(
+    State(kernel): State<Kernel>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, GatewayError> {
+    let dialect = Dialect::OpenAi;
+    let run = authenticate(&kernel, &headers, dialect).await?;
+    let raw = parse_body(&body, dialect)?;
+    let request = responses::parse_request(&raw).map_err(refused)?;
+    let history = match &request.previous_response_id {
+        Some(id) => history(&kernel, &run, id).await?,
+        None => Vec::new(),
+    };
+    // Everything is checked before the call: a refused request journals nothing.
+    let params = responses::conversation(&history, &request).map_err(refused)?;
+    let created = unix_secs();
+    let model = params.model.clone().unwrap_or_default();
+    let (entry, journaled) = oneshot::channel();
+    if !request.stream {
+        let result = kernel
+            .chat_with_entry(&run, params, None, entry)
+            .await
+            .map_err(|err| GatewayError::from_rpc(dialect, &err))?;
+        let seq = journaled.await.map_err(|_| internal("the call answered without a journal entry"))?;
+        let id = response_id(&run, seq);
+        let response = responses::response_object(&id, created, &request, &result);
+        keep(&kernel, &run, &request, &id, &response).await?;
+        return Ok(Json(response).into_response());
+    }
+    let (sink, deltas) = mpsc::unbounded_channel();
+    // The call runs in its own task, so a client that disconnects does not cancel a
+    // journaled call half way.
+    let call = tokio::spawn({
+        let (kernel, run) = (kernel.clone(), run.clone());
+        async move { kernel.chat_with_entry(&run, params, Some(sink), entry).await }
+    });
+    // Until the call has a journal entry nothing is sent, so a call refused before it
+    // (no budget, a loop) is an HTTP error the client raises, not a broken stream.
+    let Ok(seq) = journaled.await else {
+        return Err(match call.await {
+            Ok(Err(err)) => GatewayError::from_rpc(dialect, &err),
+            Ok(Ok(_)) => internal("the call answered without a journal entry"),
+            Err(join) => internal(format!("the call failed: {join}")),
+        });
+    };
+    let id = response_id(&run, seq);
+    let mut renderer = ResponseStream::new(&id, responses::response_skeleton(&id, created, &model, &request));
+    let start = renderer.start();
+    let stream = Streaming { kernel, run, request, id, renderer, deltas, call: Some(call) };
+    let events = futures_util::stream::iter(start.into_iter().map(sse))
+        .chain(futures_util::stream::unfold(stream, Streaming::next).flat_map(futures_util::stream::iter))
+        .map(Ok::<_, std::convert::Infallible>);
+    Ok(Sse::new(events).into_response())
+}
+
+/// A streamed response after `response.created`: live deltas, then the end.
+struct Streaming {
+    kernel: Kernel,
+    run: RunHandle,
+    request: ResponsesRequest,
+    id: String,
+    renderer: ResponseStream,
+    deltas: mpsc::UnboundedReceiver<keel_llm::Delta>,
+    call: Option<
+        tokio::task::JoinHandle<Result<keel_protocol::rpc::LlmChatResult, keel_protocol::rpc::RpcError>>,
+    >,
+}
+
+impl Streaming {
+    async fn next(mut self) -> Option<(Vec<Event>, Streaming)> {
+        if let Some(delta) = self.deltas.recv().await {
+            let events = self.renderer.delta(&delta).into_iter().map(sse).collect();
+            return Some((events, self));
+        }
+        let call = self.call.take()?;
+        let events = match call.await {
+            Ok(Ok(result)) => {
+                let (events, response) = self.renderer.finish(&result);
+                // Kept before `response.completed` is sent: a client that continues from
+                // it finds it.
+                match keep(&self.kernel, &self.run, &self.request, &self.id, &response).await {
+                    Ok(()) => events,
+                    Err(err) => self.renderer.failed(&err.kind, &err.message),
+                }
+            }
+            Ok(Err(err)) => {
+                let (_, kind) = status_of(&err);
+                self.renderer.failed(&kind, &err.message)
+            }
+            Err(join) => self.renderer.failed("internal", &format!("the call failed: {join}")),
+        };
+        Some((events.into_iter().map(sse).collect(), self))
+    }
+}
+
+fn sse((name, data): StreamEvent) -> Event {
+    Event::default().event(name).data(data.to_string())
+}
+
+fn response_id(run: &RunHandle, seq: u64) -> String {
+    responses::response_id(&format!("{}:{seq}", run.run_id()))
+}
+
+/// Keeps the response for the tenant unless the request said `store: false`.
+async fn keep(
+    kernel: &Kernel,
+    run: &RunHandle,
+    request: &ResponsesRequest,
+    id: &str,
+    response: &Value,
+) -> Result<(), GatewayError> {
+    if !request.store {
+        return Ok(());
+    }
+    let record = json!({ "input": request.input, "response": response });
+    kernel.keep_response(run, id, record).await.map_err(|err| GatewayError::from_rpc(Dialect::OpenAi, &err))
+}
+
+/// The items of the conversation `id` ends, oldest first: each kept response's input
+/// items, then its output.
+async fn history(kernel: &Kernel, run: &RunHandle, id: &str) -> Result<Vec<Value>, GatewayError> {
+    let mut chain = Vec::new();
+    let mut next = Some(id.to_owned());
+    while let Some(id) = next {
+        if chain.len() == MAX_CHAIN {
+            return Err(refused(RequestError {
+                param: Some("previous_response_id".into()),
+                message: format!(
+                    "the conversation chains back through more than {MAX_CHAIN} responses; start a new one with the items you need as `input`"
+                ),
+            }));
+        }
+        let record = kernel
+            .response(run, &id)
+            .await
+            .map_err(|err| GatewayError::from_rpc(Dialect::OpenAi, &err))?
+            .ok_or_else(|| not_found(&id, Some("previous_response_id")))?;
+        next = record.pointer("/response/previous_response_id").and_then(Value::as_str).map(str::to_owned);
+        chain.push(record);
+    }
+    let mut items = Vec::new();
+    for record in chain.iter().rev() {
+        for key in ["/input", "/response/output"] {
+            items.extend(record.pointer(key).and_then(Value::as_array).into_iter().flatten().cloned());
+        }
+    }
+    Ok(items)
+}
+
+/// `GET /v1/responses/{id}`: a response kept for the run's tenant.
+pub(super) async fn get(
+    State(kernel): State<Kernel>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, GatewayError> {
+    let run = authenticate(&kernel, &headers, Dialect::OpenAi).await?;
+    let record = kernel
+        .response(&run, &id)
+        .await
+        .map_err(|err| GatewayError::from_rpc(Dialect::OpenAi, &err))?
+        .ok_or_else(|| not_found(&id, None))?;
+    Ok(Json(record.get("response").cloned().unwrap_or(Value::Null)).into_response())
+}
