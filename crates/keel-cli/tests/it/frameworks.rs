@@ -13,8 +13,8 @@
 //! so the venv needs no flag, from any working directory); a Node framework by running
 //! `node agent.mjs` in its project directory, whose `node_modules` is then visible.
 //!
-//! Rows on the Responses API need the gateway's `POST /v1/responses`; where it is missing
-//! their failure says so.
+//! Rows on the Responses API need the gateway's `POST /v1/responses`; on a kernel without
+//! it their failure says so.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -381,4 +381,45 @@ fn frameworks_get_their_settings_and_a_users_env_wins() {
     assert_eq!(env["OPENAI_AGENTS_DISABLE_TRACING"], "1", "{env}");
     assert_eq!(env["LITELLM_LOCAL_MODEL_COST_MAP"], "True", "{env}");
     assert_eq!(env["CREWAI_DISABLE_TELEMETRY"], "false", "the user's --env wins: {env}");
+}
+
+/// A limit of the gateway, pinned: the Vercel AI SDK's Responses provider keeps `store:
+/// true` by default and then sends an earlier step's assistant text back as an
+/// `item_reference` to its id, which the gateway refuses (400, naming it). A model step
+/// with only tool calls, as in the row above, sends none; a step with text before its
+/// tool call does. The provider's documented `store: false` sends the text itself. When
+/// the gateway resolves references to the responses it keeps, the first half of this
+/// test fails: turn it into a passing row.
+#[test]
+fn the_vercel_ai_sdk_sends_earlier_text_by_reference_which_the_gateway_refuses() {
+    let row = Row {
+        env: "node",
+        agent: "vercel_ai_agent.mjs",
+        api: Api::Responses,
+        script: "text_then_tool_script.json",
+        quiet: &[],
+    };
+    let scratch = tempfile::tempdir().expect("a working directory");
+    let (command, cwd) = command_of(&row, scratch.path());
+    let keel = Keel::new();
+    let script = framework_file(row.script);
+    let run = |store: &str| {
+        let store = format!("AGENT_OPENAI_STORE={store}");
+        let mut args = vec!["run", "--quiet", "--llm-script", &script, "--env", &store, "--"];
+        args.extend(command.iter().map(String::as_str));
+        let out = keel.cmd().current_dir(&cwd).args(&args).output().expect("spawn keel run");
+        let text =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    };
+    let (succeeded, text) = run("true");
+    assert!(
+        !succeeded && text.contains("is an item_reference, which the Keel gateway cannot resolve"),
+        "the default (store: true) was expected to fail on the item_reference; if the gateway \
+         resolves them now, make this a passing row:\n{text}"
+    );
+    let (succeeded, text) = run("false");
+    assert!(succeeded, "{text}");
+    let seen = agent_output(&text).unwrap_or_else(|| panic!("no JSON from the agent in:\n{text}"));
+    assert_eq!(seen["answer"], "2 + 3 = 5", "{text}");
 }
