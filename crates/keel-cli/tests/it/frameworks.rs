@@ -2,8 +2,10 @@
 //! settings, as an agent under `keel serve` in the default sandbox, against the mock
 //! upstream (OpenAI chat, counting what it serves). Per row: a one-tool round trip (the
 //! model asks for `add`, the framework runs it, the model answers) with a SIGKILL of the
-//! daemon while the tool runs, between the two LLM calls; the run must complete and the
-//! upstream must have served each distinct call exactly once.
+//! daemon while the tool runs, between the two LLM calls; then the same with two tools
+//! and the kill before the third call. The run must complete, its replayed calls must
+//! match their journal entries, and the upstream must have served each distinct call
+//! exactly once.
 //!
 //! The frameworks come from the registries at pinned versions (`scripts/frameworks/`),
 //! each in an environment of its own under `target/framework-envs/` built by
@@ -53,9 +55,9 @@ struct Row {
     /// The program in `tests/agents/frameworks/`.
     agent: &'static str,
     api: Api,
-    /// The mock upstream's script in `tests/agents/frameworks/`: a tool call, then the
-    /// answer.
-    script: &'static str,
+    /// The mock upstream's scripts in `tests/agents/frameworks/`: one tool call then the
+    /// answer, and two tool calls then the answer.
+    scripts: [&'static str; 2],
     /// What the framework must not print (the noise of a call home Keel turns off).
     quiet: &'static [&'static str],
 }
@@ -118,11 +120,26 @@ fn responses_note(row: &Row, logs: &str) -> &'static str {
     }
 }
 
-fn round_trip_survives_a_daemon_kill(row: Row) {
+/// Both conversations of a row, each with a SIGKILL: between the two LLM calls of a
+/// one-tool round trip (the replay answers a request that holds only the prompt), and
+/// between the second and third calls of a two-tool one (the replayed second request
+/// carries the first answer, as the gateway rendered it from the journal, so its ids must
+/// come out the same).
+fn row_survives_daemon_kills(row: Row) {
+    survives_a_daemon_kill(&row, 1);
+    survives_a_daemon_kill(&row, 2);
+}
+
+fn survives_a_daemon_kill(row: &Row, tools: usize) {
+    let (answer, results) = match tools {
+        1 => ("2 + 3 = 5", serde_json::json!([5])),
+        _ => ("(2 + 3) + 4 = 9", serde_json::json!([5, 9])),
+    };
+    let calls = tools + 1;
     let scratch = tempfile::tempdir().expect("a working directory");
-    let (command, cwd) = command_of(&row, scratch.path());
+    let (command, cwd) = command_of(row, scratch.path());
     let mut keel = Keel::new();
-    let (mut upstream, port, counts) = mock_upstream(&keel, &framework_file(row.script));
+    let (mut upstream, port, counts) = mock_upstream(&keel, &framework_file(row.scripts[tools - 1]));
     keel.daemon_env = vec![
         ("OPENAI_API_KEY".into(), "sk-upstream-test".into()),
         ("OPENAI_BASE_URL".into(), format!("http://127.0.0.1:{port}/v1")),
@@ -139,39 +156,40 @@ fn round_trip_survives_a_daemon_kill(row: Row) {
         .expect("run_id")
         .to_owned();
 
-    // Kill the daemon while the agent runs its tool: one LLM call journaled, one to come.
-    let journaled = wait_for("the first LLM call to be journaled (or the run to end)", || {
-        let view = keel.inspect(&run);
-        let calls = view["journal"]
-            .as_array()?
-            .iter()
-            .filter(|e| e["method"] == "llm.chat" && e["status"] == "ok")
-            .count();
-        let ended =
-            ["succeeded", "failed", "cancelled"].contains(&view["state"].as_str().unwrap_or_default());
-        (calls >= 1 || ended).then_some(calls)
-    });
-    if journaled == 0 {
+    // Kill the daemon while the agent runs its last tool: every call but the answer
+    // journaled, the answer to come.
+    let journaled =
+        wait_for("the LLM calls before the last tool to be journaled (or the run to end)", || {
+            let view = keel.inspect(&run);
+            let done = view["journal"]
+                .as_array()?
+                .iter()
+                .filter(|e| e["method"] == "llm.chat" && e["status"] == "ok")
+                .count();
+            let ended =
+                ["succeeded", "failed", "cancelled"].contains(&view["state"].as_str().unwrap_or_default());
+            (done >= tools || ended).then_some(done)
+        });
+    if journaled < tools {
         let logs = keel.ok(&["logs", &run]);
         panic!(
-            "{}the run ended before its first LLM call was journaled:\n{logs}",
-            responses_note(&row, &logs)
+            "{}the run ended after {journaled} LLM calls, before the kill:\n{logs}",
+            responses_note(row, &logs)
         );
     }
-    assert_eq!(journaled, 1, "the kill must fall between the two LLM calls; the tool's delay was too short");
+    assert_eq!(
+        journaled, tools,
+        "the kill must fall before the last LLM call; the tool's delay was too short"
+    );
     keel.kill_daemon();
     keel.start_daemon();
 
     let done = keel.wait_state(&run, &["succeeded", "failed"]);
     let logs = keel.ok(&["logs", &run]);
-    assert_eq!(done["state"], "succeeded", "{}{logs}", responses_note(&row, &logs));
+    assert_eq!(done["state"], "succeeded", "{}{logs}", responses_note(row, &logs));
     let seen = agent_output(&logs).unwrap_or_else(|| panic!("no JSON from the agent in:\n{logs}"));
-    assert_eq!(seen["answer"].as_str().map(str::trim), Some("2 + 3 = 5"), "{logs}");
-    assert_eq!(
-        seen["tool_results"],
-        serde_json::json!([5]),
-        "the relaunched agent ran the tool once: {logs}"
-    );
+    assert_eq!(seen["answer"].as_str().map(str::trim), Some(answer), "{logs}");
+    assert_eq!(seen["tool_results"], results, "the relaunched agent ran each tool once: {logs}");
     assert_eq!(seen["api"], row.api.name(), "{logs}");
     assert!(done["attempt"].as_u64().unwrap_or_default() >= 2, "the run was relaunched: {done}");
     for noise in row.quiet {
@@ -184,89 +202,91 @@ fn round_trip_survives_a_daemon_kill(row: Row) {
         counts["counts"].as_object().is_some_and(|c| c.values().all(|n| n == 1)),
         "a call was served twice, so its replayed request differed from the journaled one: {counts}"
     );
-    assert_eq!(counts["total"], 2, "two distinct calls, each served once: {counts}");
-    assert_eq!(done["provider_calls"], 2, "{done}");
-    // A replayed call whose request differed would have gone live as a third entry.
+    assert_eq!(counts["total"], calls, "{calls} distinct calls, each served once: {counts}");
+    assert_eq!(done["provider_calls"], calls, "{done}");
+    // A replayed call whose request differed would have gone live as an extra entry.
     let llm_entries: Vec<&Value> =
         done["journal"].as_array().into_iter().flatten().filter(|e| e["method"] == "llm.chat").collect();
-    assert_eq!(llm_entries.len(), 2, "the replayed first call matched its journal entry: {llm_entries:?}");
+    assert_eq!(llm_entries.len(), calls, "the replayed calls matched their journal entries: {llm_entries:?}");
 }
 
-const SCRIPT: &str = "script.json";
+const SCRIPTS: [&str; 2] = ["script.json", "two_tools_script.json"];
+/// The Vercel AI SDK on Responses sends earlier text by reference (see the last test).
+const SCRIPTS_WITHOUT_TEXT: [&str; 2] = ["script.json", "two_tools_without_text_script.json"];
 
 #[test]
 fn openai_agents_sdk_on_chat_completions_survives_a_daemon_kill() {
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "openai-agents",
         agent: "openai_agents_agent.py",
         api: Api::Chat,
-        script: SCRIPT,
+        scripts: SCRIPTS,
         quiet: &["Tracing request failed"],
     });
 }
 
 #[test]
 fn openai_agents_sdk_on_the_responses_api_survives_a_daemon_kill() {
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "openai-agents",
         agent: "openai_agents_agent.py",
         api: Api::Responses,
-        script: SCRIPT,
+        scripts: SCRIPTS,
         quiet: &["Tracing request failed"],
     });
 }
 
 #[test]
 fn pydantic_ai_on_the_responses_api_survives_a_daemon_kill() {
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "pydantic-ai",
         agent: "pydantic_ai_agent.py",
         api: Api::Responses,
-        script: SCRIPT,
+        scripts: SCRIPTS,
         quiet: &[],
     });
 }
 
 #[test]
 fn pydantic_ai_on_chat_completions_survives_a_daemon_kill() {
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "pydantic-ai",
         agent: "pydantic_ai_agent.py",
         api: Api::Chat,
-        script: SCRIPT,
+        scripts: SCRIPTS,
         quiet: &[],
     });
 }
 
 #[test]
 fn langgraph_on_chat_completions_survives_a_daemon_kill() {
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "langgraph",
         agent: "langgraph_agent.py",
         api: Api::Chat,
-        script: SCRIPT,
+        scripts: SCRIPTS,
         quiet: &[],
     });
 }
 
 #[test]
 fn langgraph_on_the_responses_api_survives_a_daemon_kill() {
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "langgraph",
         agent: "langgraph_agent.py",
         api: Api::Responses,
-        script: SCRIPT,
+        scripts: SCRIPTS,
         quiet: &[],
     });
 }
 
 #[test]
 fn crewai_survives_a_daemon_kill() {
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "crewai",
         agent: "crewai_agent.py",
         api: Api::Chat,
-        script: SCRIPT,
+        scripts: SCRIPTS,
         quiet: &[],
     });
 }
@@ -274,88 +294,88 @@ fn crewai_survives_a_daemon_kill() {
 #[test]
 fn smolagents_survives_a_daemon_kill() {
     // smolagents ends with a call of its own `final_answer` tool, so its script does too.
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "smolagents",
         agent: "smolagents_agent.py",
         api: Api::Chat,
-        script: "smolagents_script.json",
+        scripts: ["smolagents_script.json", "smolagents_two_tools_script.json"],
         quiet: &[],
     });
 }
 
 #[test]
 fn the_openai_python_package_on_chat_completions_survives_a_daemon_kill() {
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "official-sdks",
         agent: "official_sdk_agent.py",
         api: Api::Chat,
-        script: SCRIPT,
+        scripts: SCRIPTS,
         quiet: &[],
     });
 }
 
 #[test]
 fn the_openai_python_package_on_the_responses_api_survives_a_daemon_kill() {
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "official-sdks",
         agent: "official_sdk_agent.py",
         api: Api::Responses,
-        script: SCRIPT,
+        scripts: SCRIPTS,
         quiet: &[],
     });
 }
 
 #[test]
 fn the_anthropic_python_package_on_the_messages_api_survives_a_daemon_kill() {
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "official-sdks",
         agent: "official_sdk_agent.py",
         api: Api::Messages,
-        script: SCRIPT,
+        scripts: SCRIPTS,
         quiet: &[],
     });
 }
 
 #[test]
 fn the_openai_npm_package_on_chat_completions_survives_a_daemon_kill() {
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "node",
         agent: "openai_npm_agent.mjs",
         api: Api::Chat,
-        script: SCRIPT,
+        scripts: SCRIPTS,
         quiet: &[],
     });
 }
 
 #[test]
 fn the_openai_npm_package_on_the_responses_api_survives_a_daemon_kill() {
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "node",
         agent: "openai_npm_agent.mjs",
         api: Api::Responses,
-        script: SCRIPT,
+        scripts: SCRIPTS,
         quiet: &[],
     });
 }
 
 #[test]
 fn the_vercel_ai_sdk_on_the_responses_api_survives_a_daemon_kill() {
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "node",
         agent: "vercel_ai_agent.mjs",
         api: Api::Responses,
-        script: SCRIPT,
+        scripts: SCRIPTS_WITHOUT_TEXT,
         quiet: &[],
     });
 }
 
 #[test]
 fn the_vercel_ai_sdk_on_chat_completions_survives_a_daemon_kill() {
-    round_trip_survives_a_daemon_kill(Row {
+    row_survives_daemon_kills(Row {
         env: "node",
         agent: "vercel_ai_agent.mjs",
         api: Api::Chat,
-        script: SCRIPT,
+        scripts: SCRIPTS,
         quiet: &[],
     });
 }
@@ -396,13 +416,13 @@ fn the_vercel_ai_sdk_sends_earlier_text_by_reference_which_the_gateway_refuses()
         env: "node",
         agent: "vercel_ai_agent.mjs",
         api: Api::Responses,
-        script: "text_then_tool_script.json",
+        scripts: ["text_then_tool_script.json"; 2],
         quiet: &[],
     };
     let scratch = tempfile::tempdir().expect("a working directory");
     let (command, cwd) = command_of(&row, scratch.path());
     let keel = Keel::new();
-    let script = framework_file(row.script);
+    let script = framework_file(row.scripts[0]);
     let run = |store: &str| {
         let store = format!("AGENT_OPENAI_STORE={store}");
         let mut args = vec!["run", "--quiet", "--llm-script", &script, "--env", &store, "--"];
