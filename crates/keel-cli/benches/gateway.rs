@@ -1,7 +1,8 @@
 //! Gateway overhead: the same OpenAI-shaped requests sent by one client straight to a mock
-//! upstream and through the kernel's `/v1/chat/completions` (journaled, metered, budgeted),
-//! in the same run. Added p50/p99 latency (non-streaming), requests/s with 64 requests in
-//! flight, and time to first token (streaming).
+//! upstream, through the kernel's `/v1/chat/completions` and through its `/v1/responses`
+//! (journaled, metered, budgeted; the Responses API converted to the same upstream chat
+//! call), in the same run. Added p50/p99 latency (non-streaming), time to first token
+//! (streaming), and requests/s with 64 requests in flight (chat).
 //!
 //! cargo bench -p keel-cli --bench gateway
 //!
@@ -55,7 +56,7 @@ fn stats(mut samples: Vec<f64>) -> Value {
     json!({"n": n, "p50_us": samples[n / 2].round(), "p99_us": samples[(n * 99 / 100).min(n - 1)].round()})
 }
 
-fn request(i: usize, stream: bool) -> Value {
+fn chat_request(i: usize, stream: bool) -> Value {
     let mut body = json!({"model": "gpt-4o-mini", "max_tokens": 16,
         "messages": [{"role": "user", "content": format!("benchmark request {i}")}]});
     if stream {
@@ -65,14 +66,43 @@ fn request(i: usize, stream: bool) -> Value {
     body
 }
 
-/// Agent mode: measures against `base` (direct or through the kernel) with `key`.
-async fn measure(http: &reqwest::Client, base: &str, key: &str, offset: usize) -> Value {
-    let url = format!("{base}/chat/completions");
+fn responses_request(i: usize, stream: bool) -> Value {
+    json!({"model": "gpt-4o-mini", "max_output_tokens": 16, "input": format!("benchmark request {i}"), "stream": stream})
+}
+
+/// One of the OpenAI APIs the gateway serves, as the benchmark asks it.
+struct Api {
+    path: &'static str,
+    request: fn(usize, bool) -> Value,
+    /// Text that marks the first streamed chunk carrying a token.
+    first_token: &'static str,
+}
+
+const CHAT: Api = Api { path: "chat/completions", request: chat_request, first_token: "\"content\"" };
+const RESPONSES: Api =
+    Api { path: "responses", request: responses_request, first_token: "response.output_text.delta" };
+
+/// Agent mode: measures `api` against `base` (direct or through the kernel) with `key`;
+/// with `load`, also requests/s with `IN_FLIGHT` in flight.
+async fn measure(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    offset: usize,
+    api: &Api,
+    load: bool,
+) -> Value {
+    let url = format!("{base}/{}", api.path);
     let mut latencies = Vec::with_capacity(SEQUENTIAL);
     for i in 0..SEQUENTIAL {
         let started = Instant::now();
-        let response =
-            http.post(&url).bearer_auth(key).json(&request(offset + i, false)).send().await.expect("send");
+        let response = http
+            .post(&url)
+            .bearer_auth(key)
+            .json(&(api.request)(offset + i, false))
+            .send()
+            .await
+            .expect("send");
         assert!(response.status().is_success(), "{}", response.text().await.unwrap_or_default());
         response.bytes().await.expect("body");
         latencies.push(started.elapsed().as_secs_f64() * 1e6);
@@ -83,23 +113,27 @@ async fn measure(http: &reqwest::Client, base: &str, key: &str, offset: usize) -
         let mut response = http
             .post(&url)
             .bearer_auth(key)
-            .json(&request(offset + SEQUENTIAL + i, true))
+            .json(&(api.request)(offset + SEQUENTIAL + i, true))
             .send()
             .await
             .expect("send");
         let mut first = None;
         while let Some(chunk) = response.chunk().await.expect("chunk") {
-            if first.is_none() && String::from_utf8_lossy(&chunk).contains("\"content\"") {
+            if first.is_none() && String::from_utf8_lossy(&chunk).contains(api.first_token) {
                 first = Some(started.elapsed().as_secs_f64() * 1e6);
             }
         }
         first_tokens.push(first.expect("a content chunk"));
+    }
+    if !load {
+        return json!({ "latency": stats(latencies), "ttft": stats(first_tokens) });
     }
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(LOAD_SECS);
     let workers: Vec<_> = (0..IN_FLIGHT)
         .map(|w| {
             let (http, url, key, done) = (http.clone(), url.clone(), key.to_owned(), done.clone());
+            let request = api.request;
             tokio::spawn(async move {
                 let mut i = 0;
                 while Instant::now() < deadline {
@@ -126,11 +160,13 @@ async fn measure(http: &reqwest::Client, base: &str, key: &str, offset: usize) -
 async fn agent() {
     let http =
         reqwest::Client::builder().no_proxy().pool_max_idle_per_host(IN_FLIGHT).build().expect("client");
-    let direct = measure(&http, &std::env::var("MOCK_URL").expect("MOCK_URL"), "direct", 0).await;
+    let direct =
+        measure(&http, &std::env::var("MOCK_URL").expect("MOCK_URL"), "direct", 0, &CHAT, true).await;
     let kernel_base = std::env::var("OPENAI_BASE_URL").expect("OPENAI_BASE_URL");
     let token = std::env::var("OPENAI_API_KEY").expect("OPENAI_API_KEY");
-    let kernel = measure(&http, &kernel_base, &token, 10_000_000).await;
-    println!("{}", json!({"direct": direct, "kernel": kernel}));
+    let kernel = measure(&http, &kernel_base, &token, 10_000_000, &CHAT, true).await;
+    let responses = measure(&http, &kernel_base, &token, 20_000_000, &RESPONSES, false).await;
+    println!("{}", json!({"direct": direct, "kernel": kernel, "responses": responses}));
 }
 
 fn row(name: &str, direct: &Value, kernel: &Value) -> String {
@@ -184,22 +220,28 @@ async fn main() {
     assert!(out.status.success(), "agent failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     let result: Value =
         serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("agent result");
-    let (direct, kernel) = (&result["direct"], &result["kernel"]);
+    let (direct, kernel, responses) = (&result["direct"], &result["kernel"], &result["responses"]);
     println!("cargo bench -p keel-cli --bench gateway\n");
     println!("| measure (µs) | direct p50 / p99 | through Keel p50 / p99 | added p50 / p99 |");
     println!("|---|---:|---:|---:|");
-    println!(
-        "{}",
-        row(
-            &format!("non-streaming request ({SEQUENTIAL} sequential)"),
-            &direct["latency"],
-            &kernel["latency"]
-        )
-    );
-    println!(
-        "{}",
-        row(&format!("time to first token, streaming ({STREAMED})"), &direct["ttft"], &kernel["ttft"])
-    );
+    for (api, through) in [("chat/completions", kernel), ("responses", responses)] {
+        println!(
+            "{}",
+            row(
+                &format!("/v1/{api}, non-streaming ({SEQUENTIAL} sequential)"),
+                &direct["latency"],
+                &through["latency"]
+            )
+        );
+        println!(
+            "{}",
+            row(
+                &format!("/v1/{api}, time to first token ({STREAMED} streamed)"),
+                &direct["ttft"],
+                &through["ttft"]
+            )
+        );
+    }
     println!(
         "\n| throughput, {IN_FLIGHT} in flight for {LOAD_SECS} s | direct | through Keel |\n|---|---:|---:|\n| requests/s | {} | {} |",
         direct["rps"], kernel["rps"]

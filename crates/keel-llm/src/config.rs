@@ -19,6 +19,9 @@
 //! requests_per_minute = 500
 //! tokens_per_minute = 200000
 //!
+//! [llm.models."openai/gpt-5"]
+//! api = "responses"                    # POST {base_url}/responses: reasoning items round-trip
+//!
 //! [llm.models."llama3.1"]
 //! provider = "local"                   # bare `llama3.1` goes to `local`
 //!
@@ -71,6 +74,44 @@ impl ProviderKind {
     }
 }
 
+/// Which API a kind-`openai` provider calls upstream (`api = "chat" | "responses"` on
+/// `[llm.providers.<name>]` or `[llm.models."<route or model>"]`; a model's setting wins).
+/// Chat Completions is what every OpenAI-compatible server speaks; the Responses API is
+/// OpenAI's newer one, the only one that returns reasoning items (with their
+/// `encrypted_content`) for the next turn to send back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OpenAiApi {
+    /// `POST {base_url}/chat/completions`.
+    #[default]
+    Chat,
+    /// `POST {base_url}/responses` (see [`crate::openai::upstream_responses`]).
+    Responses,
+}
+
+impl OpenAiApi {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpenAiApi::Chat => "chat",
+            OpenAiApi::Responses => "responses",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for OpenAiApi {
+    /// By hand so that a wrong value names the field and both allowed values.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<OpenAiApi, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        match text.as_str() {
+            "chat" => Ok(OpenAiApi::Chat),
+            "responses" => Ok(OpenAiApi::Responses),
+            other => Err(serde::de::Error::custom(format!(
+                "`api` is {other:?}; allowed values are \"chat\" (Chat Completions, the default) and \"responses\" \
+                 (the OpenAI Responses API)"
+            ))),
+        }
+    }
+}
+
 /// An API key that never appears in `Debug` output or logs.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
@@ -102,6 +143,10 @@ pub struct ProviderConfig {
     /// Extra headers on every request (e.g. `OpenAI-Organization`, OpenRouter's `HTTP-Referer`).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// Kind `openai` only: the upstream API for this provider's models (Chat Completions
+    /// when unset); `[llm.models]` may choose otherwise per model.
+    #[serde(default)]
+    pub api: Option<OpenAiApi>,
 }
 
 /// Per-model settings, keyed by route (`openai/gpt-4o-mini`) or bare model name.
@@ -115,6 +160,10 @@ pub struct ModelConfig {
     pub requests_per_minute: Option<u32>,
     #[serde(default)]
     pub tokens_per_minute: Option<u64>,
+    /// The upstream API for this model when its provider is kind `openai` (wins over the
+    /// provider's `api`).
+    #[serde(default)]
+    pub api: Option<OpenAiApi>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -205,6 +254,18 @@ pub struct ResolvedProvider {
     pub headers: BTreeMap<String, String>,
     /// Configured limits of this provider's models, by bare model name.
     pub limits: BTreeMap<String, Limits>,
+    /// The upstream API of this provider's models that set none in `[llm.models]`.
+    pub api: OpenAiApi,
+    /// Models whose `[llm.models]` entry sets `api`, by bare model name (an entry keyed by
+    /// the route, `provider/model`, wins over one keyed by the bare name).
+    pub model_apis: BTreeMap<String, OpenAiApi>,
+}
+
+impl ResolvedProvider {
+    /// The API a call to `model` (a bare name, as the router sends it) goes through.
+    pub fn api_for(&self, model: &str) -> OpenAiApi {
+        self.model_apis.get(model).copied().unwrap_or(self.api)
+    }
 }
 
 impl LlmConfig {
@@ -282,7 +343,17 @@ impl LlmConfig {
     /// default and fallback models name configured providers.
     pub fn validate(&self) -> Result<()> {
         for (name, provider) in &self.providers {
-            kind_of(name, provider)?;
+            let kind = kind_of(name, provider)?;
+            if let Some(api) = provider.api
+                && kind != ProviderKind::Openai
+            {
+                return Err(Error::Config(format!(
+                    "provider `{name}` is kind {}, but `api = \"{}\"` applies to kind openai only (it picks Chat \
+                     Completions or the Responses API); remove `api` from [llm.providers.{name}]",
+                    kind.as_str(),
+                    api.as_str()
+                )));
+            }
             if name.is_empty() || name.contains('/') {
                 return Err(Error::Config(format!(
                     "provider name {name:?} must be non-empty and contain no '/'"
@@ -313,6 +384,22 @@ impl LlmConfig {
             {
                 return Err(Error::Config(format!(
                     "[llm.models.{model:?}] routes to provider `{provider}`, which is not configured"
+                )));
+            }
+            // Where the entry names its provider (by route or `provider =`), an `api` on a
+            // model of a non-openai provider is a mistake worth saying; a bare name with
+            // no provider applies to whichever openai provider serves it.
+            let named = model.split_once('/').map(|(p, _)| p).or(settings.provider.as_deref());
+            if let (Some(api), Some(provider)) = (settings.api, named)
+                && let Some(config) = self.providers.get(provider)
+                && let Ok(kind) = kind_of(provider, config)
+                && kind != ProviderKind::Openai
+            {
+                return Err(Error::Config(format!(
+                    "[llm.models.{model:?}] sets `api = \"{}\"`, but its provider `{provider}` is kind {}; `api` \
+                     applies to kind openai only: remove it",
+                    api.as_str(),
+                    kind.as_str()
                 )));
             }
         }
@@ -358,12 +445,7 @@ impl LlmConfig {
                     .models
                     .iter()
                     .filter_map(|(model, settings)| {
-                        let bare = match model.split_once('/') {
-                            Some((p, bare)) if p == name => bare,
-                            Some(_) => return None,
-                            None if settings.provider.as_deref().is_none_or(|p| p == name) => model.as_str(),
-                            None => return None,
-                        };
+                        let bare = model_of_provider(name, model, settings)?;
                         let limits = Limits {
                             requests_per_minute: settings.requests_per_minute,
                             tokens_per_minute: settings.tokens_per_minute,
@@ -371,6 +453,18 @@ impl LlmConfig {
                         (limits != Limits::default()).then(|| (bare.to_owned(), limits))
                     })
                     .collect();
+                let mut model_apis = BTreeMap::new();
+                // Bare-keyed entries first, so that a route-keyed one overwrites them.
+                for by_route in [false, true] {
+                    for (model, settings) in &self.models {
+                        if model.contains('/') == by_route
+                            && let Some(api) = settings.api
+                            && let Some(bare) = model_of_provider(name, model, settings)
+                        {
+                            model_apis.insert(bare.to_owned(), api);
+                        }
+                    }
+                }
                 Ok(ResolvedProvider {
                     name: name.clone(),
                     kind,
@@ -379,9 +473,23 @@ impl LlmConfig {
                     key_source,
                     headers: provider.headers.clone(),
                     limits,
+                    api: provider.api.unwrap_or_default(),
+                    model_apis,
                 })
             })
             .collect()
+    }
+}
+
+/// The bare model name an `[llm.models]` entry keyed `model` configures on provider
+/// `name`, if it is one of that provider's: `name/bare`, or a bare name routed to `name`
+/// (or to no provider in particular).
+fn model_of_provider<'a>(name: &str, model: &'a str, settings: &ModelConfig) -> Option<&'a str> {
+    match model.split_once('/') {
+        Some((p, bare)) if p == name => Some(bare),
+        Some(_) => None,
+        None if settings.provider.as_deref().is_none_or(|p| p == name) => Some(model),
+        None => None,
     }
 }
 
@@ -474,6 +582,81 @@ mod tests {
             Limits { requests_per_minute: Some(500), tokens_per_minute: Some(200_000) }
         );
         assert!(!openai.limits.contains_key("llama3.1"), "routed to another provider");
+    }
+
+    #[test]
+    fn the_upstream_api_is_chosen_per_provider_and_per_model() {
+        let config = LlmConfig::from_keel_toml(
+            r#"
+            [llm.providers.openai]
+            api = "responses"
+
+            [llm.providers.local]
+            kind = "openai"
+            base_url = "http://localhost:8000/v1"
+
+            [llm.models."gpt-4o-mini"]
+            api = "chat"                 # bare: any openai provider serving it
+
+            [llm.models."gpt-4.1"]
+            api = "chat"
+
+            [llm.models."openai/gpt-4.1"]
+            api = "responses"            # the route wins over the bare name
+
+            [llm.models."local/qwen3"]
+            api = "responses"
+
+            [llm.models."o3"]
+            provider = "local"
+            api = "chat"
+            "#,
+        )
+        .unwrap();
+        let providers = config.resolve_providers(|_| None).unwrap();
+        let [local, openai] = &providers[..] else { unreachable!() };
+        assert_eq!(openai.api, OpenAiApi::Responses);
+        assert_eq!(openai.api_for("gpt-5"), OpenAiApi::Responses, "the provider's default");
+        assert_eq!(openai.api_for("gpt-4o-mini"), OpenAiApi::Chat, "a model's setting wins");
+        assert_eq!(openai.api_for("gpt-4.1"), OpenAiApi::Responses);
+        assert_eq!(openai.api_for("o3"), OpenAiApi::Responses, "o3's entry is local's");
+        assert_eq!(local.api, OpenAiApi::Chat, "chat by default");
+        assert_eq!(local.api_for("qwen3"), OpenAiApi::Responses);
+        assert_eq!(local.api_for("gpt-4.1"), OpenAiApi::Chat);
+        assert_eq!(local.api_for("o3"), OpenAiApi::Chat);
+        assert_eq!(local.api_for("anything"), OpenAiApi::Chat);
+    }
+
+    #[test]
+    fn api_mistakes_name_the_field_the_values_and_the_provider() {
+        for (text, needles) in [
+            (
+                "[llm.providers.openai]\napi = \"completions\"",
+                &["`api`", "\"completions\"", "\"chat\"", "\"responses\""][..],
+            ),
+            ("[llm.models.m]\napi = \"Responses\"", &["`api`", "\"chat\"", "\"responses\""]),
+            ("[llm.providers.openai]\napi = 1", &["api"]),
+            (
+                "[llm.providers.claude]\nkind = \"anthropic\"\napi = \"responses\"",
+                &["provider `claude`", "kind anthropic", "remove `api`"],
+            ),
+            ("[llm.providers.anthropic]\napi = \"chat\"", &["provider `anthropic`", "kind openai only"]),
+            (
+                "[llm.providers.anthropic]\n[llm.models.\"anthropic/claude-haiku-4-5\"]\napi = \"responses\"",
+                &["[llm.models.\"anthropic/claude-haiku-4-5\"]", "provider `anthropic`", "kind anthropic"],
+            ),
+            (
+                "[llm.providers.c]\nkind = \"anthropic\"\n[llm.models.sonnet]\nprovider = \"c\"\napi = \"chat\"",
+                &["[llm.models.\"sonnet\"]", "provider `c`"],
+            ),
+        ] {
+            let err = LlmConfig::from_keel_toml(text).unwrap_err().to_string();
+            for needle in needles {
+                assert!(err.contains(needle), "{text:?}: {err} (wanted {needle:?})");
+            }
+        }
+        // A bare name with no provider may be served by an openai provider: not an error.
+        LlmConfig::from_keel_toml("[llm.providers.anthropic]\n[llm.models.m]\napi = \"responses\"").unwrap();
     }
 
     #[test]

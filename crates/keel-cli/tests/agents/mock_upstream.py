@@ -1,10 +1,12 @@
 """A mock model upstream for tests, speaking OpenAI Chat Completions
-(`/v1/chat/completions`), OpenAI embeddings (`/v1/embeddings`: deterministic 32-dimension
+(`/v1/chat/completions`), the OpenAI Responses API (`/v1/responses`: stateless requests,
+a reasoning item with encrypted content in every answer, which may only come back
+unchanged), OpenAI embeddings (`/v1/embeddings`: deterministic 32-dimension
 bag-of-trigram vectors, 1 token per word) and the Anthropic Messages API (`/v1/messages`): answers from a
 script (the format of Keel's scripted provider), in each provider's real wire format (JSON,
 and SSE when `stream` is set), checks request invariants on every request, and counts how
 many times it served each distinct request in the file named by MOCK_COUNTS (JSON,
-rewritten on every request). Usage: python3 mock_upstream.py SCRIPT PORT_FILE"""
+rewritten on every request; `paths` counts requests by path). Usage: python3 mock_upstream.py SCRIPT PORT_FILE"""
 
 import hashlib
 import json
@@ -16,15 +18,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 script = json.load(open(sys.argv[1]))["responses"]
 ordered = [r for r in script if "match" not in r]
 lock = threading.Lock()
-state = {"cursor": 0, "counts": {}, "errors": []}
+state = {"cursor": 0, "counts": {}, "errors": [], "paths": {}, "reasoning": []}
 KEY = os.environ.get("MOCK_EXPECT_KEY", "sk-upstream-test")
 ANTHROPIC_KEY = os.environ.get("MOCK_EXPECT_ANTHROPIC_KEY", "sk-ant-upstream-test")
 
 
 def pick(body):
-    last_user = next((m.get("content") or "" for m in reversed(body["messages"]) if m["role"] == "user"), "")
+    # Chat and Anthropic send `messages`; the Responses API sends `input` items.
+    turns = body.get("messages") or [i for i in body.get("input") or [] if i.get("type", "message") == "message"]
+    last_user = next((m.get("content") or "" for m in reversed(turns) if m.get("role") == "user"), "")
     if isinstance(last_user, list):
-        last_user = " ".join(p.get("text", "") for p in last_user if isinstance(p, dict) and p.get("type") == "text")
+        last_user = " ".join(p.get("text", "") for p in last_user if isinstance(p, dict) and p.get("type") in ("text", "input_text"))
     for r in script:
         if "match" in r and r["match"] in last_user:
             return r
@@ -36,16 +40,76 @@ def pick(body):
         return r
 
 
+def dump():
+    """Writes the counts file; the caller holds `lock`."""
+    json.dump({"counts": state["counts"], "errors": state["errors"], "paths": state["paths"],
+               "total": sum(state["counts"].values())}, open(os.environ["MOCK_COUNTS"], "w"))
+
+
+def check_responses(body, headers):
+    """The Responses API's request invariants; returns the problems found."""
+    problems = []
+    if headers.get("authorization") != f"Bearer {KEY}":
+        problems.append(f"auth {headers.get('authorization')!r}")
+    model = body.get("model")
+    if not isinstance(model, str) or not model or "/" in model:
+        problems.append(f"responses model {model!r}")
+    for chat_only in ("messages", "max_tokens", "max_completion_tokens", "stream_options", "response_format", "stop"):
+        if chat_only in body:
+            problems.append(f"Chat Completions field {chat_only!r} in a Responses request")
+    limit = body.get("max_output_tokens")
+    if not isinstance(limit, int) or limit <= 0:
+        problems.append(f"max_output_tokens {limit!r}")
+    if body.get("store") is not False:
+        problems.append(f"store {body.get('store')!r}, expected false")
+    if "reasoning.encrypted_content" not in (body.get("include") or []):
+        problems.append(f"include {body.get('include')!r}")
+    for tool in body.get("tools") or []:
+        if tool.get("type") != "function" or not isinstance(tool.get("name"), str) or "function" in tool \
+                or not isinstance(tool.get("strict"), bool) or not isinstance(tool.get("parameters"), dict):
+            problems.append(f"tool {tool!r}")
+    items = body.get("input")
+    if not isinstance(items, list) or not items:
+        return problems + [f"input {items!r}"]
+    calls = set()
+    for i, item in enumerate(items):
+        kind = item.get("type")
+        if kind == "message":
+            content = item.get("content")
+            if item.get("role") not in ("user", "assistant", "developer", "system") or not (
+                    isinstance(content, str) or (isinstance(content, list) and all(
+                        p.get("type") in ("input_text", "output_text") and isinstance(p.get("text"), str) for p in content))):
+                problems.append(f"input[{i}] {item!r}")
+        elif kind == "function_call":
+            try:
+                json.loads(item.get("arguments"))
+            except (TypeError, ValueError):
+                problems.append(f"input[{i}] arguments {item.get('arguments')!r}")
+            if not item.get("call_id") or not isinstance(item.get("name"), str):
+                problems.append(f"input[{i}] {item!r}")
+            calls.add(item.get("call_id"))
+        elif kind == "function_call_output":
+            if item.get("call_id") not in calls or not isinstance(item.get("output"), str):
+                problems.append(f"input[{i}] answers no earlier function_call: {item!r}")
+        elif kind == "reasoning":
+            with lock:
+                if item not in state["reasoning"]:
+                    problems.append(f"input[{i}] is a reasoning item this upstream never sent (or changed)")
+        else:
+            problems.append(f"input[{i}] has type {kind!r}")
+    return problems
+
+
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
     def record(self, body, problems):
-        key = hashlib.sha256(json.dumps({"path": self.path, **{k: body.get(k) for k in ("messages", "tools", "system")}}, sort_keys=True).encode()).hexdigest()[:16]
+        key = hashlib.sha256(json.dumps({"path": self.path, **{k: body.get(k) for k in ("messages", "tools", "system", "input", "instructions")}}, sort_keys=True).encode()).hexdigest()[:16]
         with lock:
             state["counts"][key] = state["counts"].get(key, 0) + 1
             state["errors"].extend(problems)
-            json.dump({"counts": state["counts"], "errors": state["errors"], "total": sum(state["counts"].values())}, open(os.environ["MOCK_COUNTS"], "w"))
+            dump()
 
     def anthropic(self, body):
         problems = []
@@ -107,7 +171,7 @@ class Handler(BaseHTTPRequestHandler):
                 key = "embed:" + text
                 state["counts"][key] = state["counts"].get(key, 0) + 1
             state["errors"].extend(problems)
-            json.dump({"counts": state["counts"], "errors": state["errors"], "total": sum(state["counts"].values())}, open(os.environ["MOCK_COUNTS"], "w"))
+            dump()
         if problems:
             self.send_response(400)
             self.send_header("content-type", "application/json")
@@ -130,9 +194,74 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(json.dumps({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}).encode())
 
+    def responses_api(self, body):
+        problems = check_responses(body, self.headers)
+        self.record(body, problems)
+        reply = pick(body)
+        if problems or reply is None:
+            self.send_response(400)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(json.dumps({"error": {"message": "; ".join(problems) or "script exhausted", "type": "invalid_request_error", "param": None, "code": None}}).encode())
+            return
+        usage = reply.get("usage", {"input_tokens": 10, "output_tokens": 5})
+        with lock:
+            n = len(state["reasoning"]) + 1
+            reasoning = {"type": "reasoning", "id": f"rs_mock_{n}", "summary": [],
+                         "encrypted_content": hashlib.sha256(f"thought {n}".encode()).hexdigest()}
+            state["reasoning"].append(reasoning)
+        output = [reasoning]
+        if reply.get("content"):
+            output.append({"type": "message", "id": "msg_mock", "status": "completed", "role": "assistant",
+                           "content": [{"type": "output_text", "text": reply["content"], "annotations": []}]})
+        for call in reply.get("tool_calls") or []:
+            output.append({"type": "function_call", "id": "fc_" + call["id"], "call_id": call["id"], "status": "completed",
+                           "name": call["function"]["name"], "arguments": call["function"]["arguments"]})
+        response = {"id": "resp_mock", "object": "response", "created_at": 1700000000, "status": "completed",
+                    "error": None, "incomplete_details": None, "model": body["model"], "output": output, "store": False,
+                    "usage": {"input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"],
+                              "total_tokens": usage["input_tokens"] + usage["output_tokens"]}}
+        if not body.get("stream"):
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(json.dumps(response).encode())
+            return
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.end_headers()
+        sequence = iter(range(1_000_000))
+
+        def send(obj):
+            obj = {**obj, "sequence_number": next(sequence)}
+            self.wfile.write(f"event: {obj['type']}\ndata: {json.dumps(obj)}\n\n".encode())
+            self.wfile.flush()
+        started = {**response, "status": "in_progress", "output": [], "usage": None}
+        send({"type": "response.created", "response": started})
+        send({"type": "response.in_progress", "response": started})
+        for index, item in enumerate(output):
+            if item["type"] == "message":
+                send({"type": "response.output_item.added", "output_index": index, "item": {**item, "status": "in_progress", "content": []}})
+                text = item["content"][0]["text"]
+                for word in text.split(" "):
+                    send({"type": "response.output_text.delta", "item_id": item["id"], "output_index": index, "content_index": 0, "delta": word + " "})
+                send({"type": "response.output_text.done", "item_id": item["id"], "output_index": index, "content_index": 0, "text": text})
+            elif item["type"] == "function_call":
+                send({"type": "response.output_item.added", "output_index": index, "item": {**item, "status": "in_progress", "arguments": ""}})
+                send({"type": "response.function_call_arguments.delta", "item_id": item["id"], "output_index": index, "delta": item["arguments"]})
+                send({"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": index, "arguments": item["arguments"]})
+            else:
+                send({"type": "response.output_item.added", "output_index": index, "item": {**item, "encrypted_content": None}})
+            send({"type": "response.output_item.done", "output_index": index, "item": item})
+        send({"type": "response.completed", "response": response})
+
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("content-length", "0")))
         body = json.loads(raw)
+        with lock:
+            state["paths"][self.path] = state["paths"].get(self.path, 0) + 1
+        if self.path == "/v1/responses":
+            return self.responses_api(body)
         if self.path == "/v1/messages":
             return self.anthropic(body)
         if self.path == "/v1/embeddings":

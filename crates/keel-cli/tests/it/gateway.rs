@@ -120,6 +120,25 @@ pub(crate) fn mock_upstream(keel: &Keel, script: &str) -> (Upstream, u16, std::p
     (child, port, counts)
 }
 
+/// Points the daemon's OpenAI provider at the mock upstream on `port`: its Chat
+/// Completions API, or with `responses` its Responses API (`api = "responses"` in
+/// keel.toml).
+pub(crate) fn use_upstream(keel: &mut Keel, port: u16, responses: bool) {
+    keel.daemon_env = vec![("OPENAI_API_KEY".into(), "sk-upstream-test".into())];
+    if responses {
+        std::fs::write(
+            keel.data.path().join("keel.toml"),
+            format!(
+                "[llm]\ndefault_model = \"openai/gpt-4o-mini\"\n\n[llm.providers.openai]\nbase_url = \
+                 \"http://127.0.0.1:{port}/v1\"\napi = \"responses\"\n"
+            ),
+        )
+        .expect("keel.toml");
+    } else {
+        keel.daemon_env.push(("OPENAI_BASE_URL".into(), format!("http://127.0.0.1:{port}/v1")));
+    }
+}
+
 pub(crate) fn read_counts(path: &std::path::Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|_| "{}".into())).unwrap_or_default()
 }
@@ -128,10 +147,7 @@ pub(crate) fn read_counts(path: &std::path::Path) -> Value {
 fn langgraph_survives_a_daemon_kill_and_the_upstream_serves_each_call_once() {
     let mut keel = Keel::new();
     let (mut upstream, port, counts) = mock_upstream(&keel, &agent("langgraph_script.json"));
-    keel.daemon_env = vec![
-        ("OPENAI_API_KEY".into(), "sk-upstream-test".into()),
-        ("OPENAI_BASE_URL".into(), format!("http://127.0.0.1:{port}/v1")),
-    ];
+    use_upstream(&mut keel, port, false);
     keel.start_daemon();
     let run = keel.detach(&[
         "--env",
@@ -274,4 +290,47 @@ fn what_the_gateway_does_not_serve_is_named_in_the_callers_dialect() {
     assert!(seen["files"]["message"].as_str().unwrap_or_default().contains("GET /v1/files"), "{seen}");
     assert_eq!(seen["anthropic_files"]["status"], 404, "{seen}");
     assert_eq!(seen["anthropic_files"]["type"], "not_found_error", "{seen}");
+}
+
+/// Issue 12: with `api = "responses"` on the provider, an unmodified agent using the
+/// official `openai` package's Chat Completions API gets every answer (plain, streamed,
+/// a tool-call round trip) through the upstream's `POST /v1/responses`, which checks each
+/// request (stateless, no chat fields, well-formed items, reasoning only as it sent it).
+#[test]
+fn a_chat_agent_is_served_through_an_upstream_responses_api() {
+    let mut keel = Keel::new();
+    let (mut upstream, port, counts) = mock_upstream(&keel, &agent("openai_script.json"));
+    use_upstream(&mut keel, port, true);
+    keel.start_daemon();
+    let run = keel.detach(&["--", "python3", &agent("openai_agent.py")]);
+    let done = keel.wait_state(&run, &["succeeded", "failed"]);
+    let logs = keel.ok(&["logs", &run]);
+    upstream.kill();
+    assert_eq!(done["state"], "succeeded", "{logs}\n{done}");
+    let line = logs.lines().find(|l| l.starts_with('{')).expect("agent output");
+    let seen: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(seen["plain"], "hello from the kernel");
+    assert_eq!(seen["plain_usage"], serde_json::json!([9, 4]));
+    assert_eq!(seen["streamed"].as_str().unwrap().trim(), "roses are journaled, violets replayed");
+    assert_eq!(seen["stream_usage"], serde_json::json!([10, 7]));
+    assert_eq!(seen["tool_call"], serde_json::json!(["add", {"a": 2, "b": 3}]));
+    assert_eq!(seen["finish_reasons"], serde_json::json!(["tool_calls", "stop"]));
+    assert_eq!(seen["final"], "2 plus 3 is 5.");
+    let counts = read_counts(&counts);
+    assert_eq!(counts["errors"], serde_json::json!([]), "request invariants at the upstream: {counts}");
+    assert_eq!(
+        counts["paths"],
+        serde_json::json!({"/v1/responses": 4}),
+        "every call went to /v1/responses, each once: {counts}"
+    );
+    assert_eq!(done["provider_calls"], 4);
+    let journal = done["journal"].as_array().unwrap();
+    let results: Vec<&Value> =
+        journal.iter().filter(|e| e["method"] == "llm.chat").map(|e| &e["result"]).collect();
+    assert_eq!(results.len(), 4, "{journal:?}");
+    for result in results {
+        assert_eq!(result["provider"]["api"], "responses", "{result}");
+        // The upstream's reasoning is journaled with the answer, for a Responses client.
+        assert_eq!(result["response"]["message"]["reasoning"][0]["type"], "reasoning", "{result}");
+    }
 }

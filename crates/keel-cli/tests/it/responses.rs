@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use crate::gateway::{mock_upstream, read_counts};
+use crate::gateway::{mock_upstream, read_counts, use_upstream};
 use crate::harness::{Keel, agent, wait_for};
 
 fn llm_entries(view: &Value) -> Vec<Value> {
@@ -62,10 +62,7 @@ fn the_openai_sdk_speaks_the_responses_api_unmodified() {
 fn a_responses_conversation_survives_a_daemon_kill_and_the_upstream_serves_each_call_once() {
     let mut keel = Keel::new();
     let (mut upstream, port, counts) = mock_upstream(&keel, &agent("responses_crash_script.json"));
-    keel.daemon_env = vec![
-        ("OPENAI_API_KEY".into(), "sk-upstream-test".into()),
-        ("OPENAI_BASE_URL".into(), format!("http://127.0.0.1:{port}/v1")),
-    ];
+    use_upstream(&mut keel, port, false);
     keel.start_daemon();
     let run = keel.detach(&[
         "--env",
@@ -99,4 +96,33 @@ fn a_responses_conversation_survives_a_daemon_kill_and_the_upstream_serves_each_
     assert_eq!(counts["total"], 2, "two distinct calls, each served once: {counts}");
     assert!(counts["counts"].as_object().unwrap().values().all(|n| n == 1), "{counts}");
     assert_eq!(done["provider_calls"], 2);
+}
+
+/// Responses in, Responses out: with `api = "responses"` upstream, the reasoning the
+/// upstream sent with the first answer reaches the agent as an output item, is kept with
+/// the response, and goes back upstream unchanged when the follow-up continues with
+/// `previous_response_id` (the mock refuses a reasoning item it did not send, or one
+/// changed in any byte).
+#[test]
+fn reasoning_round_trips_through_the_gateway_to_a_responses_upstream() {
+    let mut keel = Keel::new();
+    let (mut upstream, port, counts) = mock_upstream(&keel, &agent("responses_crash_script.json"));
+    use_upstream(&mut keel, port, true);
+    keel.start_daemon();
+    let run = keel.detach(&["--", "python3", &agent("responses_crash_agent.py")]);
+    let done = keel.wait_state(&run, &["succeeded", "failed"]);
+    let logs = keel.ok(&["logs", &run]);
+    let counts = read_counts(&counts);
+    upstream.kill();
+    assert_eq!(done["state"], "succeeded", "{logs}");
+    let line = logs.lines().rev().find(|l| l.starts_with('{')).expect("agent output");
+    let seen: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(seen["final"], "2 plus 3 is 5.");
+    assert_eq!(counts["errors"], json!([]), "request invariants at the upstream: {counts}");
+    assert_eq!(counts["paths"], json!({"/v1/responses": 2}), "{counts}");
+    // The follow-up's canonical messages carried the first answer's reasoning.
+    let entries = llm_entries(&keel.inspect(&run));
+    let assistant = &entries[1]["params"]["messages"][1];
+    assert_eq!(assistant["role"], "assistant");
+    assert_eq!(assistant["reasoning"][0]["type"], "reasoning", "{assistant}");
 }

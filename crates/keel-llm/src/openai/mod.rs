@@ -1,12 +1,16 @@
-//! The OpenAI-compatible Chat Completions provider (OpenAI, vLLM, Ollama, LM Studio, Groq,
-//! Together, OpenRouter): `POST {base_url}/chat/completions` with `Authorization: Bearer`,
-//! JSON or `stream: true` server-sent events. One upstream attempt per call, under the
+//! The OpenAI-compatible provider (OpenAI, vLLM, Ollama, LM Studio, Groq, Together,
+//! OpenRouter): `POST {base_url}/chat/completions` with `Authorization: Bearer`, JSON or
+//! `stream: true` server-sent events; or, for a model configured with `api = "responses"`,
+//! OpenAI's `POST {base_url}/responses` (see [`upstream_responses`]). Each call picks its
+//! API by its model, so one provider serves both. One upstream attempt per call, under the
 //! provider's rate limiter; retries and fallback are the router's.
 
 pub mod responses;
 pub mod responses_stream;
+pub mod upstream_responses;
 pub mod wire;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +18,7 @@ use async_trait::async_trait;
 use keel_protocol::rpc::{LlmChatParams, LlmChatResult, TokenUsage};
 use serde_json::{Value, json};
 
-use crate::config::{HttpConfig, ResolvedProvider};
+use crate::config::{HttpConfig, OpenAiApi, ResolvedProvider};
 use crate::error::{ErrorBody, ErrorClass, Result, UpstreamError, human, upstream_error};
 use crate::http::{self, Endpoint, EventReader};
 use crate::pricing::{DEFAULT_MAX_OUTPUT_TOKENS, PriceTable, estimate_input_tokens};
@@ -23,6 +27,11 @@ use crate::{DeltaSink, Error, Provider, Served};
 
 pub struct OpenAiProvider {
     endpoint: Endpoint,
+    /// The same provider's `{base_url}/responses`, for models whose API is `responses`.
+    responses: Endpoint,
+    /// The provider's API, and the models that choose otherwise (bare names).
+    api: OpenAiApi,
+    model_apis: BTreeMap<String, OpenAiApi>,
     limiter: Arc<RateLimiter>,
     prices: Arc<PriceTable>,
     max_queue_wait: Duration,
@@ -42,17 +51,29 @@ impl OpenAiProvider {
         if let Some(key) = &config.api_key {
             fixed.push(("authorization".to_owned(), format!("Bearer {}", key.0)));
         }
-        let endpoint = Endpoint::new(
-            &config.name,
-            format!("{}/chat/completions", config.base_url),
-            client,
-            fixed,
-            &config.headers,
-            config.key_source.clone(),
-            Duration::from_millis(http_config.read_timeout_ms),
-        )?;
+        let endpoint_for = |path: &str| {
+            Endpoint::new(
+                &config.name,
+                format!("{}/{path}", config.base_url),
+                client.clone(),
+                fixed.clone(),
+                &config.headers,
+                config.key_source.clone(),
+                Duration::from_millis(http_config.read_timeout_ms),
+            )
+        };
+        let endpoint = endpoint_for("chat/completions")?;
+        let responses = endpoint_for("responses")?;
         let limits = config.limits.iter().map(|(model, limits)| (model.clone(), *limits)).collect();
-        Ok(OpenAiProvider { endpoint, limiter: Arc::new(RateLimiter::new(limits)), prices, max_queue_wait })
+        Ok(OpenAiProvider {
+            endpoint,
+            responses,
+            api: config.api,
+            model_apis: config.model_apis.clone(),
+            limiter: Arc::new(RateLimiter::new(limits)),
+            prices,
+            max_queue_wait,
+        })
     }
 
     /// The provider's rate-limit state (shared by every call to it).
@@ -103,6 +124,66 @@ impl OpenAiProvider {
             return Err(http::truncated(&self.endpoint));
         }
         Ok((assembler.finish(), true))
+    }
+
+    /// One call through the Responses API: the same rate limiter and error handling as
+    /// Chat Completions, a different body and answer (`body` is already built, so a
+    /// request the API cannot express failed before any wait).
+    async fn call_responses(
+        &self,
+        body: &Value,
+        model: &str,
+        stream: Option<&DeltaSink>,
+    ) -> Result<(wire::Parsed, bool), UpstreamError> {
+        let endpoint = &self.responses;
+        let response = endpoint.post(body, model, &self.limiter).await?;
+        let failed = |failure| responses_failure(endpoint, model, failure);
+        let Some(sink) = stream else {
+            let value = endpoint.read_json(response).await?;
+            return upstream_responses::parse_response(&value).map(|p| (p, false)).map_err(failed);
+        };
+        let mut reader = EventReader::new(response);
+        let mut assembler = upstream_responses::EventAssembler::new();
+        while let Some(event) = reader.next(endpoint).await? {
+            let data = event.data.trim();
+            // Some servers end with chat's `[DONE]`; the terminal event already came.
+            if data.is_empty() || data == "[DONE]" {
+                continue;
+            }
+            let value: Value = serde_json::from_str(data).map_err(|e| {
+                endpoint.invalid_response(format!("a stream event is not JSON ({e}): {data:.200}"))
+            })?;
+            for delta in assembler.push(&value).map_err(failed)? {
+                let _ = sink.send(delta);
+            }
+            if assembler.finished() {
+                break;
+            }
+        }
+        if !assembler.finished() {
+            return Err(http::truncated(endpoint));
+        }
+        assembler.finish().map(|p| (p, true)).map_err(failed)
+    }
+}
+
+/// A Responses failure as an upstream error: a failed response is classified by the
+/// status its error code implies (a rate limit is retried like a 429), but has none.
+fn responses_failure(
+    endpoint: &Endpoint,
+    model: &str,
+    failure: upstream_responses::Failure,
+) -> UpstreamError {
+    match failure {
+        upstream_responses::Failure::Invalid(detail) => endpoint.invalid_response(detail),
+        upstream_responses::Failure::Upstream(body) => {
+            let status = upstream_responses::failure_status(&body);
+            let mut error = upstream_error(endpoint.context(model), status, &body, None);
+            error.status = None;
+            error.message =
+                format!("the response failed: {}", error.message.trim_start_matches(&format!("{status} ")));
+            error
+        }
     }
 }
 
@@ -220,9 +301,21 @@ impl Provider for OpenAiProvider {
 
     async fn chat(&self, request: &LlmChatParams, stream: Option<&DeltaSink>) -> Result<Served> {
         let model = model_of(self.name(), request)?;
+        let api = self.model_apis.get(model).copied().unwrap_or(self.api);
+        let responses_body = match api {
+            OpenAiApi::Chat => None,
+            OpenAiApi::Responses => Some(
+                upstream_responses::request_body(request, model, stream.is_some())
+                    .map_err(Error::InvalidRequest)?,
+            ),
+        };
         let reserved = reserved_tokens(request);
         acquire(self.name(), &self.limiter, model, reserved, self.max_queue_wait).await?;
-        let (parsed, streamed) = match self.call(request, model, stream).await {
+        let outcome = match &responses_body {
+            None => self.call(request, model, stream).await,
+            Some(body) => self.call_responses(body, model, stream).await,
+        };
+        let (parsed, streamed) = match outcome {
             Ok(done) => done,
             Err(err) => {
                 self.limiter.settle(model, reserved, 0);
@@ -232,7 +325,11 @@ impl Provider for OpenAiProvider {
         let finished = finish(self.name(), request, model, parsed, &self.prices);
         let usage = finished.response.usage;
         self.limiter.settle(model, reserved, usage.input_tokens + usage.output_tokens);
-        Ok(served(self.name(), finished, streamed))
+        let mut served = served(self.name(), finished, streamed);
+        if api == OpenAiApi::Responses {
+            served.meta["api"] = json!(api.as_str());
+        }
+        Ok(served)
     }
 
     fn worst_case_cost_usd(&self, request: &LlmChatParams, input_tokens: u64, max_output_tokens: u64) -> f64 {

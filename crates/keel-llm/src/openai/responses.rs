@@ -431,6 +431,7 @@ pub fn conversation(history: &[Value], request: &ResponsesRequest) -> Checked<Ll
                         slot => *slot = Some(content),
                     }
                 } else {
+                    attach_to_last_turn(&mut messages, &mut pending_reasoning);
                     messages.push(message(role, Some(content)));
                 }
             }
@@ -455,6 +456,7 @@ pub fn conversation(history: &[Value], request: &ResponsesRequest) -> Checked<Ll
                         ),
                     ));
                 }
+                attach_to_last_turn(&mut messages, &mut pending_reasoning);
                 let mut tool = message(ChatRole::Tool, Some(text("output")));
                 tool.tool_call_id = Some(call_id);
                 messages.push(tool);
@@ -463,13 +465,20 @@ pub fn conversation(history: &[Value], request: &ResponsesRequest) -> Checked<Ll
             _ => {}
         }
     }
-    // Reasoning with nothing after it belongs to the assistant turn it ended.
-    if !pending_reasoning.is_empty()
+    attach_to_last_turn(&mut messages, &mut pending_reasoning);
+    Ok(LlmChatParams { messages, ..request.params.clone() })
+}
+
+/// Reasoning followed by no assistant-side item belongs to the assistant turn it ended
+/// (a streamed response sends reasoning it learns of only at the end after the items it
+/// streamed); with no such turn it has nowhere to go in the chat shape and is dropped.
+fn attach_to_last_turn(messages: &mut [ChatMessage], reasoning: &mut Vec<Value>) {
+    if !reasoning.is_empty()
         && let Some(last) = messages.last_mut().filter(|m| m.role == ChatRole::Assistant)
     {
-        last.reasoning.get_or_insert_with(Vec::new).append(&mut pending_reasoning);
+        last.reasoning.get_or_insert_with(Vec::new).append(reasoning);
     }
-    Ok(LlmChatParams { messages, ..request.params.clone() })
+    reasoning.clear();
 }
 
 fn message(role: ChatRole, content: Option<String>) -> ChatMessage {

@@ -309,3 +309,19 @@ fn a_cut_off_answer_ends_with_response_incomplete() {
     assert_eq!(events.last().unwrap().0, "response.incomplete");
     assert_eq!(response["status"], "incomplete");
 }
+
+#[test]
+fn reasoning_after_a_turn_belongs_to_that_turn() {
+    // A streamed response sends the upstream's reasoning after the items it streamed.
+    let history = vec![
+        json!({ "type": "message", "role": "user", "content": "add" }),
+        json!({ "type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}" }),
+        json!({ "type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "e" }),
+    ];
+    let follow_up =
+        parse(json!({ "input": [{ "type": "function_call_output", "call_id": "c1", "output": "5" }] }));
+    let params = conversation(&history, &follow_up).unwrap();
+    assert_eq!(params.messages[1].reasoning.as_ref().unwrap()[0]["id"], "rs_1");
+    assert_eq!(params.messages[2].role, ChatRole::Tool);
+    assert_eq!(params.messages[2].reasoning, None);
+}

@@ -5,6 +5,7 @@
 
 mod embeddings;
 mod mock;
+mod responses;
 
 use std::sync::Arc;
 use std::time::Duration;

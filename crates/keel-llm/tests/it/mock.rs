@@ -1,7 +1,7 @@
-//! Mock upstreams that speak the real OpenAI Chat Completions and Anthropic Messages wire
-//! formats. Each answers from a queue of scripted replies and checks the protocol's
-//! invariants on EVERY request it receives; a violation fails the test when the mock is
-//! dropped (or at `assert_clean`).
+//! Mock upstreams that speak the real OpenAI Chat Completions, OpenAI Responses (at
+//! `/v1/responses` of the OpenAI dialect) and Anthropic Messages wire formats. Each answers
+//! from a queue of scripted replies and checks the protocol's invariants on EVERY request
+//! it receives; a violation fails the test when the mock is dropped (or at `assert_clean`).
 
 use std::collections::{HashSet, VecDeque};
 use std::convert::Infallible;
@@ -76,6 +76,11 @@ impl Reply {
         Reply::Sse { headers: Vec::new(), events }
     }
 
+    /// OpenAI Responses events, each named after its `type` (as OpenAI sends them).
+    pub fn responses_stream(events: &[Value]) -> Reply {
+        Self::anthropic_stream(events)
+    }
+
     /// Anthropic events, each named after its `type`.
     pub fn anthropic_stream(events: &[Value]) -> Reply {
         let events = events.iter().map(|e| (e["type"].as_str().map(str::to_owned), e.to_string())).collect();
@@ -97,6 +102,9 @@ struct MockState {
     replies: Mutex<VecDeque<Reply>>,
     requests: Mutex<Vec<Recorded>>,
     violations: Mutex<Vec<String>>,
+    /// Every Responses `reasoning` item this mock answered with: a later request may send
+    /// one back only exactly as it was.
+    reasoning_sent: Mutex<Vec<Value>>,
 }
 
 pub struct Mock {
@@ -112,6 +120,7 @@ impl Mock {
             replies: Mutex::new(replies.into()),
             requests: Mutex::default(),
             violations: Mutex::default(),
+            reasoning_sent: Mutex::default(),
         });
         let app = axum::Router::new().fallback(handle).with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -159,6 +168,10 @@ async fn handle(
         problems.push(format!("method {method}, expected POST"));
     }
     match state.dialect {
+        Dialect::OpenAi if uri.path() == "/v1/responses" => {
+            let sent = state.reasoning_sent.lock().unwrap().clone();
+            check_responses(uri.path(), &headers, &parsed, state.key.as_deref(), &sent, &mut problems)
+        }
         Dialect::OpenAi => check_openai(uri.path(), &headers, &parsed, state.key.as_deref(), &mut problems),
         Dialect::Anthropic => {
             check_anthropic(uri.path(), &headers, &parsed, state.key.as_deref(), &mut problems)
@@ -181,6 +194,7 @@ async fn handle(
         state.violations.lock().unwrap().push(format!("request {number}: no reply was scripted for it"));
         return (StatusCode::INTERNAL_SERVER_ERROR, "mock: no reply scripted").into_response();
     };
+    remember_reasoning(&state, &reply);
     match reply {
         Reply::Json { status, headers, body } => {
             let mut response = (StatusCode::from_u16(status).unwrap(), axum::Json(body)).into_response();
@@ -215,6 +229,33 @@ async fn handle(
             unreachable!()
         }
     }
+}
+
+/// Notes the reasoning items a reply carries (in a response's `output`, a terminal
+/// event's `response.output`, or a finished output item).
+fn remember_reasoning(state: &MockState, reply: &Reply) {
+    let mut found = Vec::new();
+    let mut collect = |value: &Value| {
+        let items = value
+            .pointer("/output")
+            .or_else(|| value.pointer("/response/output"))
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .chain(value.get("item").cloned());
+        found.extend(items.filter(|item| item["type"] == "reasoning"));
+    };
+    match reply {
+        Reply::Json { body, .. } => collect(body),
+        Reply::Sse { events, .. } => {
+            for (_, data) in events {
+                collect(&serde_json::from_str(data).unwrap_or(Value::Null));
+            }
+        }
+        Reply::Live(_) | Reply::Stall => {}
+    }
+    state.reasoning_sent.lock().unwrap().extend(found);
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -351,6 +392,110 @@ fn check_openai(
         }
         if role == "tool" && !message["tool_call_id"].as_str().is_some_and(|id| call_ids.contains(id)) {
             fail(format!("messages[{i}] answers no earlier tool call"));
+        }
+    }
+}
+
+/// OpenAI Responses: bearer auth; a bare model; `input` items, never chat's `messages`;
+/// `max_output_tokens` always; stateless (`store: false`, encrypted reasoning included);
+/// flat function tools; every item well-formed, every `function_call_output` answering an
+/// earlier `function_call`, and every `reasoning` item one this mock sent, unchanged.
+fn check_responses(
+    path: &str,
+    headers: &HeaderMap,
+    body: &Value,
+    key: Option<&str>,
+    reasoning_sent: &[Value],
+    problems: &mut Vec<String>,
+) {
+    check_openai_post(path, "/v1/responses", headers, key, problems);
+    let mut fail = |p: String| problems.push(p);
+    if !body["model"].as_str().is_some_and(|m| !m.is_empty() && !m.contains('/')) {
+        fail(format!("model {} is not a bare model name", body["model"]));
+    }
+    for chat_only in
+        ["messages", "max_tokens", "max_completion_tokens", "stream_options", "response_format", "stop", "n"]
+    {
+        if body.get(chat_only).is_some() {
+            fail(format!("Chat Completions field `{chat_only}` in a Responses request"));
+        }
+    }
+    if body["max_output_tokens"].as_u64().is_none_or(|n| n == 0) {
+        fail(format!("max_output_tokens {} (always sent, positive)", body["max_output_tokens"]));
+    }
+    if body["store"] != json!(false) {
+        fail(format!("store is {}, expected false (the kernel keeps the history)", body["store"]));
+    }
+    if !body["include"].as_array().is_some_and(|i| i.contains(&json!("reasoning.encrypted_content"))) {
+        fail(format!("include {} lacks reasoning.encrypted_content", body["include"]));
+    }
+    if body.get("stream").is_some_and(|s| s != &json!(true)) {
+        fail(format!("stream is {}", body["stream"]));
+    }
+    if body.get("instructions").is_some_and(|i| !i.is_string()) {
+        fail(format!("instructions {}", body["instructions"]));
+    }
+    if let Some(tools) = body.get("tools") {
+        for tool in tools.as_array().into_iter().flatten() {
+            if tool["type"] != "function"
+                || !tool["name"].is_string()
+                || !tool["parameters"].is_object()
+                || !tool["strict"].is_boolean()
+                || tool.get("function").is_some()
+            {
+                fail(format!("tool {tool} is not {{type: function, name, parameters, strict}}"));
+            }
+        }
+    } else if body.get("tool_choice").is_some() || body.get("parallel_tool_calls").is_some() {
+        fail("tool_choice / parallel_tool_calls without tools".into());
+    }
+    let Some(input) = body["input"].as_array().filter(|i| !i.is_empty()) else {
+        fail(format!("input {} is not a non-empty item list", body["input"]));
+        return;
+    };
+    let mut call_ids = HashSet::new();
+    for (i, item) in input.iter().enumerate() {
+        match item["type"].as_str() {
+            Some("message") => {
+                let role = item["role"].as_str().unwrap_or_default();
+                if !["user", "assistant", "developer", "system"].contains(&role) {
+                    fail(format!("input[{i}].role {role:?}"));
+                }
+                let parts_ok = item["content"].as_array().is_some_and(|parts| {
+                    parts.iter().all(|p| {
+                        ["input_text", "output_text"].contains(&p["type"].as_str().unwrap_or_default())
+                            && p["text"].is_string()
+                    })
+                });
+                if !item["content"].is_string() && !parts_ok {
+                    fail(format!("input[{i}].content {}", item["content"]));
+                }
+            }
+            Some("function_call") => {
+                let arguments = item["arguments"].as_str();
+                if item["call_id"].as_str().is_none_or(str::is_empty)
+                    || !item["name"].is_string()
+                    || arguments.is_none_or(|a| serde_json::from_str::<Value>(a).is_err())
+                {
+                    fail(format!("input[{i}] is a malformed function_call {item}"));
+                }
+                call_ids.insert(item["call_id"].as_str().unwrap_or_default().to_owned());
+            }
+            Some("function_call_output") => {
+                if !item["call_id"].as_str().is_some_and(|id| call_ids.contains(id))
+                    || !item["output"].is_string()
+                {
+                    fail(format!("input[{i}] answers no earlier function_call: {item}"));
+                }
+            }
+            Some("reasoning") => {
+                if !reasoning_sent.contains(item) {
+                    fail(format!(
+                        "input[{i}] is a reasoning item this upstream never sent (or changed): {item}"
+                    ));
+                }
+            }
+            other => fail(format!("input[{i}] has type {other:?}")),
         }
     }
 }
