@@ -23,7 +23,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::gateway::{mock_upstream, read_counts};
+use crate::gateway::{mock_upstream, read_counts, use_upstream};
 use crate::harness::{Keel, agent, repo_root, wait_for};
 
 /// How long the agents' `add` tool sleeps: the window in which the test kills the daemon,
@@ -60,6 +60,9 @@ struct Row {
     scripts: [&'static str; 2],
     /// What the framework must not print (the noise of a call home Keel turns off).
     quiet: &'static [&'static str],
+    /// The API the kernel's provider calls at the mock upstream: chat, or `responses`
+    /// (`api = "responses"` in keel.toml).
+    upstream: Api,
 }
 
 fn framework_file(name: &str) -> String {
@@ -140,10 +143,7 @@ fn survives_a_daemon_kill(row: &Row, tools: usize) {
     let (command, cwd) = command_of(row, scratch.path());
     let mut keel = Keel::new();
     let (mut upstream, port, counts) = mock_upstream(&keel, &framework_file(row.scripts[tools - 1]));
-    keel.daemon_env = vec![
-        ("OPENAI_API_KEY".into(), "sk-upstream-test".into()),
-        ("OPENAI_BASE_URL".into(), format!("http://127.0.0.1:{port}/v1")),
-    ];
+    use_upstream(&mut keel, port, row.upstream == Api::Responses);
     keel.start_daemon();
     let agent_api = format!("AGENT_API={}", row.api.name());
     let delay = format!("AGENT_TOOL_DELAY_MS={TOOL_DELAY_MS}");
@@ -222,6 +222,7 @@ fn openai_agents_sdk_on_chat_completions_survives_a_daemon_kill() {
         api: Api::Chat,
         scripts: SCRIPTS,
         quiet: &["Tracing request failed"],
+        upstream: Api::Chat,
     });
 }
 
@@ -233,6 +234,21 @@ fn openai_agents_sdk_on_the_responses_api_survives_a_daemon_kill() {
         api: Api::Responses,
         scripts: SCRIPTS,
         quiet: &["Tracing request failed"],
+        upstream: Api::Chat,
+    });
+}
+
+/// The Responses API end to end: the Agents SDK's default, through the kernel, to an
+/// upstream that speaks the Responses API too.
+#[test]
+fn openai_agents_sdk_over_a_responses_upstream_survives_a_daemon_kill() {
+    row_survives_daemon_kills(Row {
+        env: "openai-agents",
+        agent: "openai_agents_agent.py",
+        api: Api::Responses,
+        scripts: SCRIPTS,
+        quiet: &["Tracing request failed"],
+        upstream: Api::Responses,
     });
 }
 
@@ -244,6 +260,7 @@ fn pydantic_ai_on_the_responses_api_survives_a_daemon_kill() {
         api: Api::Responses,
         scripts: SCRIPTS,
         quiet: &[],
+        upstream: Api::Chat,
     });
 }
 
@@ -255,6 +272,7 @@ fn pydantic_ai_on_chat_completions_survives_a_daemon_kill() {
         api: Api::Chat,
         scripts: SCRIPTS,
         quiet: &[],
+        upstream: Api::Chat,
     });
 }
 
@@ -266,6 +284,7 @@ fn langgraph_on_chat_completions_survives_a_daemon_kill() {
         api: Api::Chat,
         scripts: SCRIPTS,
         quiet: &[],
+        upstream: Api::Chat,
     });
 }
 
@@ -277,6 +296,7 @@ fn langgraph_on_the_responses_api_survives_a_daemon_kill() {
         api: Api::Responses,
         scripts: SCRIPTS,
         quiet: &[],
+        upstream: Api::Chat,
     });
 }
 
@@ -288,6 +308,7 @@ fn crewai_survives_a_daemon_kill() {
         api: Api::Chat,
         scripts: SCRIPTS,
         quiet: &[],
+        upstream: Api::Chat,
     });
 }
 
@@ -300,6 +321,7 @@ fn smolagents_survives_a_daemon_kill() {
         api: Api::Chat,
         scripts: ["smolagents_script.json", "smolagents_two_tools_script.json"],
         quiet: &[],
+        upstream: Api::Chat,
     });
 }
 
@@ -311,6 +333,7 @@ fn the_openai_python_package_on_chat_completions_survives_a_daemon_kill() {
         api: Api::Chat,
         scripts: SCRIPTS,
         quiet: &[],
+        upstream: Api::Chat,
     });
 }
 
@@ -322,6 +345,7 @@ fn the_openai_python_package_on_the_responses_api_survives_a_daemon_kill() {
         api: Api::Responses,
         scripts: SCRIPTS,
         quiet: &[],
+        upstream: Api::Chat,
     });
 }
 
@@ -333,6 +357,7 @@ fn the_anthropic_python_package_on_the_messages_api_survives_a_daemon_kill() {
         api: Api::Messages,
         scripts: SCRIPTS,
         quiet: &[],
+        upstream: Api::Chat,
     });
 }
 
@@ -344,6 +369,7 @@ fn the_openai_npm_package_on_chat_completions_survives_a_daemon_kill() {
         api: Api::Chat,
         scripts: SCRIPTS,
         quiet: &[],
+        upstream: Api::Chat,
     });
 }
 
@@ -355,6 +381,7 @@ fn the_openai_npm_package_on_the_responses_api_survives_a_daemon_kill() {
         api: Api::Responses,
         scripts: SCRIPTS,
         quiet: &[],
+        upstream: Api::Chat,
     });
 }
 
@@ -366,6 +393,7 @@ fn the_vercel_ai_sdk_on_the_responses_api_survives_a_daemon_kill() {
         api: Api::Responses,
         scripts: SCRIPTS_WITHOUT_TEXT,
         quiet: &[],
+        upstream: Api::Chat,
     });
 }
 
@@ -377,6 +405,7 @@ fn the_vercel_ai_sdk_on_chat_completions_survives_a_daemon_kill() {
         api: Api::Chat,
         scripts: SCRIPTS,
         quiet: &[],
+        upstream: Api::Chat,
     });
 }
 
@@ -418,6 +447,7 @@ fn the_vercel_ai_sdk_sends_earlier_text_by_reference_which_the_gateway_refuses()
         api: Api::Responses,
         scripts: ["text_then_tool_script.json"; 2],
         quiet: &[],
+        upstream: Api::Chat,
     };
     let scratch = tempfile::tempdir().expect("a working directory");
     let (command, cwd) = command_of(&row, scratch.path());
