@@ -1,6 +1,7 @@
 //! The framework matrix (issue 12): each agent framework, unmodified and with its default
 //! settings, as an agent under `keel serve` in the default sandbox, against the mock
-//! upstream (OpenAI chat, counting what it serves). Per row: a one-tool round trip (the
+//! upstream (OpenAI chat, or its Responses API for one row; it counts what it serves).
+//! Per row: a one-tool round trip (the
 //! model asks for `add`, the framework runs it, the model answers) with a SIGKILL of the
 //! daemon while the tool runs, between the two LLM calls; then the same with two tools
 //! and the kill before the third call. The run must complete, its replayed calls must
@@ -27,7 +28,7 @@ use crate::gateway::{mock_upstream, read_counts, use_upstream};
 use crate::harness::{Keel, agent, repo_root, wait_for};
 
 /// How long the agents' `add` tool sleeps: the window in which the test kills the daemon,
-/// after the first LLM call is journaled and before the second is asked.
+/// after an LLM call is journaled and before the next is asked.
 const TOOL_DELAY_MS: &str = "3000";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,10 +96,11 @@ fn command_of(row: &Row, scratch: &Path) -> (Vec<String>, PathBuf) {
     let env = environment(row.env);
     if row.env == "node" {
         // A Node project: the agent next to its node_modules, run from there. Written
-        // under a temporary name and renamed, since tests may copy it at once.
-        let temporary = env.join(format!(".{}.{}", row.agent, std::process::id()));
-        std::fs::copy(framework_file(row.agent), &temporary).expect("copy the agent into the npm project");
-        std::fs::rename(&temporary, env.join(row.agent)).expect("move the agent into place");
+        // to a file of its own and renamed, since tests may copy it at once.
+        let source = std::fs::read(framework_file(row.agent)).expect("read the agent");
+        let mut temporary = tempfile::NamedTempFile::new_in(&env).expect("a file in the npm project");
+        std::io::Write::write_all(&mut temporary, &source).expect("write the agent");
+        temporary.persist(env.join(row.agent)).expect("move the agent into place");
         (vec!["node".into(), row.agent.into()], env)
     } else {
         // The venv's interpreter, from a directory that holds neither the venv nor the
@@ -116,7 +118,7 @@ fn agent_output(logs: &str) -> Option<Value> {
 
 /// What a failure of a Responses row means while the gateway lacks the route.
 fn responses_note(row: &Row, logs: &str) -> &'static str {
-    if row.api == Api::Responses && logs.contains("/v1/responses") {
+    if row.api == Api::Responses && logs.contains("does not serve POST /v1/responses") {
         "this row needs the gateway's POST /v1/responses (issue 12), which answered 404: "
     } else {
         ""
