@@ -877,6 +877,24 @@ pub struct ExecArgs {
     /// Memory limit of the interpreter, bytes.
     #[arg(long, value_name = "BYTES")]
     memory_bytes: Option<u64>,
+    /// A file's text bound as a global string variable: NAME=PATH (repeatable; up to
+    /// 64 MiB in all, UTF-8). Stored once by the kernel; the program slices it and calls
+    /// `llm()` on the pieces that matter.
+    #[arg(long = "input-file", value_name = "NAME=PATH")]
+    input_files: Vec<String>,
+    /// The most LLM calls the program may make (`llm`, each prompt of `llm_batch`);
+    /// default 50.
+    #[arg(long, value_name = "N")]
+    max_llm_calls: Option<u32>,
+    /// The scripted LLM provider's script: replies served to the program's `llm` calls,
+    /// offline.
+    #[arg(long, env = "KEEL_LLM_SCRIPT", value_name = "FILE")]
+    llm_script: Option<PathBuf>,
+    /// The model for `llm` calls that name none, e.g. openai/gpt-4o-mini.
+    #[arg(long, value_name = "MODEL")]
+    model: Option<String>,
+    #[command(flatten)]
+    budget: BudgetArgs,
     #[command(flatten)]
     sandbox: SandboxArgs,
     /// Print the whole outcome as JSON.
@@ -906,6 +924,13 @@ pub async fn exec(ctx: Context, args: ExecArgs) -> Result<ExitCode> {
             .with_context(|| format!("--input {name}: the value must be JSON (quote strings: '\"text\"')"))?;
         inputs.insert(name.to_owned(), value);
     }
+    let mut file_bytes = 0u64;
+    for item in &args.input_files {
+        let (name, text) = read_input_file(item, &mut file_bytes)?;
+        if inputs.insert(name.clone(), serde_json::Value::String(text)).is_some() {
+            bail!("--input-file {item:?}: input {name:?} is given twice; give each name once");
+        }
+    }
     let cwd = std::env::current_dir().context("reading the current directory")?;
     let params = keel_protocol::api::ExecParams {
         lang: args.lang.clone(),
@@ -917,8 +942,12 @@ pub async fn exec(ctx: Context, args: ExecArgs) -> Result<ExitCode> {
             "timeout_ms": args.timeout_ms,
             "max_tool_calls": args.max_tool_calls,
             "memory_bytes": args.memory_bytes,
+            "max_llm_calls": args.max_llm_calls,
         }),
         sandbox: args.sandbox.to_params(&cwd)?,
+        llm_script: args.llm_script.as_ref().map(read_script).transpose()?,
+        model: args.model.clone(),
+        budget: args.budget.to_params()?,
     };
     let client = ctx.client().await?;
     let outcome = client.exec(&params).await?;
@@ -942,13 +971,54 @@ pub async fn exec(ctx: Context, args: ExecArgs) -> Result<ExitCode> {
             _ => crate::outln!("null")?,
         }
         render::kernel_line(&format!(
-            "{} tool call(s), {:.2} ms; run {}",
+            "{} tool call(s), {} LLM call(s), {:.2} ms; run {}",
             outcome.tool_calls.len(),
+            outcome.llm_calls,
             outcome.duration_us as f64 / 1000.0,
             outcome.run_id
         ));
     }
     Ok(if outcome.ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// The most text `--input-file` passes in all (the kernel's limit on `POST /v1/exec`).
+const MAX_INPUT_FILE_BYTES: u64 = 64 << 20;
+
+/// Reads one `--input-file NAME=PATH`: the name and the file's text. `total` adds up the
+/// sizes so far, so the 64 MiB limit is checked before a file is read.
+fn read_input_file(item: &str, total: &mut u64) -> Result<(String, String)> {
+    let Some((name, path)) = item.split_once('=') else {
+        bail!("--input-file {item:?}: write NAME=PATH, e.g. --input-file log=server.log");
+    };
+    let identifier = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !identifier {
+        bail!(
+            "--input-file {item:?}: the name {name:?} must be an identifier (letters, digits and _, not \
+             starting with a digit): the program sees it as a variable"
+        );
+    }
+    if path.is_empty() {
+        bail!("--input-file {item:?}: the path is empty; write NAME=PATH");
+    }
+    let size =
+        std::fs::metadata(path).with_context(|| format!("--input-file {name}: cannot read {path}"))?.len();
+    *total += size;
+    if *total > MAX_INPUT_FILE_BYTES {
+        bail!(
+            "--input-file {name}: {path} brings the inputs to {total} bytes, over the limit of \
+             {MAX_INPUT_FILE_BYTES} (64 MiB); filter the file first (e.g. grep the lines that matter)"
+        );
+    }
+    let bytes = std::fs::read(path).with_context(|| format!("--input-file {name}: cannot read {path}"))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "--input-file {name}: {path} is not UTF-8 text (invalid byte at offset {}); programs get inputs \
+             as strings: convert the file (e.g. iconv), or base64-encode it and decode it in the program",
+            e.utf8_error().valid_up_to()
+        )
+    })?;
+    Ok((name.to_owned(), text))
 }
 
 #[derive(Debug, Args)]

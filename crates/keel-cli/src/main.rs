@@ -98,7 +98,7 @@ enum Command {
     /// Run a program whose tool calls go through Keel's governed dispatch; tools are
     /// functions (`fs.read(path="a.txt")` in Python, `fs.read({path: "a.txt"})` in JS).
     #[command(
-        after_help = "Examples:\n  keel exec -e 'sum(len(echo(i=i)) for i in range(10))'\n  keel exec --lang javascript -e 'kv.put({key: \"a\", value: 1}); kv.get({key: \"a\"})'\n  keel exec --lang cpython --grant 'kv.*' script.py --input n=3"
+        after_help = "Examples:\n  keel exec -e 'sum(len(echo(i=i)) for i in range(10))'\n  keel exec --lang javascript -e 'kv.put({key: \"a\", value: 1}); kv.get({key: \"a\"})'\n  keel exec --lang cpython --grant 'kv.*' script.py --input n=3\n  keel exec --input-file log=app.log --llm-script replies.json -e 'llm(\"Summarise:\\n\" + log[:4000])'"
     )]
     Exec(Box<commands::ExecArgs>),
     /// Put a message in a run's mailbox (the run reads it with ipc.recv; from is null).

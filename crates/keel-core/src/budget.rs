@@ -193,6 +193,27 @@ impl Exhausted {
     }
 }
 
+/// A call whose input alone is more than a whole limit: no reservation can ever fit it
+/// short of a top-up, so it is refused up front instead of parking the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NeverFits {
+    pub dimension: Dimension,
+    /// What the call's input alone needs (its estimate), in the dimension's unit.
+    pub needs: u64,
+    pub limit: u64,
+}
+
+/// Whether a call that needs `input` (its input tokens, and their cost in micro-USD,
+/// before any output) exceeds a whole limit of `limits`: the first such dimension, in
+/// [`Dimension::ALL`] order.
+pub fn never_fits(limits: &Limits, input: &Amount) -> Option<NeverFits> {
+    Dimension::ALL.into_iter().find_map(|dimension| {
+        let limit = limits.get(dimension)?;
+        let needs = dimension.amount(input);
+        (needs > limit).then_some(NeverFits { dimension, needs, limit })
+    })
+}
+
 /// The outcome of [`Account::settle`] and [`Account::return_slice`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Settled {
@@ -419,6 +440,24 @@ impl LoopDetector {
     pub fn reset(&mut self) {
         self.last_key = None;
         self.repeats = 0;
+    }
+}
+
+#[cfg(test)]
+mod never_fits_tests {
+    use super::*;
+
+    #[test]
+    fn a_call_whose_input_alone_passes_a_whole_limit_never_fits() {
+        let limits = Limits { tokens: Some(1000), cost_micro_usd: Some(50), ..Limits::UNLIMITED };
+        let input = |tokens, cost| Usage { input_tokens: tokens, cost_micro_usd: cost, ..Usage::default() };
+        assert_eq!(never_fits(&limits, &input(1000, 50)), None, "exactly the limit fits");
+        assert_eq!(
+            never_fits(&limits, &input(1001, 0)),
+            Some(NeverFits { dimension: Dimension::Tokens, needs: 1001, limit: 1000 })
+        );
+        assert_eq!(never_fits(&limits, &input(5000, 60)).map(|n| n.dimension), Some(Dimension::CostUsd));
+        assert_eq!(never_fits(&Limits::UNLIMITED, &input(u64::MAX, u64::MAX)), None);
     }
 }
 

@@ -22,7 +22,7 @@ use crate::{
 /// Builds the program's view of the tools. Called once with the raw host functions and the
 /// granted names; it keeps its own references to `JSON`, so a program that replaces
 /// `JSON.parse` only breaks itself.
-const PRELUDE: &str = r#"(function (raw, print, tools) {
+const PRELUDE: &str = r#"(function (raw, print, tools, rawLlm) {
   const parse = JSON.parse, stringify = JSON.stringify;
   const call_tool = function (name, args) {
     if (typeof name !== 'string') throw new TypeError('call_tool(name, args) needs the tool name as a string');
@@ -40,6 +40,36 @@ const PRELUDE: &str = r#"(function (raw, print, tools) {
     target[path[path.length - 1]] = function (args) { return call_tool(tool, args); };
   }
   globalThis.call_tool = call_tool;
+  const options = function (name, given) {
+    if (given === undefined || given === null) return {};
+    if (typeof given !== 'object') throw new TypeError(name + '(): options must be an object {system, model, max_tokens}');
+    return given;
+  };
+  const request = function (prompt, item, defaults) {
+    const pick = (key) => (item[key] === undefined ? defaults[key] : item[key]);
+    return { prompt: prompt, system: pick('system'), model: pick('model'), max_tokens: pick('max_tokens') };
+  };
+  const ask = function (requests) { return parse(rawLlm(stringify(requests))); };
+  globalThis.llm = function (prompt, given) {
+    if (typeof prompt !== 'string') throw new TypeError('llm(prompt, {system, model, max_tokens}) takes the prompt as a string');
+    const answer = ask([request(prompt, options('llm', given), {})])[0];
+    if (answer.err !== undefined) throw new Error(answer.err);
+    return answer.ok;
+  };
+  globalThis.llm_batch = function (prompts, given) {
+    if (!Array.isArray(prompts)) throw new TypeError('llm_batch(prompts, {system, model, max_tokens}) takes an array of prompts (strings, or objects with prompt, system, model, max_tokens)');
+    const defaults = options('llm_batch', given);
+    const requests = prompts.map(function (item, index) {
+      if (typeof item === 'string') return request(item, {}, defaults);
+      if (item !== null && typeof item === 'object' && typeof item.prompt === 'string') return request(item.prompt, item, defaults);
+      throw new TypeError('llm_batch(): prompt ' + index + ' is neither a string nor an object with a string `prompt`');
+    });
+    if (requests.length === 0) return [];
+    return ask(requests).map(function (answer, index) {
+      if (answer.err !== undefined) throw new Error('llm_batch: prompt ' + index + ': ' + answer.err);
+      return answer.ok;
+    });
+  };
   const show = (item) => {
     if (typeof item === 'string') return item;
     if (item !== null && typeof item === 'object') {
@@ -128,7 +158,7 @@ pub(crate) fn run_on(
         stop: AtomicBool::new(false),
     });
     let host = Rc::new(RefCell::new(Host {
-        gate: ToolGate::new(job.tools.clone(), job.limits.max_tool_calls, call),
+        gate: ToolGate::new(job.tools.clone(), &job.limits, call),
         stdout: String::new(),
         max_output: job.limits.max_output_bytes,
         clock: clock.clone(),
@@ -139,7 +169,14 @@ pub(crate) fn run_on(
         std::process::abort();
     };
     let host = host.into_inner();
-    ExecOutcome { result, stdout: host.stdout, tool_calls: host.gate.records, duration: started.elapsed() }
+    let llm_calls = host.gate.llm_calls;
+    ExecOutcome {
+        result,
+        stdout: host.stdout,
+        tool_calls: host.gate.records,
+        llm_calls,
+        duration: started.elapsed(),
+    }
 }
 
 fn run_with_host(
@@ -149,7 +186,11 @@ fn run_with_host(
     clock: &Arc<Clock>,
 ) -> Result<Value, ExecError> {
     let Engine { runtime, context } = engine;
-    runtime.set_memory_limit(usize::try_from(job.limits.memory_bytes).unwrap_or(usize::MAX));
+    // The inputs live in QuickJS's heap too; they are the job's data, not its allocations.
+    let memory = usize::try_from(job.limits.memory_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_add(crate::input_bytes(&job.inputs).saturating_mul(2));
+    runtime.set_memory_limit(memory);
     let stack = (job.limits.max_recursion as usize).saturating_mul(4096).clamp(256 << 10, 8 << 20);
     runtime.set_max_stack_size(stack);
     let interrupt_clock = clock.clone();
@@ -211,9 +252,14 @@ fn evaluate<'js>(ctx: &Ctx<'js>, job: &Job, host: &Rc<RefCell<Host>>) -> Result<
         Ok(())
     })
     .map_err(caught)?;
+    let llm_host = host.clone();
+    let raw_llm = Function::new(ctx.clone(), move |ctx: Ctx<'js>, requests: String| {
+        llm_call(&ctx, &llm_host, &requests)
+    })
+    .map_err(caught)?;
     let prelude: Function = ctx.eval(PRELUDE).map_err(caught)?;
     let tools = job.tools.clone();
-    prelude.call::<_, ()>((raw, print, tools)).map_err(caught)?;
+    prelude.call::<_, ()>((raw, print, tools, raw_llm)).map_err(caught)?;
 
     let mut value: JsValue = ctx.eval(job.code.as_bytes().to_vec()).map_err(caught)?;
     if value.is_promise() {
@@ -252,6 +298,44 @@ fn tool_call<'js>(
     host.clock.tool_us.fetch_add(waited, Ordering::Relaxed);
     match outcome {
         Ok(value) => Ok(value.to_string()),
+        Err(GateError::Tool(message) | GateError::NotGranted(message)) => {
+            Err(Exception::throw_message(ctx, &message))
+        }
+        Err(GateError::Fatal(error)) => {
+            host.clock.stop.store(true, Ordering::Relaxed);
+            Err(Exception::throw_internal(ctx, &error.message))
+        }
+    }
+}
+
+/// The `rawLlm(requestsJson)` host function behind `llm` and `llm_batch`: the answers as
+/// a JSON array of `{ok: text}` / `{err: message}`.
+fn llm_call<'js>(ctx: &Ctx<'js>, host: &Rc<RefCell<Host>>, requests: &str) -> rquickjs::Result<String> {
+    let requests: Vec<crate::LlmRequest> = serde_json::from_str(requests).map_err(|error| {
+        Exception::throw_type(
+            ctx,
+            &format!("llm options: {error} (system and model are strings, max_tokens a positive integer)"),
+        )
+    })?;
+    if requests.iter().any(|request| request.max_tokens == Some(0)) {
+        return Err(Exception::throw_type(ctx, "llm options: max_tokens must be a positive integer"));
+    }
+    let mut host = host.borrow_mut();
+    let started = Instant::now();
+    let outcome = host.gate.llm(requests);
+    let waited = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    host.clock.tool_us.fetch_add(waited, Ordering::Relaxed);
+    match outcome {
+        Ok(answers) => {
+            let answers: Vec<Value> = answers
+                .into_iter()
+                .map(|answer| match answer {
+                    Ok(text) => serde_json::json!({ "ok": text }),
+                    Err(message) => serde_json::json!({ "err": message }),
+                })
+                .collect();
+            Ok(Value::Array(answers).to_string())
+        }
         Err(GateError::Tool(message) | GateError::NotGranted(message)) => {
             Err(Exception::throw_message(ctx, &message))
         }

@@ -52,6 +52,21 @@
 //! a `Promise` is resolved by running pending jobs (top-level `await` is not supported:
 //! end with `(async () => { ... })()`). `console.log/info/warn/error` go to `stdout`.
 //!
+//! # Model calls
+//!
+//! Both languages (and the kernel's `cpython` harness) have `llm(prompt, system=None,
+//! model=None, max_tokens=None)` → the model's text and `llm_batch(prompts, ...)` → the
+//! texts in order (each prompt a string, or a dict / object with `prompt` and the same
+//! options; the options given to `llm_batch` are the defaults). JavaScript takes the
+//! options as an object: `llm(prompt, {system, model, max_tokens})`. One call or batch
+//! suspends the program and goes to the host as one [`ToolHandler::llm`] (over the pipe:
+//! a `call` of [`LLM_CALL`]); a failed call raises `RuntimeError` (JavaScript: `Error`)
+//! with the host's message, a batch naming the first failed prompt. They are not tool
+//! calls (no grant, not in `tool_calls`); `max_llm_calls` counts each prompt, and one
+//! more than it ends the job with `llm_call_limit` (uncatchable), before any of that
+//! batch reaches the host. `llm` and `llm_batch` win over tools of the same name
+//! (`call_tool("llm", ...)` still reaches such a tool).
+//!
 //! # Results
 //!
 //! The result becomes JSON. Values with no JSON form become their string repr in Python
@@ -81,6 +96,9 @@
 //!   (In Python the overflowing `print` raises `MemoryError`, which a program could catch;
 //!   the output stays bounded either way.)
 //! - `max_tool_calls`: one more call ends the job with `tool_call_limit` (uncatchable).
+//! - `max_llm_calls`: the same for model calls, `llm_call_limit`.
+//! - Inputs are the job's data: the worker's `RLIMIT_AS` and QuickJS's heap limit grow by
+//!   twice their size, so a 64 MiB input does not use up `memory_bytes`.
 //!
 //! # Isolation (the `interpreter` sandbox tier)
 //!
@@ -167,6 +185,8 @@ pub struct Limits {
     pub max_recursion: u32,
     pub max_output_bytes: usize,
     pub max_tool_calls: u32,
+    /// Model calls (`llm`, and each prompt of `llm_batch`).
+    pub max_llm_calls: u32,
 }
 
 impl Default for Limits {
@@ -177,6 +197,7 @@ impl Default for Limits {
             max_recursion: 200,
             max_output_bytes: 1 << 20,
             max_tool_calls: 100,
+            max_llm_calls: 50,
         }
     }
 }
@@ -213,13 +234,14 @@ pub enum ExecErrorKind {
     Recursion,
     OutputLimit,
     ToolCallLimit,
+    LlmCallLimit,
     NotGranted,
     WorkerCrashed,
     Invalid,
 }
 
 impl ExecErrorKind {
-    pub const ALL: [ExecErrorKind; 10] = [
+    pub const ALL: [ExecErrorKind; 11] = [
         ExecErrorKind::Syntax,
         ExecErrorKind::Runtime,
         ExecErrorKind::Timeout,
@@ -227,6 +249,7 @@ impl ExecErrorKind {
         ExecErrorKind::Recursion,
         ExecErrorKind::OutputLimit,
         ExecErrorKind::ToolCallLimit,
+        ExecErrorKind::LlmCallLimit,
         ExecErrorKind::NotGranted,
         ExecErrorKind::WorkerCrashed,
         ExecErrorKind::Invalid,
@@ -241,6 +264,7 @@ impl ExecErrorKind {
             ExecErrorKind::Recursion => "recursion",
             ExecErrorKind::OutputLimit => "output_limit",
             ExecErrorKind::ToolCallLimit => "tool_call_limit",
+            ExecErrorKind::LlmCallLimit => "llm_call_limit",
             ExecErrorKind::NotGranted => "not_granted",
             ExecErrorKind::WorkerCrashed => "worker_crashed",
             ExecErrorKind::Invalid => "invalid",
@@ -286,6 +310,8 @@ pub struct ExecOutcome {
     pub result: Result<Value, ExecError>,
     pub stdout: String,
     pub tool_calls: Vec<ToolCallRecord>,
+    /// Model calls the program made (`llm`, and each prompt of `llm_batch`).
+    pub llm_calls: u32,
     /// Wall time of the whole job, tool waits included (through the pool: from claiming a
     /// worker to the outcome).
     pub duration: Duration,
@@ -293,7 +319,13 @@ pub struct ExecOutcome {
 
 impl ExecOutcome {
     pub(crate) fn failed(error: ExecError, duration: Duration) -> Self {
-        ExecOutcome { result: Err(error), stdout: String::new(), tool_calls: Vec::new(), duration }
+        ExecOutcome {
+            result: Err(error),
+            stdout: String::new(),
+            tool_calls: Vec::new(),
+            llm_calls: 0,
+            duration,
+        }
     }
 }
 
@@ -302,9 +334,43 @@ impl ExecOutcome {
 /// Contract: `call` is awaited once per tool call, in program order, never concurrently
 /// for one job, and only for names in the job's `tools`. If the job's future is dropped
 /// or the job's overall cap passes, the `call` future is dropped too.
+///
+/// `llm` serves one `llm(...)` (one request) or one `llm_batch([...])` (several): the
+/// answers come back in the requests' order, each the model's text or an error message
+/// (raised in the program). It is awaited like `call`: in program order, never
+/// concurrently with another call of the same job; the requests of one batch may run
+/// concurrently inside it. The job's `max_llm_calls` has been checked before.
 #[async_trait::async_trait]
 pub trait ToolHandler: Send + Sync {
     async fn call(&self, name: &str, args: Value) -> Result<Value, String>;
+
+    async fn llm(&self, requests: Vec<LlmRequest>) -> Vec<Result<String, String>> {
+        requests.iter().map(|_| Err("this host serves no LLM calls".to_owned())).collect()
+    }
+}
+
+/// The reserved name under which an engine hands a batch of model calls to its `call`
+/// function (see [`run_in_process`]): the arguments are an array of [`LlmRequest`]s as
+/// JSON, the answer an array of `{"ok": text}` / `{"err": message}`, in order. No tool
+/// can have this name (tool names never start with `$`).
+pub const LLM_CALL: &str = "$llm";
+
+/// Most model calls of one `llm_batch` in flight at once; the host decides (see
+/// [`ToolHandler::llm`]), this is what the kernel uses.
+pub const LLM_BATCH_CONCURRENCY: usize = 8;
+
+/// One model call a program asked for: `llm(prompt, system=None, model=None,
+/// max_tokens=None)`, or one item of `llm_batch`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmRequest {
+    pub prompt: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
 }
 
 /// How to start a worker process: a program that calls [`worker_main`].
@@ -344,6 +410,19 @@ pub fn run_in_process(job: Job, call: &mut dyn FnMut(&str, Value) -> Result<Valu
         Lang::Python => python::run(job, call),
         Lang::JavaScript => javascript::run(job, call),
     }
+}
+
+/// About how many bytes the inputs take: their strings' lengths plus a little per value.
+pub(crate) fn input_bytes(inputs: &serde_json::Map<String, Value>) -> usize {
+    fn size(value: &Value) -> usize {
+        match value {
+            Value::String(text) => text.len() + 8,
+            Value::Array(items) => items.iter().map(size).sum::<usize>() + 8,
+            Value::Object(map) => map.iter().map(|(key, item)| key.len() + size(item)).sum::<usize>() + 8,
+            _ => 8,
+        }
+    }
+    inputs.iter().map(|(key, item)| key.len() + size(item)).sum()
 }
 
 /// Splits a tool name into the segments a program spells it with: `mcp:fs/read-file`

@@ -18,7 +18,9 @@ use tokio::{
     task::JoinHandle,
 };
 
-use crate::{ExecError, ExecErrorKind, ExecOutcome, Job, PoolConfig, ToolHandler, protocol};
+use crate::{
+    ExecError, ExecErrorKind, ExecOutcome, Job, LLM_CALL, LlmRequest, PoolConfig, ToolHandler, protocol,
+};
 
 /// Interpreter time past the job's timeout before the pool kills the worker itself.
 const KILL_GRACE: Duration = Duration::from_millis(250);
@@ -295,6 +297,7 @@ async fn converse(
 
     let mut interpreter_time = Duration::ZERO;
     let mut calls: u32 = 0;
+    let mut llm_calls: u32 = 0;
     loop {
         let slice = Instant::now();
         let overall_left = overall_cap.saturating_sub(started.elapsed());
@@ -333,6 +336,43 @@ async fn converse(
                 "the worker sent an unknown message",
             )));
         };
+        if name == LLM_CALL {
+            let requests = message.get_mut("args").map(Value::take).unwrap_or(Value::Null);
+            let requests: Vec<LlmRequest> = serde_json::from_value(requests).map_err(|error| {
+                Ended::Error(ExecError::new(
+                    ExecErrorKind::WorkerCrashed,
+                    format!(
+                        "the worker sent malformed LLM calls ({error}); this is a bug or an escape attempt"
+                    ),
+                ))
+            })?;
+            // As for tools: the worker counts, and a subverted one is stopped here.
+            llm_calls = llm_calls.saturating_add(u32::try_from(requests.len()).unwrap_or(u32::MAX));
+            if llm_calls > job.limits.max_llm_calls {
+                return Err(Ended::Error(ExecError::new(
+                    ExecErrorKind::WorkerCrashed,
+                    "the worker asked for LLM calls past its max_llm_calls; it was killed",
+                )));
+            }
+            let overall_left = overall_cap.saturating_sub(started.elapsed());
+            let answers = match tokio::time::timeout(overall_left, tools.llm(requests)).await {
+                Ok(answers) => answers,
+                Err(_) => return Err(overall_exceeded("waiting for LLM calls")),
+            };
+            let answers: Vec<Value> = answers
+                .into_iter()
+                .map(|answer| match answer {
+                    Ok(text) => json!({ "ok": text }),
+                    Err(message) => json!({ "err": message }),
+                })
+                .collect();
+            line.clear();
+            line.push_str(&json!({ "ok": answers }).to_string());
+            line.push('\n');
+            worker.stdin.write_all(line.as_bytes()).await.map_err(pipe_error)?;
+            worker.stdin.flush().await.map_err(pipe_error)?;
+            continue;
+        }
         // The worker checks grants and the budget; checking again here means a worker
         // whose interpreter was subverted still cannot reach an ungranted tool.
         calls += 1;

@@ -3,7 +3,8 @@
 //! pool → worker: the job (`{"lang", "code", "inputs", "tools", "limits"}`), then one reply
 //! per tool call (`{"ok": value}` or `{"err": "text"}`).
 //! worker → pool: `{"ready": true}` once confined, then tool calls (`{"call": name,
-//! "args": value}`) and finally `{"done": outcome}`. Private to this crate: both ends are
+//! "args": value}`; model calls are `{"call": "$llm", "args": [requests]}`, answered
+//! `{"ok": [{"ok": text} | {"err": message}, ...]}`) and finally `{"done": outcome}`. Private to this crate: both ends are
 //! the same binary, so the shapes carry no version.
 
 use std::time::Duration;
@@ -24,6 +25,7 @@ pub(crate) fn job_to_json(job: &Job) -> Value {
             "max_recursion": job.limits.max_recursion,
             "max_output_bytes": job.limits.max_output_bytes,
             "max_tool_calls": job.limits.max_tool_calls,
+            "max_llm_calls": job.limits.max_llm_calls,
         },
     })
 }
@@ -55,6 +57,7 @@ pub(crate) fn job_from_json(value: Value) -> Result<Job, String> {
         max_recursion: u32::try_from(number("max_recursion")?).unwrap_or(u32::MAX),
         max_output_bytes: usize::try_from(number("max_output_bytes")?).unwrap_or(usize::MAX),
         max_tool_calls: u32::try_from(number("max_tool_calls")?).unwrap_or(u32::MAX),
+        max_llm_calls: u32::try_from(number("max_llm_calls")?).unwrap_or(u32::MAX),
     };
     Ok(Job { lang, code, inputs, tools, limits })
 }
@@ -78,6 +81,7 @@ pub(crate) fn outcome_to_json(outcome: &ExecOutcome) -> Value {
             "result": result,
             "stdout": outcome.stdout,
             "tool_calls": calls,
+            "llm_calls": outcome.llm_calls,
             "duration_us": u64::try_from(outcome.duration.as_micros()).unwrap_or(u64::MAX),
         }
     })
@@ -111,6 +115,8 @@ pub(crate) fn outcome_from_json(mut done: Value) -> Result<ExecOutcome, String> 
             .collect(),
         _ => Vec::new(),
     };
+    let llm_calls = done.get("llm_calls").and_then(Value::as_u64).unwrap_or(0);
+    let llm_calls = u32::try_from(llm_calls).unwrap_or(u32::MAX);
     let duration = Duration::from_micros(done.get("duration_us").and_then(Value::as_u64).unwrap_or(0));
-    Ok(ExecOutcome { result, stdout, tool_calls, duration })
+    Ok(ExecOutcome { result, stdout, tool_calls, llm_calls, duration })
 }

@@ -11,7 +11,7 @@ use monty_types::{
 use serde_json::Value;
 
 use crate::{
-    ExecError, ExecErrorKind, ExecOutcome, Job,
+    ExecError, ExecErrorKind, ExecOutcome, Job, LlmRequest,
     gate::{GateError, ToolGate},
     tool_path,
 };
@@ -21,6 +21,10 @@ pub(crate) const MAX_VALUE_DEPTH: usize = 128;
 
 /// The generic entry point every program has.
 const CALL_TOOL: &str = "call_tool";
+/// `llm(prompt, system=None, model=None, max_tokens=None)`: one model call, its text.
+const LLM: &str = "llm";
+/// `llm_batch(prompts, system=None, model=None, max_tokens=None)`: several, concurrently.
+const LLM_BATCH: &str = "llm_batch";
 
 /// Maps the names a program can look up to tools and tool namespaces.
 struct ToolNames {
@@ -78,9 +82,10 @@ impl ToolNames {
 pub(crate) fn run(job: Job, call: &mut dyn FnMut(&str, Value) -> Result<Value, String>) -> ExecOutcome {
     let started = Instant::now();
     let mut stdout = String::new();
-    let mut gate = ToolGate::new(job.tools.clone(), job.limits.max_tool_calls, call);
+    let mut gate = ToolGate::new(job.tools.clone(), &job.limits, call);
     let result = run_program(&job, &mut gate, &mut stdout);
-    ExecOutcome { result, stdout, tool_calls: gate.records, duration: started.elapsed() }
+    let llm_calls = gate.llm_calls;
+    ExecOutcome { result, stdout, tool_calls: gate.records, llm_calls, duration: started.elapsed() }
 }
 
 fn run_program(job: &Job, gate: &mut ToolGate<'_>, stdout: &mut String) -> Result<Value, ExecError> {
@@ -132,8 +137,8 @@ fn run_program(job: &Job, gate: &mut ToolGate<'_>, stdout: &mut String) -> Resul
             RunProgress::NameLookup(lookup) => {
                 let path = match lookup.object_id() {
                     Some(id) => names.handed_out.get(&id).map(|prefix| format!("{prefix}.{}", lookup.name)),
-                    None if lookup.name == CALL_TOOL => {
-                        let function = MontyObject::Function { name: CALL_TOOL.to_owned(), docstring: None };
+                    None if [CALL_TOOL, LLM, LLM_BATCH].contains(&lookup.name.as_str()) => {
+                        let function = MontyObject::Function { name: lookup.name.clone(), docstring: None };
                         progress = lookup.resume(function, PrintWriter::CollectString(stdout, max_output));
                         continue;
                     }
@@ -144,6 +149,37 @@ fn run_program(job: &Job, gate: &mut ToolGate<'_>, stdout: &mut String) -> Resul
                 match answer {
                     Some(value) => lookup.resume(value, writer),
                     None => lookup.resume(NameLookupResult::Undefined, writer),
+                }
+            }
+            RunProgress::FunctionCall(function)
+                if function.object_id.is_none()
+                    && [LLM, LLM_BATCH].contains(&function.function_name.as_str()) =>
+            {
+                let writer = PrintWriter::CollectString(stdout, max_output);
+                let batch = function.function_name == LLM_BATCH;
+                let requests = match llm_requests(&function, batch) {
+                    Ok(requests) => requests,
+                    Err(message) => {
+                        let exception = MontyException::new(ExcType::TypeError, Some(message));
+                        progress = function.resume(exception, writer);
+                        continue;
+                    }
+                };
+                match gate.llm(requests) {
+                    Ok(answers) => match llm_answer(answers, batch) {
+                        Ok(value) => function.resume(value, writer),
+                        Err(message) => {
+                            function.resume(MontyException::new(ExcType::RuntimeError, Some(message)), writer)
+                        }
+                    },
+                    Err(GateError::Tool(message) | GateError::NotGranted(message)) => {
+                        function.resume(MontyException::new(ExcType::RuntimeError, Some(message)), writer)
+                    }
+                    Err(GateError::Fatal(error)) => {
+                        let exception =
+                            MontyException::new(ExcType::RuntimeError, Some(error.message.clone()));
+                        function.abort(exception, writer)
+                    }
                 }
             }
             RunProgress::FunctionCall(function) => {
@@ -197,6 +233,110 @@ fn run_program(job: &Job, gate: &mut ToolGate<'_>, stdout: &mut String) -> Resul
             ),
         };
     }
+}
+
+/// The requests of a suspended `llm(...)` or `llm_batch(...)`, or why the call is wrong.
+fn llm_requests(function: &monty::FunctionCall, batch: bool) -> Result<Vec<LlmRequest>, String> {
+    let name = if batch { LLM_BATCH } else { LLM };
+    let usage = if batch {
+        "llm_batch(prompts, system=None, model=None, max_tokens=None) takes a list of prompts (strings, or \
+         dicts with prompt, system, model, max_tokens)"
+    } else {
+        "llm(prompt, system=None, model=None, max_tokens=None) takes the prompt as a string"
+    };
+    let mut defaults = LlmRequest { prompt: String::new(), system: None, model: None, max_tokens: None };
+    let positional_options = function.args.get(1..).unwrap_or_default();
+    if positional_options.len() > 3 {
+        return Err(format!("{name}() takes at most 4 arguments; {usage}"));
+    }
+    let option_names = ["system", "model", "max_tokens"];
+    for (index, value) in positional_options.iter().enumerate() {
+        set_option(&mut defaults, option_names[index], value, name)?;
+    }
+    for (key, value) in &function.kwargs {
+        let MontyObject::String(key) = key else {
+            return Err(format!("{name}(): keyword argument names must be strings"));
+        };
+        set_option(&mut defaults, key, value, name)?;
+    }
+    let first =
+        function.args.first().ok_or_else(|| format!("{name}() is missing its first argument; {usage}"))?;
+    if !batch {
+        let MontyObject::String(prompt) = first else {
+            return Err(format!("{name}(): the prompt must be a string; {usage}"));
+        };
+        return Ok(vec![LlmRequest { prompt: prompt.clone(), ..defaults }]);
+    }
+    let (MontyObject::List(items) | MontyObject::Tuple(items)) = first else {
+        return Err(format!("{name}(): the prompts must be a list; {usage}"));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| match item {
+            MontyObject::String(prompt) => Ok(LlmRequest { prompt: prompt.clone(), ..defaults.clone() }),
+            MontyObject::Dict(pairs) => {
+                let mut request = defaults.clone();
+                let mut prompt = None;
+                for (key, value) in pairs.clone() {
+                    match (key, value) {
+                        (MontyObject::String(key), MontyObject::String(text)) if key == "prompt" => {
+                            prompt = Some(text);
+                        }
+                        (MontyObject::String(key), value) if key != "prompt" => {
+                            set_option(&mut request, &key, &value, name)?;
+                        }
+                        _ => return Err(format!("{name}(): prompt {index}: `prompt` must be a string")),
+                    }
+                }
+                request.prompt =
+                    prompt.ok_or_else(|| format!("{name}(): prompt {index} has no `prompt`; {usage}"))?;
+                Ok(request)
+            }
+            _ => Err(format!("{name}(): prompt {index} is neither a string nor a dict; {usage}")),
+        })
+        .collect()
+}
+
+/// Sets `system`, `model` or `max_tokens` of a request from a program's value (`None`
+/// leaves it unset).
+fn set_option(request: &mut LlmRequest, key: &str, value: &MontyObject, name: &str) -> Result<(), String> {
+    let text = |value: &MontyObject| match value {
+        MontyObject::None => Ok(None),
+        MontyObject::String(text) => Ok(Some(text.clone())),
+        _ => Err(format!("{name}(): `{key}` must be a string or None")),
+    };
+    match key {
+        "system" => request.system = text(value)?,
+        "model" => request.model = text(value)?,
+        "max_tokens" => {
+            request.max_tokens = match value {
+                MontyObject::None => None,
+                MontyObject::Int(tokens) if *tokens > 0 => Some(u32::try_from(*tokens).unwrap_or(u32::MAX)),
+                _ => return Err(format!("{name}(): `max_tokens` must be a positive int or None")),
+            }
+        }
+        other => {
+            return Err(format!(
+                "{name}() got an unexpected keyword argument {other:?}; it takes system, model, max_tokens"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The program's value for the answers: `llm` returns the text, `llm_batch` the list of
+/// texts; a failed call raises (a batch names the first failed prompt).
+fn llm_answer(answers: Vec<Result<String, String>>, batch: bool) -> Result<MontyObject, String> {
+    let mut texts = Vec::with_capacity(answers.len());
+    for (index, answer) in answers.into_iter().enumerate() {
+        match answer {
+            Ok(text) => texts.push(MontyObject::String(text)),
+            Err(message) if batch => return Err(format!("llm_batch: prompt {index}: {message}")),
+            Err(message) => return Err(message),
+        }
+    }
+    if batch { Ok(MontyObject::List(texts)) } else { texts.pop().ok_or_else(|| "no answer".to_owned()) }
 }
 
 /// Turns a suspended call into a tool name and its JSON arguments.

@@ -359,3 +359,103 @@ fn the_wire_shapes_round_trip() {
     assert_eq!(back.result, outcome.result);
     assert_eq!(back.tool_calls, outcome.tool_calls);
 }
+
+/// A host whose model answers `upper(<prompt>)`, or an error for a prompt `fail`, and
+/// records every batch it was asked.
+fn llm_host(batches: &mut Vec<Vec<Value>>) -> impl FnMut(&str, Value) -> Result<Value, String> + '_ {
+    move |name, args| {
+        if name != crate::LLM_CALL {
+            return tools(name, args);
+        }
+        let requests = args.as_array().cloned().unwrap_or_default();
+        batches.push(requests.clone());
+        Ok(Value::Array(
+            requests
+                .iter()
+                .map(|request| match request["prompt"].as_str() {
+                    Some("fail") => json!({ "err": "budget exhausted: tokens would reach 9" }),
+                    Some(prompt) => json!({ "ok": format!("{}{}", prompt.to_uppercase(), request["system"].as_str().map(|s| format!(" [{s}]")).unwrap_or_default()) }),
+                    None => json!({ "err": "no prompt" }),
+                })
+                .collect(),
+        ))
+    }
+}
+
+#[test]
+fn programs_call_the_model_with_llm_and_llm_batch_in_both_languages() {
+    for (lang, code) in [
+        (
+            Lang::Python,
+            "a = llm('hi', system='terse', max_tokens=5)\nb = llm_batch(['x', {'prompt': 'y', 'model': 'm'}], system='s')\n[a, b]",
+        ),
+        (
+            Lang::JavaScript,
+            "const a = llm('hi', {system: 'terse', max_tokens: 5}); const b = llm_batch(['x', {prompt: 'y', model: 'm'}], {system: 's'}); [a, b]",
+        ),
+    ] {
+        let mut batches = Vec::new();
+        let outcome = run_in_process(job(lang, code), &mut llm_host(&mut batches));
+        assert_eq!(outcome.result.clone().unwrap(), json!(["HI [terse]", ["X [s]", "Y [s]"]]), "{lang}");
+        assert_eq!(outcome.llm_calls, 3, "{lang}");
+        assert!(outcome.tool_calls.is_empty(), "model calls are not tool calls");
+        assert_eq!(batches.len(), 2, "{lang}: one host call per llm / llm_batch");
+        assert_eq!(batches[0], vec![json!({"prompt": "hi", "system": "terse", "max_tokens": 5})], "{lang}");
+        assert_eq!(batches[1][1], json!({"prompt": "y", "system": "s", "model": "m"}), "{lang}");
+    }
+}
+
+#[test]
+fn a_failed_model_call_is_a_catchable_error_with_the_hosts_message() {
+    for (lang, code) in [
+        (Lang::Python, "try:\n    llm('fail')\nexcept RuntimeError as e:\n    r = str(e)\nr"),
+        (Lang::JavaScript, "let r; try { llm('fail') } catch (e) { r = e.message } r"),
+    ] {
+        let mut batches = Vec::new();
+        let outcome = run_in_process(job(lang, code), &mut llm_host(&mut batches));
+        let text = outcome.result.unwrap().as_str().unwrap_or_default().to_owned();
+        assert!(text.contains("budget exhausted"), "{lang}: {text}");
+    }
+    for (lang, code) in
+        [(Lang::Python, "llm_batch(['a', 'fail'])"), (Lang::JavaScript, "llm_batch(['a', 'fail'])")]
+    {
+        let mut batches = Vec::new();
+        let error = run_in_process(job(lang, code), &mut llm_host(&mut batches)).result.unwrap_err();
+        assert!(error.message.contains("llm_batch: prompt 1: budget exhausted"), "{lang}: {error}");
+    }
+    for (lang, code) in [
+        (Lang::Python, "llm(3)"),
+        (Lang::JavaScript, "llm(3)"),
+        (Lang::Python, "llm('a', temperature=1)"),
+        (Lang::Python, "llm('a', max_tokens=0)"),
+        (Lang::JavaScript, "llm('a', {max_tokens: 0})"),
+        (Lang::JavaScript, "llm('a', {system: 3})"),
+    ] {
+        let mut batches = Vec::new();
+        let error = run_in_process(job(lang, code), &mut llm_host(&mut batches)).result.unwrap_err();
+        assert!(error.message.contains("llm"), "{lang}: {error}");
+        assert!(batches.is_empty(), "a bad call never reaches the host");
+    }
+}
+
+#[test]
+fn the_llm_call_limit_ends_the_program_uncatchably() {
+    for (lang, code) in [
+        (
+            Lang::Python,
+            "for i in range(10):\n    try:\n        llm('p')\n    except Exception:\n        pass\n1",
+        ),
+        (Lang::JavaScript, "for (let i = 0; i < 10; i++) { try { llm('p') } catch (e) {} } 1"),
+        (Lang::Python, "llm_batch(['a', 'b', 'c', 'd'])"),
+    ] {
+        let mut job = job(lang, code);
+        job.limits.max_llm_calls = 3;
+        let mut batches = Vec::new();
+        let outcome = run_in_process(job, &mut llm_host(&mut batches));
+        let error = outcome.result.unwrap_err();
+        assert_eq!(error.kind, ExecErrorKind::LlmCallLimit, "{lang}: {error}");
+        assert!(error.message.contains("max_llm_calls"), "{error}");
+        assert!(outcome.llm_calls <= 3);
+        assert!(batches.iter().map(Vec::len).sum::<usize>() <= 3, "nothing past the limit reached the host");
+    }
+}

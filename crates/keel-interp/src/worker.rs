@@ -249,8 +249,13 @@ fn landlock_deny_all() -> Result<(), String> {
 
 /// Sets the job's own limits, after confinement (lowering only).
 fn apply_job_limits(job: &Job, base_address_space: u64) -> Result<(), String> {
-    let address_space =
-        base_address_space.saturating_add(job.limits.memory_bytes).saturating_add(INTERPRETER_HEADROOM_BYTES);
+    // The inputs are the job's data, not the program's allocations: the worker holds them
+    // parsed and the interpreter holds its own copy, so they come on top of the limit.
+    let inputs = (crate::input_bytes(&job.inputs) as u64).saturating_mul(2);
+    let address_space = base_address_space
+        .saturating_add(job.limits.memory_bytes)
+        .saturating_add(INTERPRETER_HEADROOM_BYTES)
+        .saturating_add(inputs);
     sys::set_rlimit(libc::RLIMIT_AS, address_space)?;
     // A CPU backstop behind the interpreters' own clocks and the pool's wall clock.
     let cpu_seconds = job.limits.timeout.as_secs().saturating_add(2);

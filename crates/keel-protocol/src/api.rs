@@ -349,6 +349,10 @@ pub struct ExecParams {
     #[schema(pattern = "^(python|py|javascript|js|cpython)$")]
     pub lang: String,
     pub code: String,
+    /// Bound as global variables of the program. Up to 64 MiB in all (a string counts
+    /// its text); an input over 4 KiB is stored once in the store, content-addressed
+    /// under the tenant, and the run's `code.exec` names it by hash (see
+    /// docs/protocol.md, "Large inputs").
     #[serde(default)]
     #[schema(value_type = Object)]
     pub inputs: serde_json::Map<String, Value>,
@@ -359,13 +363,27 @@ pub struct ExecParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub tenant: Option<String>,
-    /// Limits: timeout_ms, memory_bytes, max_tool_calls, max_output_bytes, max_recursion
-    /// (null or absent: the defaults; an unknown field or a value out of range is a 400).
+    /// Limits: timeout_ms, memory_bytes, max_tool_calls, max_output_bytes, max_recursion,
+    /// max_llm_calls (null or absent: the defaults; an unknown field or a value out of
+    /// range is a 400).
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub limits: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxParams>,
+    /// The scripted LLM provider's script for the program's `llm` calls, as for
+    /// `POST /v1/runs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub llm_script: Option<Value>,
+    /// The model for `llm` calls that name none, as for `POST /v1/runs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 200)]
+    pub model: Option<String>,
+    /// The run's spending limits, as for `POST /v1/runs`: the program's model calls
+    /// reserve against them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetParams>,
 }
 
 /// What `POST /v1/exec` answers.
@@ -384,6 +402,9 @@ pub struct ExecView {
     pub stdout: String,
     #[schema(value_type = Vec<Object>)]
     pub tool_calls: Vec<Value>,
+    /// Model calls the program made (`llm`, each prompt of `llm_batch`).
+    #[serde(default)]
+    pub llm_calls: u32,
     pub duration_us: u64,
 }
 

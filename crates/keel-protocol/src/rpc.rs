@@ -354,6 +354,11 @@ pub struct CodeExecParams {
     /// Bound as global variables of the program.
     #[serde(default)]
     pub inputs: serde_json::Map<String, Value>,
+    /// More inputs, each named by the hash of an input that `POST /v1/exec` stored for
+    /// the run's tenant (`sha256:<hex>`): how an input too large for the socket's lines
+    /// reaches the program without passing through the journal.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub input_refs: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     pub limits: ExecLimits,
 }
@@ -372,6 +377,9 @@ pub struct ExecLimits {
     pub max_output_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_recursion: Option<u32>,
+    /// Model calls the program may make (`llm`, each prompt of `llm_batch`); default 50.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_llm_calls: Option<u32>,
 }
 
 /// One tool call a `code.exec` program made.
@@ -385,12 +393,15 @@ pub struct ExecToolCall {
 
 /// What a successful `code.exec` returns. A failed one is a `tool_error` whose `data`
 /// holds `kind` (syntax, runtime, timeout, memory, recursion, output_limit,
-/// tool_call_limit, not_granted, worker_crashed, invalid), `stdout` and `tool_calls`.
+/// tool_call_limit, llm_call_limit, not_granted, worker_crashed, invalid), `stdout` and `tool_calls`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CodeExecResult {
     pub result: Value,
     pub stdout: String,
     pub tool_calls: Vec<ExecToolCall>,
+    /// Model calls the program made (each is an `llm.chat` of the run).
+    #[serde(default)]
+    pub llm_calls: u32,
     pub duration_us: u64,
 }
 

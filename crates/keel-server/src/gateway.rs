@@ -162,6 +162,14 @@ fn status_of(error: &RpcError) -> (StatusCode, String) {
         "unauthenticated" => StatusCode::UNAUTHORIZED,
         "denied" => StatusCode::FORBIDDEN,
         "run_exited" | "cancelled" => StatusCode::CONFLICT,
+        // A request whose input alone is over the run's whole budget can never succeed:
+        // 400, so an SDK does not retry it as it would a 429.
+        "budget_exhausted"
+            if error.data.as_ref().and_then(|d| d.get("never_fits")).and_then(Value::as_bool)
+                == Some(true) =>
+        {
+            StatusCode::BAD_REQUEST
+        }
         "budget_exhausted" => StatusCode::TOO_MANY_REQUESTS,
         // The upstream's own status class (429 with its retry-after, 401, 400...) when known.
         "provider_error" => error

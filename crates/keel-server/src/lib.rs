@@ -194,7 +194,7 @@ pub fn router(kernel: Kernel, token: String) -> Router {
         .route("/v1/runs/{id}/signal", post(signal_run))
         .route("/v1/runs/{id}/approvals/{call}", post(decide_call))
         .route("/v1/tools", get(list_tools))
-        .route("/v1/exec", post(exec_code))
+        .route("/v1/exec", post(exec_code).layer(axum::extract::DefaultBodyLimit::max(MAX_EXEC_BODY_BYTES)))
         .route("/v1/memory/{namespace}", get(memory_search))
         .route("/v1/memory/{namespace}/{key}", put(memory_put).get(memory_get).delete(memory_delete))
         .route("/v1/threads/{id}", get(thread_read))
@@ -257,6 +257,10 @@ impl From<KernelError> for ApiError {
     }
 }
 
+/// The body of `POST /v1/exec`: its inputs may hold 64 MiB of text (the kernel checks
+/// that), which JSON escaping can about double; other routes keep axum's 2 MB.
+const MAX_EXEC_BODY_BYTES: usize = (2 << 26) + (1 << 20);
+
 /// JSON bodies whose rejections are rendered as [`ErrorBody`] like every other error.
 /// Every body of the API is a JSON object: serde would also read a struct from an array
 /// (`[value, text]` for `{value, text}`), which the documented schema does not allow.
@@ -274,7 +278,14 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + utoipa::ToSchema> FromRequ
             ));
         }
         let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|rejection| {
-            ApiError::new(rejection.status(), "invalid_request", rejection.body_text())
+            let message = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                "the body is over this route's limit (2 MB; POST /v1/exec takes inputs of up to 64 MiB); \
+                 send less, or pass large data to a program with `keel exec --input-file NAME=PATH`"
+                    .to_owned()
+            } else {
+                rejection.body_text()
+            };
+            ApiError::new(rejection.status(), "invalid_request", message)
         })?;
         object_body(&bytes)?;
         documented_objects::<T>(&bytes)?;
@@ -647,6 +658,7 @@ async fn list_tools(State(state): State<AppState>) -> Json<Vec<keel_protocol::ap
         (status = 400, body = ErrorBody, description = "invalid_request: the body breaks a rule its message names (an unknown `lang`, a limit out of range, a bad grant pattern)"),
         (status = 403, body = ErrorBody, description = "forbidden: a tenant's token asked for another tenant"),
         (status = 409, body = ErrorBody, description = "conflict: the exec run ended without an outcome (e.g. its sandbox could not start under the limits asked for); the message names the run, whose logs say why"),
+        (status = 413, body = ErrorBody, description = "invalid_request: the body is over 129 MiB (inputs hold at most 64 MiB of text; over that, even a smaller body is a 400)"),
         (status = 429, body = ErrorBody, description = "quota_exceeded: the tenant's live-run quota or the admission queue is full; retry after `Retry-After` seconds",
             headers(("Retry-After" = u64, description = "seconds to wait")))),
     security(("bearer" = [])))]

@@ -8,6 +8,7 @@ mod bad_input;
 mod budgets;
 mod control;
 mod crash;
+mod exec_inputs;
 mod frameworks;
 mod gateway;
 mod harness;

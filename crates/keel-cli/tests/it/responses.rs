@@ -126,3 +126,34 @@ fn reasoning_round_trips_through_the_gateway_to_a_responses_upstream() {
     assert_eq!(assistant["role"], "assistant");
     assert_eq!(assistant["reasoning"][0]["type"], "reasoning", "{assistant}");
 }
+
+/// A request whose input alone is more than the run's whole budget can never succeed: it
+/// is a 400 naming why (not a 429 an SDK would retry), on both OpenAI APIs, and nothing
+/// is journaled or paid.
+#[test]
+fn a_request_that_can_never_fit_the_budget_is_a_400_saying_why() {
+    let keel = Keel::new();
+    let script = agent("responses_script.json");
+    let out = keel.run(&[
+        "run",
+        "--quiet",
+        "--llm-script",
+        &script,
+        "--budget-tokens",
+        "1000",
+        "--",
+        "python3",
+        &agent("over_budget_agent.py"),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "agent failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let seen: Value =
+        serde_json::from_str(stdout.lines().rev().find(|l| l.starts_with('{')).unwrap()).unwrap();
+    for api in ["responses", "chat"] {
+        assert_eq!(seen[api]["status"], 400, "{api}: {seen}");
+        assert!(seen[api]["message"].as_str().unwrap().contains("1000"), "{api} names the budget: {seen}");
+    }
+    let run = keel.json(&["ps", "--json"])[0].clone();
+    assert_eq!(run["provider_calls"], 0);
+    assert!(llm_entries(&keel.inspect(run["run_id"].as_str().unwrap())).is_empty(), "nothing journaled");
+}

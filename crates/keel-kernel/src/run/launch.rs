@@ -191,6 +191,7 @@ impl Kernel {
             priority: spec.priority(),
             approvals: Mutex::default(),
             exec_buffers: Mutex::default(),
+            exec_llm_calls: Mutex::default(),
             workspace,
             sandbox: sandbox.clone(),
             profile,

@@ -61,6 +61,8 @@ pub(crate) struct LiveRun {
     /// The read-only tool calls of running `code.exec`s (by the exec's seq), journaled
     /// together when it completes (see `exec.rs`).
     pub(crate) exec_buffers: Mutex<HashMap<Seq, Vec<keel_store::NewEntry>>>,
+    /// The model calls of running `code.exec`s (by the exec's seq): made and allowed.
+    pub(crate) exec_llm_calls: Mutex<HashMap<Seq, (u32, u32)>>,
     /// Tool calls parked until an operator decides, by seq.
     pub(crate) approvals: Mutex<BTreeMap<Seq, crate::approvals::PendingApproval>>,
     /// Where the `fs.*` tools act on the host: the volume mounted at `/workspace`, or the

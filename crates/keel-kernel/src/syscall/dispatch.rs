@@ -194,6 +194,24 @@ fn provider_error(err: &keel_llm::Error) -> SyscallError {
     error
 }
 
+/// Why a prompt bigger than the whole budget is refused, and what to do instead.
+fn never_fits_message(never: &keel_core::budget::NeverFits) -> String {
+    use keel_core::budget::Dimension;
+    let (what, flag) = match never.dimension {
+        Dimension::CostUsd => ("cost", "--budget-usd"),
+        _ => ("input tokens", "--budget-tokens"),
+    };
+    format!(
+        "llm.chat: budget exhausted before the call: this prompt alone needs about {} {what} (estimated from \
+         its size, before any output), more than the run's whole {} budget of {}, so no reservation can ever \
+         fit it. Send less: filter the input and ask about the relevant pieces (in code.exec, slice it and \
+         call llm() or llm_batch() on the chunks), or give the run a budget that can hold it ({flag})",
+        never.dimension.format(never.needs),
+        never.dimension,
+        never.dimension.format(never.limit),
+    )
+}
+
 /// The reply a journal entry stands for (the same bytes, live or replayed).
 fn reply_of(entry: &JournalEntry) -> Reply {
     match entry.status {
@@ -492,6 +510,21 @@ impl Kernel {
             cost_micro_usd: (provider.worst_case_cost_usd(&request, input, max_output) * 1_000_000.0).ceil()
                 as u64,
         };
+        // A prompt bigger than the whole budget would park the run for good: refuse it now,
+        // saying why, before anything is journaled.
+        let input_only = Usage {
+            input_tokens: input,
+            cost_micro_usd: (provider.worst_case_cost_usd(&request, input, 0) * 1_000_000.0).ceil() as u64,
+            ..Usage::default()
+        };
+        let limits = lock(&live.budget.account).limits();
+        if let Some(never) = keel_core::budget::never_fits(&limits, &input_only) {
+            // `never_fits` tells it apart from a call that merely does not fit now.
+            return Err(SyscallError::new(ErrorKind::BudgetExhausted, never_fits_message(&never))
+                .with("never_fits", true)
+                .with("needs", never.needs)
+                .with("limit", never.limit));
+        }
         let reservation = self.reserve(live, worst).await?;
         let effect = |seq: Option<Seq>| async move {
             if let Some(seq) = seq {

@@ -3,7 +3,10 @@
 //! process sandbox (`cpython`). Every tool the program calls goes through the governed,
 //! journaled dispatch as a `tool.call` of the run, marked with the `code.exec`'s seq, so
 //! a `code.exec` retried after a crash has its finished tool calls answered from the
-//! journal and only the result goes back to the agent.
+//! journal and only the result goes back to the agent. Its model calls (`llm`,
+//! `llm_batch`) are `llm.chat`s of the run in the same way: budgeted, queued, counted,
+//! journaled with the exec's seq in their params, and answered from the journal on a
+//! re-run.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +27,7 @@ const MAX_MEMORY_BYTES: u64 = 4 << 30;
 const MAX_TOOL_CALLS: u32 = 10_000;
 const MAX_OUTPUT_BYTES: u64 = 16 << 20;
 const MAX_RECURSION: u32 = 10_000;
+const MAX_LLM_CALLS: u32 = 10_000;
 
 /// The limits of one execution: the defaults, lowered or raised within the maxima.
 pub(crate) fn limits(params: &ExecLimits) -> Result<keel_interp::Limits, String> {
@@ -69,6 +73,12 @@ pub(crate) fn limits(params: &ExecLimits) -> Result<keel_interp::Limits, String>
         }
         limits.max_recursion = depth;
     }
+    if let Some(calls) = params.max_llm_calls {
+        if calls > MAX_LLM_CALLS {
+            return over("max_llm_calls", MAX_LLM_CALLS.to_string());
+        }
+        limits.max_llm_calls = calls;
+    }
     Ok(limits)
 }
 
@@ -89,12 +99,162 @@ impl keel_interp::ToolHandler for NestedTools {
             Err(err) => Err(err.message),
         }
     }
+
+    async fn llm(&self, requests: Vec<keel_interp::LlmRequest>) -> Vec<Result<String, String>> {
+        use futures_util::StreamExt;
+        // `buffered` keeps the answers in the requests' order while up to the bound run.
+        futures_util::stream::iter(requests)
+            .map(|request| self.kernel.exec_llm_chat(&self.live, self.exec, chat_params(request, self.exec)))
+            .buffered(keel_interp::LLM_BATCH_CONCURRENCY)
+            .map(|reply| reply.map(|response| answer_text(&response)).map_err(|err| err.message))
+            .collect()
+            .await
+    }
+}
+
+/// The `llm.chat` params of a program's model call, marked with its `code.exec`'s seq:
+/// the mark keeps them apart from the agent's own calls with the same messages, and is
+/// the same on a re-run, so replay matches them to their journal entries.
+fn chat_params(request: keel_interp::LlmRequest, exec: Seq) -> Value {
+    let mut messages = Vec::new();
+    if let Some(system) = request.system {
+        messages.push(json!({ "role": "system", "content": system }));
+    }
+    messages.push(json!({ "role": "user", "content": request.prompt }));
+    let mut params = json!({ "messages": messages, "exec": exec });
+    if let Some(model) = request.model {
+        params["model"] = json!(model);
+    }
+    if let Some(tokens) = request.max_tokens {
+        params["max_tokens"] = json!(tokens);
+    }
+    params
+}
+
+/// The text of an `llm.chat` reply (an answer with tool calls but no text is "").
+fn answer_text(response: &Value) -> String {
+    response.pointer("/message/content").and_then(Value::as_str).unwrap_or_default().to_owned()
 }
 
 impl Kernel {
-    pub(crate) async fn exec_code(&self, live: &Arc<LiveRun>, seq: Seq, params: CodeExecParams) -> Reply {
+    /// One model call of the `code.exec` `exec`: counted against the program's
+    /// `max_llm_calls` (kept per exec while it runs), then an `llm.chat` of the run.
+    /// `params` carry `"exec": exec` (see [`chat_params`]).
+    pub(crate) async fn exec_llm_chat(&self, live: &Arc<LiveRun>, exec: Seq, params: Value) -> Reply {
+        {
+            let mut calls = lock(&live.exec_llm_calls);
+            let Some((made, allowed)) = calls.get_mut(&exec) else {
+                return Err(SyscallError::new(
+                    ErrorKind::Denied,
+                    "llm.chat: the code.exec of this program has ended; its model calls end with it",
+                ));
+            };
+            if *made >= *allowed {
+                return Err(SyscallError::new(
+                    ErrorKind::Denied,
+                    format!(
+                        "llm_call_limit: the program asked for more than {allowed} LLM calls; filter or chunk \
+                         the input into fewer calls, or raise max_llm_calls (--max-llm-calls)"
+                    ),
+                ));
+            }
+            *made += 1;
+        }
+        Box::pin(self.syscall(live, "llm.chat", params)).await
+    }
+
+    /// How many model calls the `code.exec` `exec` made.
+    fn exec_llm_made(&self, live: &Arc<LiveRun>, exec: Seq) -> u32 {
+        lock(&live.exec_llm_calls).get(&exec).map_or(0, |(made, _)| *made)
+    }
+}
+
+/// Forgets a `code.exec`'s model-call count when it ends, however it ends.
+struct LlmCallsGuard {
+    live: Arc<LiveRun>,
+    exec: Seq,
+}
+
+impl LlmCallsGuard {
+    fn new(live: &Arc<LiveRun>, exec: Seq, allowed: u32) -> Self {
+        lock(&live.exec_llm_calls).insert(exec, (0, allowed));
+        LlmCallsGuard { live: live.clone(), exec }
+    }
+}
+
+impl Drop for LlmCallsGuard {
+    fn drop(&mut self) {
+        lock(&self.live.exec_llm_calls).remove(&self.exec);
+    }
+}
+
+/// The inputs of one `POST /v1/exec`, at most, in all (a string counts its text).
+pub(crate) const MAX_INPUT_BYTES: usize = 64 << 20;
+/// An input larger than this is stored and named by its hash instead of riding inline in
+/// the exec run's input and its `code.exec` params (and so in the journal).
+const INLINE_INPUT_BYTES: usize = 4096;
+
+/// How much of the inputs' limit a value takes: a string its text, anything else its JSON.
+fn input_size(value: &Value) -> usize {
+    match value {
+        Value::String(text) => text.len(),
+        other => other.to_string().len(),
+    }
+}
+
+/// Where a tenant's stored inputs live in the store's key-value space, by `sha256:<hex>`
+/// of their JSON: content-addressed (the same input sent again is the same row) and
+/// scoped to the tenant (a run names only its own tenant's inputs).
+fn input_scope(tenant: &str) -> String {
+    format!("exec-inputs:{tenant}")
+}
+
+fn input_hash(value: &Value) -> String {
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(value.to_string().as_bytes())))
+}
+
+impl Kernel {
+    /// The program's inputs: the inline ones and those its `input_refs` name, read from
+    /// the store (never from the journal, which holds only their hashes).
+    async fn exec_inputs(
+        &self,
+        live: &Arc<LiveRun>,
+        mut inputs: serde_json::Map<String, Value>,
+        refs: std::collections::BTreeMap<String, String>,
+    ) -> Result<serde_json::Map<String, Value>, SyscallError> {
+        let scope = input_scope(&live.tenant);
+        for (name, hash) in refs {
+            if inputs.contains_key(&name) {
+                return Err(SyscallError::new(
+                    ErrorKind::InvalidParams,
+                    format!(
+                        "code.exec: input {name:?} is given both in `inputs` and in `input_refs`; give it once"
+                    ),
+                ));
+            }
+            let value = self.store().kv_get(&scope, &hash).await.map_err(crate::syscall::internal)?;
+            let value = value.ok_or_else(|| {
+                SyscallError::new(
+                    ErrorKind::InvalidParams,
+                    format!(
+                        "code.exec: input {name:?} names {hash}, which is not an input stored for tenant {}; \
+                         large inputs are stored by POST /v1/exec (keel exec --input-file NAME=PATH)",
+                        live.tenant
+                    ),
+                )
+            })?;
+            inputs.insert(name, value);
+        }
+        Ok(inputs)
+    }
+
+    pub(crate) async fn exec_code(&self, live: &Arc<LiveRun>, seq: Seq, mut params: CodeExecParams) -> Reply {
         let limits = limits(&params.limits).map_err(|e| SyscallError::new(ErrorKind::InvalidParams, e))?;
+        let refs = std::mem::take(&mut params.input_refs);
+        params.inputs = self.exec_inputs(live, std::mem::take(&mut params.inputs), refs).await?;
         let tools: Vec<String> = self.granted_tools(live).await.into_iter().map(|d| d.name).collect();
+        let _llm_calls = LlmCallsGuard::new(live, seq, limits.max_llm_calls);
         if params.lang == "cpython" {
             return self.exec_cpython(live, seq, params, tools, limits).await;
         }
@@ -123,16 +283,21 @@ impl Kernel {
             "code.exec",
             lang.as_str(),
             if outcome.result.is_ok() { "ok" } else { "error" },
-            json!({ "call": seq, "tool_calls": tool_calls.len(), "duration_us": duration_us }),
+            json!({
+                "call": seq, "tool_calls": tool_calls.len(), "llm_calls": outcome.llm_calls,
+                "duration_us": duration_us,
+            }),
         );
         match outcome.result {
             Ok(result) => Ok(json!({
                 "result": result,
                 "stdout": outcome.stdout,
                 "tool_calls": tool_calls,
+                "llm_calls": outcome.llm_calls,
                 "duration_us": duration_us,
             })),
-            Err(err) => Err(exec_error(err.kind.as_str(), &err.message, outcome.stdout, &tool_calls)),
+            Err(err) => Err(exec_error(err.kind.as_str(), &err.message, outcome.stdout, &tool_calls)
+                .with("llm_calls", outcome.llm_calls)),
         }
     }
 }
@@ -178,6 +343,7 @@ impl Kernel {
             "inputs": params.inputs,
             "tools": tools,
             "max_tool_calls": limits.max_tool_calls,
+            "max_llm_calls": limits.max_llm_calls,
         });
         let env = vec![
             ("KEEL_SOCKET".to_owned(), socket),
@@ -284,6 +450,7 @@ impl Kernel {
                 "result": outcome.get("result").cloned().unwrap_or(Value::Null),
                 "stdout": printed,
                 "tool_calls": tool_calls,
+                "llm_calls": self.exec_llm_made(live, seq),
                 "duration_us": duration_us,
             })),
         }
@@ -298,6 +465,8 @@ impl Kernel {
             .await
             .unwrap_or_default()
             .into_iter()
+            // The program's model calls carry its seq too; they are not tool calls.
+            .filter(|e| e.method == "tool.call")
             .map(|e| (e.started_at_ms, e.params, e.status, e.finished_at_ms.unwrap_or(e.started_at_ms)))
             .collect();
         if let Some(reads) = lock(&live.exec_buffers).get(&seq) {
@@ -344,7 +513,8 @@ try:
 except keel.KeelError as err:
     data = err.data if isinstance(err.data, dict) else {}
     client.exit({"ok": False, "error": {"kind": data.get("exec_error", err.kind), "message": err.message},
-                 "stdout": data.get("stdout", ""), "tool_calls": data.get("tool_calls", [])})
+                 "stdout": data.get("stdout", ""), "tool_calls": data.get("tool_calls", []),
+                 "llm_calls": data.get("llm_calls", 0)})
 "#;
 
 impl Kernel {
@@ -368,17 +538,48 @@ impl Kernel {
                 params.lang
             )));
         }
-        let input =
-            json!({ "lang": params.lang, "code": params.code, "inputs": params.inputs, "limits": asked });
-        let create: keel_protocol::api::CreateRunParams = serde_json::from_value(json!({
+        let total: usize = params.inputs.values().map(input_size).sum();
+        if total > MAX_INPUT_BYTES {
+            return Err(Error::InvalidRequest(format!(
+                "the inputs are {total} bytes in all, over the limit of {MAX_INPUT_BYTES} (64 MiB); filter the \
+                 input before sending it, or split the work over several execs"
+            )));
+        }
+        let mut create = json!({
             "command": ["python3", "-c", EXEC_AGENT],
             "tenant": params.tenant,
             "grant": params.grant,
-            "input": input,
             "sandbox": params.sandbox,
-        }))
-        .map_err(|e| Error::InvalidRequest(e.to_string()))?;
-        let request = crate::CreateRun::validate(create)?;
+            "llm_script": params.llm_script,
+            "model": params.model,
+            "budget": params.budget,
+        });
+        let validate = |create: &Value| {
+            let create: keel_protocol::api::CreateRunParams =
+                serde_json::from_value(create.clone()).map_err(|e| Error::InvalidRequest(e.to_string()))?;
+            crate::CreateRun::validate(create)
+        };
+        // Checked before anything is stored, so a bad request stores nothing.
+        let tenant = validate(&create)?.tenant;
+        // Large inputs are stored once, before the run exists, and named by hash: the run's
+        // input, its code.exec params and the journal stay small whatever the input's size.
+        let scope = input_scope(&tenant);
+        let mut inline = serde_json::Map::new();
+        let mut refs = std::collections::BTreeMap::new();
+        for (name, value) in params.inputs {
+            if input_size(&value) <= INLINE_INPUT_BYTES {
+                inline.insert(name, value);
+                continue;
+            }
+            let hash = input_hash(&value);
+            self.store().kv_put(&scope, &hash, value).await?;
+            refs.insert(name, hash);
+        }
+        let input = json!({
+            "lang": params.lang, "code": params.code, "inputs": inline, "input_refs": refs, "limits": asked,
+        });
+        create["input"] = input;
+        let request = validate(&create)?;
         let mut record = self.act(crate::Command::Create(request)).await?;
         while !record.state.is_terminal() {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -401,6 +602,7 @@ impl Kernel {
             error: output.get("error").cloned(),
             stdout: output.get("stdout").and_then(Value::as_str).unwrap_or_default().to_owned(),
             tool_calls: output.get("tool_calls").and_then(Value::as_array).cloned().unwrap_or_default(),
+            llm_calls: output.get("llm_calls").and_then(Value::as_u64).map_or(0, |n| n as u32),
             duration_us: output.get("duration_us").and_then(Value::as_u64).unwrap_or(0),
         })
     }

@@ -51,7 +51,7 @@ async fn serve_connection(kernel: Kernel, stream: UnixStream) {
     });
     let mut reader = BufReader::new(read_half);
     // The run, and for a `code.exec` program's connection (`--lang cpython`) the seq of
-    // that `code.exec`: such a connection may only call tools, as the program's.
+    // that `code.exec`: such a connection may only call tools and the model, as the program's.
     let mut run: Option<(Arc<LiveRun>, Option<u64>)> = None;
     let mut line = Vec::new();
     loop {
@@ -111,8 +111,15 @@ async fn serve_connection(kernel: Kernel, stream: UnixStream) {
             // When the agent is gone, what it asked for is dropped mid-flight: an LLM
             // stream closes, a tool's processes are killed, an MCP call is cancelled.
             let mut ended = live.ended.subscribe();
+            let call = async {
+                match exec {
+                    // A program's model call counts against its `max_llm_calls`.
+                    Some(seq) if method == "llm.chat" => kernel.exec_llm_chat(&live, seq, params).await,
+                    _ => kernel.syscall(&live, &method, params).await,
+                }
+            };
             let reply = tokio::select! {
-                reply = kernel.syscall(&live, &method, params) => reply,
+                reply = call => reply,
                 _ = ended.wait_for(|ended| *ended) => return,
             };
             let response = match reply {
@@ -166,11 +173,11 @@ fn parse_request(line: &[u8]) -> std::result::Result<Parsed, (Value, RpcError)> 
 /// A connection's run, and for a `code.exec` program's the seq of that `code.exec`.
 type Authenticated = (Arc<LiveRun>, Option<u64>);
 
-/// What a `code.exec` program may send: tool calls (marked as the program's) and
-/// `tool.list` / `sys.ping`.
+/// What a `code.exec` program may send: tool calls and model calls (marked as the
+/// program's) and `tool.list` / `sys.ping`.
 fn exec_params(method: &str, mut params: Value, seq: u64) -> std::result::Result<Value, RpcError> {
     match method {
-        "tool.call" => {
+        "tool.call" | "llm.chat" => {
             if let Some(map) = params.as_object_mut() {
                 map.insert("exec".into(), Value::from(seq));
             }
@@ -178,7 +185,7 @@ fn exec_params(method: &str, mut params: Value, seq: u64) -> std::result::Result
         }
         "tool.list" | "sys.ping" => Ok(params),
         other => Err(ErrorKind::Denied
-            .error(format!("a code.exec program may call tools only (tool.call, tool.list), not {other}"))),
+            .error(format!("a code.exec program may call tools and the model only (tool.call, tool.list, llm.chat), not {other}"))),
     }
 }
 

@@ -37,6 +37,9 @@ pub struct Setup {
     /// A keel.toml text whose `[tools]` table configures the kernel's tools.
     pub keel_toml: String,
     pub swap_after: Option<Duration>,
+    /// Start interpreter workers for `code.exec` in python and javascript (this crate's
+    /// test worker binary); off, only `cpython` runs.
+    pub interp: bool,
 }
 
 pub struct TestKernel {
@@ -104,7 +107,10 @@ impl TestKernel {
             llm: keel_llm::Router::empty(),
             egress: Default::default(),
             tools,
-            interp_worker: None,
+            interp_worker: self.setup.interp.then(|| keel_interp::WorkerCommand {
+                program: env!("CARGO_BIN_EXE_keel-kernel-test-worker").into(),
+                args: Vec::new(),
+            }),
             swap_after: self.setup.swap_after,
             scheduler: Default::default(),
         };

@@ -5,6 +5,7 @@
 
 mod approvals;
 mod budgets;
+mod exec_llm;
 mod gateway;
 mod governance;
 mod harness;
