@@ -9,6 +9,7 @@ mod budgets;
 mod control;
 mod crash;
 mod exec_inputs;
+mod frameworks;
 mod gateway;
 mod harness;
 mod ipc;

@@ -273,6 +273,9 @@ impl Kernel {
                 .collect()
         };
         env.extend(spec.env.clone());
+        // What frameworks need beyond the gateway's variables (their telemetry off, ...),
+        // unless the run's environment says otherwise.
+        super::frameworks::add_framework_vars(&mut env);
         let sdk = if shares_host {
             self.inner.data_dir.python_sdk().display().to_string()
         } else {

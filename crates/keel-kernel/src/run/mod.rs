@@ -6,6 +6,7 @@ mod approvals;
 mod budget;
 mod control;
 mod exit;
+mod frameworks;
 mod launch;
 mod lifecycle;
 mod recovery;

@@ -124,7 +124,9 @@ def case_host_env(*names):
     leaked = {name: os.environ[name] for name in names if os.environ.get(name, token) != token}
     allowed = {"HOME", "TMPDIR", "LANG", "PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "NODE_PATH", "KEEL_SOCKET",
                "KEEL_RUN_TOKEN", "KEEL_RUN_ID", "OPENAI_BASE_URL", "OPENAI_API_KEY",
-               "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "KEEL_MCP_URL", "LC_CTYPE"}
+               "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "KEEL_MCP_URL", "LC_CTYPE",
+               # Keel's own switches for agent frameworks (keel-kernel's run/frameworks.rs).
+               "OPENAI_AGENTS_DISABLE_TRACING", "CREWAI_DISABLE_TELEMETRY", "LITELLM_LOCAL_MODEL_COST_MAP"}
     extra = sorted(set(os.environ) - allowed)
     keys_are_tokens = all(os.environ.get(k, token) == token for k in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"))
     return not leaked and not extra and keys_are_tokens, f"leaked {leaked}, unexpected {extra}"
