@@ -434,15 +434,14 @@ fn frameworks_get_their_settings_and_a_users_env_wins() {
     assert_eq!(env["CREWAI_DISABLE_TELEMETRY"], "false", "the user's --env wins: {env}");
 }
 
-/// A limit of the gateway, pinned: the Vercel AI SDK's Responses provider keeps `store:
-/// true` by default and then sends an earlier step's assistant text back as an
-/// `item_reference` to its id, which the gateway refuses (400, naming it). A model step
-/// with only tool calls, as in the row above, sends none; a step with text before its
-/// tool call does. The provider's documented `store: false` sends the text itself. When
-/// the gateway resolves references to the responses it keeps, the first half of this
-/// test fails: turn it into a passing row.
+/// The Vercel AI SDK's Responses provider keeps `store: true` by default and then sends
+/// an earlier step's output back as `item_reference`s to its ids (a step with only tool
+/// calls, as in the row above, sends none; a step with text before its tool call does).
+/// The gateway resolves them from the responses it keeps, so that works unmodified; the
+/// provider's documented `store: false` sends the items themselves. Before, the
+/// references were refused with a 400.
 #[test]
-fn the_vercel_ai_sdk_sends_earlier_text_by_reference_which_the_gateway_refuses() {
+fn the_vercel_ai_sdk_sends_earlier_steps_by_reference_and_the_gateway_resolves_them() {
     let row = Row {
         env: "node",
         agent: "vercel_ai_agent.mjs",
@@ -455,23 +454,30 @@ fn the_vercel_ai_sdk_sends_earlier_text_by_reference_which_the_gateway_refuses()
     let (command, cwd) = command_of(&row, scratch.path());
     let keel = Keel::new();
     let script = framework_file(row.scripts[0]);
-    let run = |store: &str| {
-        let store = format!("AGENT_OPENAI_STORE={store}");
-        let mut args = vec!["run", "--quiet", "--llm-script", &script, "--env", &store, "--"];
+    for store in ["true", "false"] {
+        let store_env = format!("AGENT_OPENAI_STORE={store}");
+        let mut args = vec!["run", "--quiet", "--llm-script", &script, "--env", &store_env, "--"];
         args.extend(command.iter().map(String::as_str));
         let out = keel.cmd().current_dir(&cwd).args(&args).output().expect("spawn keel run");
         let text =
             format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        (out.status.success(), text)
-    };
-    let (succeeded, text) = run("true");
-    assert!(
-        !succeeded && text.contains("is an item_reference, which the Keel gateway cannot resolve"),
-        "the default (store: true) was expected to fail on the item_reference; if the gateway \
-         resolves them now, make this a passing row:\n{text}"
-    );
-    let (succeeded, text) = run("false");
-    assert!(succeeded, "{text}");
-    let seen = agent_output(&text).unwrap_or_else(|| panic!("no JSON from the agent in:\n{text}"));
-    assert_eq!(seen["answer"], "2 + 3 = 5", "{text}");
+        assert!(out.status.success(), "store: {store}\n{text}");
+        let seen = agent_output(&text).unwrap_or_else(|| panic!("no JSON from the agent in:\n{text}"));
+        assert_eq!(seen["answer"], "2 + 3 = 5", "store: {store}\n{text}");
+    }
+    // Both runs' second calls carried the first step whole: its text and its tool call.
+    for run in keel.json(&["ps", "--json"]).as_array().expect("runs") {
+        let view = keel.inspect(run["run_id"].as_str().expect("an id"));
+        let calls: Vec<&Value> = view["journal"]
+            .as_array()
+            .expect("a journal")
+            .iter()
+            .filter(|e| e["method"] == "llm.chat")
+            .collect();
+        assert_eq!(calls.len(), 2, "{view}");
+        let messages = calls[1]["params"]["messages"].as_array().expect("messages");
+        let step = messages.iter().find(|m| m["role"] == "assistant").expect("the first step");
+        assert_eq!(step["content"], "Let me add them.", "{messages:?}");
+        assert_eq!(step["tool_calls"][0]["id"], "call_1", "{messages:?}");
+    }
 }
