@@ -70,6 +70,14 @@ fn responses_request(i: usize, stream: bool) -> Value {
     json!({"model": "gpt-4o-mini", "max_output_tokens": 16, "input": format!("benchmark request {i}"), "stream": stream})
 }
 
+/// The same, with `store: false`: the kernel does not keep the response (one durable
+/// write less per request).
+fn unstored_responses_request(i: usize, stream: bool) -> Value {
+    let mut body = responses_request(i, stream);
+    body["store"] = json!(false);
+    body
+}
+
 /// One of the OpenAI APIs the gateway serves, as the benchmark asks it.
 struct Api {
     path: &'static str,
@@ -81,6 +89,8 @@ struct Api {
 const CHAT: Api = Api { path: "chat/completions", request: chat_request, first_token: "\"content\"" };
 const RESPONSES: Api =
     Api { path: "responses", request: responses_request, first_token: "response.output_text.delta" };
+const UNSTORED_RESPONSES: Api =
+    Api { path: "responses", request: unstored_responses_request, first_token: "response.output_text.delta" };
 
 /// Agent mode: measures `api` against `base` (direct or through the kernel) with `key`;
 /// with `load`, also requests/s with `IN_FLIGHT` in flight.
@@ -166,7 +176,8 @@ async fn agent() {
     let token = std::env::var("OPENAI_API_KEY").expect("OPENAI_API_KEY");
     let kernel = measure(&http, &kernel_base, &token, 10_000_000, &CHAT, true).await;
     let responses = measure(&http, &kernel_base, &token, 20_000_000, &RESPONSES, false).await;
-    println!("{}", json!({"direct": direct, "kernel": kernel, "responses": responses}));
+    let unstored = measure(&http, &kernel_base, &token, 30_000_000, &UNSTORED_RESPONSES, false).await;
+    println!("{}", json!({"direct": direct, "kernel": kernel, "responses": responses, "unstored": unstored}));
 }
 
 fn row(name: &str, direct: &Value, kernel: &Value) -> String {
@@ -220,11 +231,15 @@ async fn main() {
     assert!(out.status.success(), "agent failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     let result: Value =
         serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("agent result");
-    let (direct, kernel, responses) = (&result["direct"], &result["kernel"], &result["responses"]);
+    let (direct, kernel) = (&result["direct"], &result["kernel"]);
     println!("cargo bench -p keel-cli --bench gateway\n");
     println!("| measure (µs) | direct p50 / p99 | through Keel p50 / p99 | added p50 / p99 |");
     println!("|---|---:|---:|---:|");
-    for (api, through) in [("chat/completions", kernel), ("responses", responses)] {
+    for (api, through) in [
+        ("chat/completions", kernel),
+        ("responses", &result["responses"]),
+        ("responses (store: false)", &result["unstored"]),
+    ] {
         println!(
             "{}",
             row(
