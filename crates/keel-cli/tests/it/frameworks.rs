@@ -25,7 +25,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::gateway::{mock_upstream, read_counts, use_upstream};
-use crate::harness::{Keel, agent, repo_root, wait_for};
+use crate::harness::{Keel, agent, journaled_llm_calls, repo_root, wait_for};
 
 /// How long the agents' `add` tool sleeps: the window in which the test kills the daemon,
 /// after an LLM call is journaled and before the next is asked.
@@ -163,11 +163,7 @@ fn survives_a_daemon_kill(row: &Row, tools: usize) {
     let journaled =
         wait_for("the LLM calls before the last tool to be journaled (or the run to end)", || {
             let view = keel.inspect(&run);
-            let done = view["journal"]
-                .as_array()?
-                .iter()
-                .filter(|e| e["method"] == "llm.chat" && e["status"] == "ok")
-                .count();
+            let done = journaled_llm_calls(&view);
             let ended =
                 ["succeeded", "failed", "cancelled"].contains(&view["state"].as_str().unwrap_or_default());
             (done >= tools || ended).then_some(done)

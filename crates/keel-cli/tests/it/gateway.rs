@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::harness::{Keel, agent, wait_for};
+use crate::harness::{Keel, agent, journaled_llm_calls, wait_for};
 
 fn stdout_json(out: &std::process::Output) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -159,11 +159,7 @@ fn langgraph_survives_a_daemon_kill_and_the_upstream_serves_each_call_once() {
     // Kill the daemon while the agent runs its first tool (after one LLM call).
     wait_for("the first LLM call to be journaled", || {
         let view = keel.inspect(&run);
-        let llm = view["journal"]
-            .as_array()?
-            .iter()
-            .filter(|e| e["method"] == "llm.chat" && e["status"] == "ok")
-            .count();
+        let llm = journaled_llm_calls(&view);
         (llm >= 1).then_some(())
     });
     keel.kill_daemon();
@@ -197,11 +193,7 @@ fn streamed_calls_replay_as_streams_after_a_daemon_kill() {
     ]);
     wait_for("both streamed calls to be journaled", || {
         let view = keel.inspect(&run);
-        let done = view["journal"]
-            .as_array()?
-            .iter()
-            .filter(|e| e["method"] == "llm.chat" && e["status"] == "ok")
-            .count();
+        let done = journaled_llm_calls(&view);
         (done >= 2).then_some(())
     });
     keel.kill_daemon();

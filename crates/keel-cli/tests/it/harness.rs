@@ -191,6 +191,17 @@ impl Drop for Keel {
 }
 
 /// True while `pid` exists and is not a zombie.
+/// How many `llm.chat` calls of a run's view (`keel inspect --json`) have a journaled
+/// result.
+pub fn journaled_llm_calls(view: &Value) -> usize {
+    view["journal"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["method"] == "llm.chat" && e["status"] == "ok")
+        .count()
+}
+
 pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {

@@ -7,7 +7,7 @@
 use serde_json::{Value, json};
 
 use crate::gateway::{mock_upstream, read_counts, use_upstream};
-use crate::harness::{Keel, agent, wait_for};
+use crate::harness::{Keel, agent, journaled_llm_calls, wait_for};
 
 fn llm_entries(view: &Value) -> Vec<Value> {
     view["journal"].as_array().into_iter().flatten().filter(|e| e["method"] == "llm.chat").cloned().collect()
@@ -72,7 +72,7 @@ fn a_responses_conversation_survives_a_daemon_kill_and_the_upstream_serves_each_
         &agent("responses_crash_agent.py"),
     ]);
     wait_for("the first call to be journaled", || {
-        (llm_entries(&keel.inspect(&run)).iter().filter(|e| e["status"] == "ok").count() >= 1).then_some(())
+        (journaled_llm_calls(&keel.inspect(&run)) >= 1).then_some(())
     });
     keel.kill_daemon();
     keel.start_daemon();
