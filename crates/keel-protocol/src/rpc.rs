@@ -5,8 +5,16 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Longest accepted request line, in bytes. Longer lines are refused with `too_large` and
-/// the connection is closed (the rest of the line cannot be resynchronised cheaply).
+/// the connection is closed (the rest of the line cannot be resynchronised cheaply),
+/// except a `code.exec` after `hello` (see [`MAX_EXEC_LINE_BYTES`]).
 pub const MAX_LINE_BYTES: usize = 1024 * 1024;
+
+/// Longest `code.exec` request line an authenticated connection may send: its `inputs`
+/// hold up to 64 MiB of text, which JSON escaping can make longer. The kernel reads and
+/// serves one such line at a time (others wait their turn), so agents cannot make it hold
+/// many at once. Any other method on a line over [`MAX_LINE_BYTES`] is refused with
+/// `too_large`.
+pub const MAX_EXEC_LINE_BYTES: usize = 129 << 20;
 
 /// Every syscall method of protocol 1 that is served after `hello`.
 pub const METHODS: &[&str] = &[

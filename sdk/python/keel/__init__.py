@@ -34,6 +34,7 @@ program should simply exit.
 
 from keel._client import (
     ERROR_KINDS,
+    MAX_EXEC_LINE_BYTES,
     MAX_LINE_BYTES,
     PROTOCOL_VERSION,
     Client,
@@ -49,6 +50,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ERROR_KINDS",
+    "MAX_EXEC_LINE_BYTES",
     "MAX_LINE_BYTES",
     "PROTOCOL_VERSION",
     "Client",

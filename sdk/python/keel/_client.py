@@ -26,6 +26,8 @@ PROTOCOL_VERSION = 1
 #: The kernel refuses longer lines (and then closes the connection), so the client
 #: refuses to send them and keeps the connection usable instead.
 MAX_LINE_BYTES = 1024 * 1024
+# A code.exec may carry up to 64 MiB of inputs (the kernel reads one such line at a time).
+MAX_EXEC_LINE_BYTES = 129 * 1024 * 1024
 
 #: `data.kind` for each error code, used when an error arrives without one.
 ERROR_KINDS: dict[int, str] = {
@@ -198,11 +200,12 @@ class Client:
             json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
             + "\n"
         ).encode("utf-8")
-        if len(line) > MAX_LINE_BYTES:
+        limit = MAX_EXEC_LINE_BYTES if method == "code.exec" else MAX_LINE_BYTES
+        if len(line) > limit:
             raise KeelError(
                 -32600,
-                f"the request is {len(line)} bytes and the kernel refuses lines over "
-                f"{MAX_LINE_BYTES} bytes; send less (store big data with a tool and pass a key)",
+                f"the request is {len(line)} bytes and the kernel refuses {method} lines over "
+                f"{limit} bytes; send less (store big data with a tool and pass a key)",
                 {"kind": "too_large"},
                 method=method,
             )

@@ -44,6 +44,8 @@ export declare const PROTOCOL_VERSION = 1;
  * client refuses to send them and keeps the connection usable instead.
  */
 export declare const MAX_LINE_BYTES: number;
+/** A `code.exec` may carry up to 64 MiB of inputs (the kernel reads one such line at a time). */
+export declare const MAX_EXEC_LINE_BYTES: number;
 /** The stable strings of `data.kind` in the kernel's error answers. */
 export type ErrorKind = "parse_error" | "invalid_request" | "too_large" | "unknown_method" | "invalid_params" | "unauthenticated" | "denied" | "not_found" | "run_exited" | "provider_error" | "no_provider" | "tool_error" | "budget_exhausted" | "internal" | "cancelled" | "would_block";
 /** `data.kind` for each error code, used when an error arrives without one. */

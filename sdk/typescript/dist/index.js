@@ -72,7 +72,7 @@ var __importStar = (this && this.__importStar) || (function () {
     };
 })();
 Object.defineProperty(exports, "__esModule", { value: true });
-exports.Client = exports.TimeoutError = exports.NotUnderKeel = exports.ProtocolError = exports.ConnectionLost = exports.KeelError = exports.ERROR_KINDS = exports.MAX_LINE_BYTES = exports.PROTOCOL_VERSION = void 0;
+exports.Client = exports.TimeoutError = exports.NotUnderKeel = exports.ProtocolError = exports.ConnectionLost = exports.KeelError = exports.ERROR_KINDS = exports.MAX_EXEC_LINE_BYTES = exports.MAX_LINE_BYTES = exports.PROTOCOL_VERSION = void 0;
 exports.input = input;
 exports.connect = connect;
 exports.parseJson = parseJson;
@@ -85,6 +85,8 @@ exports.PROTOCOL_VERSION = 1;
  * client refuses to send them and keeps the connection usable instead.
  */
 exports.MAX_LINE_BYTES = 1024 * 1024;
+/** A `code.exec` may carry up to 64 MiB of inputs (the kernel reads one such line at a time). */
+exports.MAX_EXEC_LINE_BYTES = 129 * 1024 * 1024;
 /** `data.kind` for each error code, used when an error arrives without one. */
 exports.ERROR_KINDS = Object.freeze({
     [-32700]: "parse_error",
@@ -282,8 +284,9 @@ class Client {
             return Promise.reject(new TypeError(`${method}: cannot send the params as JSON: ${errorText(err)}`));
         }
         const bytes = Buffer.byteLength(line, "utf8");
-        if (bytes > exports.MAX_LINE_BYTES) {
-            return Promise.reject(new KeelError(-32600, `the request is ${bytes} bytes and the kernel refuses lines over ${exports.MAX_LINE_BYTES} bytes; ` +
+        const limit = method === "code.exec" ? exports.MAX_EXEC_LINE_BYTES : exports.MAX_LINE_BYTES;
+        if (bytes > limit) {
+            return Promise.reject(new KeelError(-32600, `the request is ${bytes} bytes and the kernel refuses ${method} lines over ${limit} bytes; ` +
                 "send less (store big data with a tool and pass a key)", { kind: "too_large" }, method));
         }
         const { timeoutMs, signal } = options;

@@ -48,6 +48,8 @@ export const PROTOCOL_VERSION = 1;
  * client refuses to send them and keeps the connection usable instead.
  */
 export const MAX_LINE_BYTES = 1024 * 1024;
+/** A `code.exec` may carry up to 64 MiB of inputs (the kernel reads one such line at a time). */
+export const MAX_EXEC_LINE_BYTES = 129 * 1024 * 1024;
 
 /** The stable strings of `data.kind` in the kernel's error answers. */
 export type ErrorKind =
@@ -435,11 +437,12 @@ export class Client {
       return Promise.reject(new TypeError(`${method}: cannot send the params as JSON: ${errorText(err)}`));
     }
     const bytes = Buffer.byteLength(line, "utf8");
-    if (bytes > MAX_LINE_BYTES) {
+    const limit = method === "code.exec" ? MAX_EXEC_LINE_BYTES : MAX_LINE_BYTES;
+    if (bytes > limit) {
       return Promise.reject(
         new KeelError(
           -32600,
-          `the request is ${bytes} bytes and the kernel refuses lines over ${MAX_LINE_BYTES} bytes; ` +
+          `the request is ${bytes} bytes and the kernel refuses ${method} lines over ${limit} bytes; ` +
             "send less (store big data with a tool and pass a key)",
           { kind: "too_large" },
           method,

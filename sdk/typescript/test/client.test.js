@@ -407,7 +407,7 @@ describe("errors", () => {
     const client = await connect(await start(answering({ "sys.now": { unix_ms: 5 } }, requests)));
     await assert.rejects(client.emit("x".repeat(keel.MAX_LINE_BYTES)), (err) => {
       assert.deepEqual([err.code, err.kind, err.method], [-32600, "too_large", "run.emit"]);
-      assert.match(err.message, /refuses lines over 1048576 bytes/);
+      assert.match(err.message, /refuses run.emit lines over 1048576 bytes/);
       return true;
     });
     assert.equal(await client.nowMs(), 5);

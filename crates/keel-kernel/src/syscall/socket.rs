@@ -5,14 +5,24 @@
 
 use std::sync::Arc;
 
-use keel_protocol::rpc::{self, ErrorKind, HelloParams, HelloResult, MAX_LINE_BYTES, Response, RpcError};
+use keel_protocol::rpc::{
+    self, ErrorKind, HelloParams, HelloResult, MAX_EXEC_LINE_BYTES, MAX_LINE_BYTES, Response, RpcError,
+};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::run::LiveRun;
 use crate::{Error, Kernel, Result};
+
+/// Lines over [`MAX_LINE_BYTES`] (a `code.exec` with large inputs) are read and served one
+/// at a time in the whole process: each may hold 129 MiB, and several times that once
+/// parsed, until its call answers.
+fn large_lines() -> Arc<Semaphore> {
+    static LARGE_LINES: std::sync::OnceLock<Arc<Semaphore>> = std::sync::OnceLock::new();
+    LARGE_LINES.get_or_init(|| Arc::new(Semaphore::new(1))).clone()
+}
 
 pub(crate) fn listen(kernel: Kernel) -> Result<()> {
     let path = kernel.data_dir().syscall_socket();
@@ -61,9 +71,23 @@ async fn serve_connection(kernel: Kernel, stream: UnixStream) {
             Ok(0) | Err(_) => break,
             Ok(_) => {}
         }
-        if line.last() != Some(&b'\n') && line.len() as u64 >= limit {
+        // A longer line may be a `code.exec` with large inputs, from an authenticated
+        // connection only: read the rest under the one large-line permit.
+        let mut large = None;
+        if line.last() != Some(&b'\n') && line.len() as u64 >= limit && run.is_some() {
+            let Ok(permit) = large_lines().acquire_owned().await else { break };
+            large = Some(permit);
+            let rest = (MAX_EXEC_LINE_BYTES - line.len()) as u64 + 1;
+            match (&mut reader).take(rest).read_until(b'\n', &mut line).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        let max = if large.is_some() { MAX_EXEC_LINE_BYTES } else { MAX_LINE_BYTES };
+        if line.last() != Some(&b'\n') && line.len() > max {
             let message = format!(
-                "request line longer than {MAX_LINE_BYTES} bytes; send large payloads in smaller pieces. Closing the connection"
+                "request line longer than {max} bytes (only a code.exec after hello may pass {MAX_LINE_BYTES}); \
+                 send large payloads in smaller pieces. Closing the connection"
             );
             let _ = tx.send(Response::err(Value::Null, ErrorKind::TooLarge.error(message)));
             break;
@@ -79,6 +103,14 @@ async fn serve_connection(kernel: Kernel, stream: UnixStream) {
             }
         };
         let (id, method, params) = request;
+        if large.is_some() && method != "code.exec" {
+            let message = format!(
+                "{method}: the request is {} bytes; only code.exec may send more than {MAX_LINE_BYTES} (its inputs); send less",
+                line.len()
+            );
+            let _ = tx.send(Response::err(id, ErrorKind::TooLarge.error(message)));
+            continue;
+        }
         let Some((live, exec)) = run.clone() else {
             let response = match hello(&kernel, &method, params).await {
                 Ok((live, result)) => {
@@ -108,6 +140,8 @@ async fn serve_connection(kernel: Kernel, stream: UnixStream) {
         let kernel = kernel.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
+            // A large line's permit is held until its call answers (its params live as long).
+            let _large: Option<OwnedSemaphorePermit> = large;
             // When the agent is gone, what it asked for is dropped mid-flight: an LLM
             // stream closes, a tool's processes are killed, an MCP call is cancelled.
             let mut ended = live.ended.subscribe();

@@ -170,3 +170,30 @@ fn a_program_run_again_after_a_crash_gets_its_finished_llm_calls_from_the_journa
     assert_eq!(calls.len(), 3);
     assert_eq!(calls[2].attempt, 2);
 }
+
+/// A `code.exec` may carry large inputs over the socket (its line may pass the 1 MiB
+/// other requests are held to); any other request that long is refused, and the
+/// connection goes on.
+#[test]
+fn a_code_exec_over_the_socket_may_carry_megabytes_of_input() {
+    let test = kernel();
+    let run = test.create_run(json!({ "llm_script": script(1) }));
+    let mut agent = test.agent(&run);
+    let log: String =
+        (0..200_000).map(|i| if i % 1000 == 0 { "ERROR disk full\n" } else { "INFO ok.......\n" }).collect();
+    assert!(log.len() > 2 << 20, "more than a normal line may hold");
+    let code = "lines = [l for l in log.split('\\n') if l.startswith('ERROR')]\nllm('prompt-0: ' + lines[0]) + ' ' + str(len(lines))";
+    let out: Value = agent
+        .call("code.exec", json!({ "lang": "python", "code": code, "inputs": { "log": log } }))
+        .expect("a large code.exec");
+    assert_eq!(out["result"], json!("answer-0 200"));
+    // Only the model's slice reached it.
+    let journal = test.journal(&run);
+    let call = journal.iter().find(|e| e.method == "llm.chat").expect("the call");
+    assert_eq!(call.params["messages"][0]["content"], "prompt-0: ERROR disk full");
+
+    let (kind, _, message) = refusal(agent.call::<Value>("run.emit", json!({ "event": log })));
+    assert_eq!(kind, "too_large", "{message}");
+    let now: Value = agent.call("sys.now", json!({})).expect("the connection goes on");
+    assert!(now["unix_ms"].is_u64());
+}
