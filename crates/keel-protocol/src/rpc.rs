@@ -13,7 +13,7 @@ pub const MAX_LINE_BYTES: usize = 1024 * 1024;
 /// hold up to 64 MiB of text, which JSON escaping can make longer. The kernel reads and
 /// serves one such line at a time (others wait their turn), so agents cannot make it hold
 /// many at once. Any other method on a line over [`MAX_LINE_BYTES`] is refused with
-/// `too_large`.
+/// `too_large` and the connection closed, as before.
 pub const MAX_EXEC_LINE_BYTES: usize = 129 << 20;
 
 /// Every syscall method of protocol 1 that is served after `hello`.

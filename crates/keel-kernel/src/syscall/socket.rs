@@ -103,13 +103,15 @@ async fn serve_connection(kernel: Kernel, stream: UnixStream) {
             }
         };
         let (id, method, params) = request;
+        // Protocol 1 closes the connection after any other line that long.
         if large.is_some() && method != "code.exec" {
             let message = format!(
-                "{method}: the request is {} bytes; only code.exec may send more than {MAX_LINE_BYTES} (its inputs); send less",
+                "{method}: the request is {} bytes; only code.exec may send more than {MAX_LINE_BYTES} \
+                 (its inputs); send large payloads in smaller pieces. Closing the connection",
                 line.len()
             );
             let _ = tx.send(Response::err(id, ErrorKind::TooLarge.error(message)));
-            continue;
+            break;
         }
         let Some((live, exec)) = run.clone() else {
             let response = match hello(&kernel, &method, params).await {

@@ -172,8 +172,8 @@ fn a_program_run_again_after_a_crash_gets_its_finished_llm_calls_from_the_journa
 }
 
 /// A `code.exec` may carry large inputs over the socket (its line may pass the 1 MiB
-/// other requests are held to); any other request that long is refused, and the
-/// connection goes on.
+/// other requests are held to); any other request that long is refused and, as protocol
+/// 1 says, the connection closed.
 #[test]
 fn a_code_exec_over_the_socket_may_carry_megabytes_of_input() {
     let test = kernel();
@@ -194,6 +194,8 @@ fn a_code_exec_over_the_socket_may_carry_megabytes_of_input() {
 
     let (kind, _, message) = refusal(agent.call::<Value>("run.emit", json!({ "event": log })));
     assert_eq!(kind, "too_large", "{message}");
-    let now: Value = agent.call("sys.now", json!({})).expect("the connection goes on");
+    assert!(agent.call::<Value>("sys.now", json!({})).is_err(), "the connection is closed");
+    let mut again = test.agent(&run);
+    let now: Value = again.call("sys.now", json!({})).expect("a new connection is served");
     assert!(now["unix_ms"].is_u64());
 }
