@@ -160,3 +160,25 @@ fn bad_input_files_are_refused_saying_what_to_do() {
         keel.run(&["exec", "--input-file", &format!("big={}", dir.join("big.txt").display()), "-e", "1"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("over the limit of 67108864 (64 MiB)"), "{out:?}");
 }
+
+/// Found by the API contract check: an exec whose budget ran out parked its run as
+/// `waiting(budget)` and `keel exec` (or `POST /v1/exec`) waited forever. It is stopped
+/// and the caller told which budget ran out.
+#[test]
+fn an_exec_that_runs_out_of_budget_is_stopped_and_says_which() {
+    let keel = Keel::new();
+    for (flags, which) in [
+        (["--budget-tool-calls", "0"], "tool calls would reach 1 of a 0 limit"),
+        (["--budget-wall", "0s"], "wall-time"),
+    ] {
+        let mut args = vec!["exec", "-e", "echo(x=1)"];
+        args.extend(flags);
+        let out = keel.run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?}: {stderr}");
+        assert!(stderr.contains("ran out of its budget") && stderr.contains(which), "{flags:?}: {stderr}");
+    }
+    let runs = keel.json(&["ps", "--json"]);
+    let states: Vec<&Value> = runs.as_array().unwrap().iter().map(|r| &r["state"]).collect();
+    assert_eq!(states, [&json!("cancelled"), &json!("cancelled")], "no exec run is left waiting");
+}
