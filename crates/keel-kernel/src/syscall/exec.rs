@@ -582,30 +582,27 @@ impl Kernel {
         create["input"] = input;
         let request = validate(&create)?;
         let mut record = self.act(crate::Command::Create(request)).await?;
+        // An exec answers when it ends: one whose budget ran out would wait for a top-up
+        // nobody is asked for, so it is stopped, and the answer (after the stop is
+        // written: an embedded kernel ends with it) says why.
+        let mut out_of_budget = None;
         while !record.state.is_terminal() {
-            // An exec answers when it ends: one whose budget ran out would wait for a
-            // top-up nobody is asked for, so it is stopped and the caller told why.
-            if record.wait_reason == Some(keel_types::WaitReason::Budget) {
+            if out_of_budget.is_none() && record.wait_reason == Some(keel_types::WaitReason::Budget) {
                 let view = self.run(&crate::Principal::Admin, &record.id).await?;
                 // The reason up to its operator hint (`keel budget ...`): the run is stopped.
-                let why =
-                    view.reason.unwrap_or_default().split(';').next().unwrap_or_default().trim().to_owned();
+                let why = view.reason.unwrap_or_default();
+                out_of_budget = Some(why.split(';').next().unwrap_or_default().trim().to_owned());
                 let stop = crate::Command::Stop { run: record.id.clone(), grace: Some(Duration::ZERO) };
                 let _ = self.act(stop).await;
-                // Answer once the stop is written: an embedded kernel ends with the answer.
-                for _ in 0..1000 {
-                    if self.get(&record.id).await?.state.is_terminal() {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                return Err(Error::Conflict(format!(
-                    "the exec run {} ran out of its budget ({why}) and was stopped; give it a larger budget",
-                    record.id
-                )));
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
             record = self.get(&record.id).await?;
+        }
+        if let Some(why) = out_of_budget {
+            return Err(Error::Conflict(format!(
+                "the exec run {} ran out of its budget ({why}) and was stopped; give it a larger budget",
+                record.id
+            )));
         }
         let output = record.output.clone().unwrap_or(Value::Null);
         let Some(ok) = output.get("ok").and_then(Value::as_bool) else {

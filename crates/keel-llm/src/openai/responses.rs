@@ -112,14 +112,12 @@ pub fn parse_request(body: &Value) -> Checked<ResponsesRequest> {
             Some(_) => Err(RequestError::new(key, format!("`{key}` must be true or false"))),
         }
     };
+    // The readers both dialects share, with the field named as OpenAI's `param`.
     let number = |key: &str| -> Checked<Option<f64>> {
-        match object.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(value) => value
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| RequestError::new(key, format!("`{key}` must be a number"))),
-        }
+        crate::fields::number(object, key).map_err(|err| match err {
+            crate::Error::InvalidRequest(message) => RequestError::new(key, message),
+            other => RequestError::new(key, other.to_string()),
+        })
     };
     let instructions = match object.get("instructions") {
         None | Some(Value::Null) => None,
@@ -145,7 +143,7 @@ pub fn parse_request(body: &Value) -> Checked<ResponsesRequest> {
     }
     let params = LlmChatParams {
         messages: Vec::new(),
-        model: object.get("model").and_then(Value::as_str).filter(|m| !m.is_empty()).map(str::to_owned),
+        model: crate::fields::model(object),
         tools,
         max_tokens,
         temperature: number("temperature")?,

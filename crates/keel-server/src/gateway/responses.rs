@@ -39,6 +39,11 @@ fn refused(err: RequestError) -> GatewayError {
     error
 }
 
+/// A kernel call's error, in OpenAI's shape.
+fn kernel_error(err: keel_protocol::rpc::RpcError) -> GatewayError {
+    GatewayError::from_rpc(Dialect::OpenAi, &err)
+}
+
 fn internal(message: impl Into<String>) -> GatewayError {
     GatewayError::new(Dialect::OpenAi, StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
 }
@@ -78,10 +83,7 @@ pub(super) async fn create(
     let model = params.model.clone().unwrap_or_default();
     let (entry, journaled) = oneshot::channel();
     if !request.stream {
-        let result = kernel
-            .chat_with_entry(&run, params, None, entry)
-            .await
-            .map_err(|err| GatewayError::from_rpc(dialect, &err))?;
+        let result = kernel.chat_with_entry(&run, params, None, entry).await.map_err(kernel_error)?;
         let seq = journaled.await.map_err(|_| internal("the call answered without a journal entry"))?;
         let id = response_id(&run, seq);
         let response = responses::response_object(&id, created, &request, &result);
@@ -99,7 +101,7 @@ pub(super) async fn create(
     // (no budget, a loop) is an HTTP error the client raises, not a broken stream.
     let Ok(seq) = journaled.await else {
         return Err(match call.await {
-            Ok(Err(err)) => GatewayError::from_rpc(dialect, &err),
+            Ok(Err(err)) => kernel_error(err),
             Ok(Ok(_)) => internal("the call answered without a journal entry"),
             Err(join) => internal(format!("the call failed: {join}")),
         });
@@ -174,7 +176,7 @@ async fn keep(
         return Ok(());
     }
     let record = json!({ "input": request.input, "response": response });
-    kernel.keep_response(run, id, record).await.map_err(|err| GatewayError::from_rpc(Dialect::OpenAi, &err))
+    kernel.keep_response(run, id, record).await.map_err(kernel_error)
 }
 
 /// The items of the conversation `id` ends, oldest first: each kept response's input
@@ -194,7 +196,7 @@ async fn history(kernel: &Kernel, run: &RunHandle, id: &str) -> Result<Vec<Value
         let record = kernel
             .response(run, &id)
             .await
-            .map_err(|err| GatewayError::from_rpc(Dialect::OpenAi, &err))?
+            .map_err(kernel_error)?
             .ok_or_else(|| not_found(&id, Some("previous_response_id")))?;
         next = record.pointer("/response/previous_response_id").and_then(Value::as_str).map(str::to_owned);
         chain.push(record);
@@ -227,10 +229,7 @@ async fn resolve_references(
         if outputs.contains_key(&response) {
             continue;
         }
-        let record = kernel
-            .response(run, &response)
-            .await
-            .map_err(|err| GatewayError::from_rpc(Dialect::OpenAi, &err))?;
+        let record = kernel.response(run, &response).await.map_err(kernel_error)?;
         let output = record.and_then(|r| r.pointer("/response/output").and_then(Value::as_array).cloned());
         outputs.insert(response, output);
     }
@@ -245,10 +244,7 @@ pub(super) async fn get(
     Path(id): Path<String>,
 ) -> Result<Response, GatewayError> {
     let run = authenticate(&kernel, &headers, Dialect::OpenAi).await?;
-    let record = kernel
-        .response(&run, &id)
-        .await
-        .map_err(|err| GatewayError::from_rpc(Dialect::OpenAi, &err))?
-        .ok_or_else(|| not_found(&id, None))?;
+    let record =
+        kernel.response(&run, &id).await.map_err(kernel_error)?.ok_or_else(|| not_found(&id, None))?;
     Ok(Json(record.get("response").cloned().unwrap_or(Value::Null)).into_response())
 }
