@@ -481,8 +481,7 @@ enum Piece {
 }
 
 /// Runs the call with a delta sink and turns everything it yields into SSE events with
-/// `render`. The call runs in its own task, so a client that disconnects does not cancel
-/// a journaled call half way.
+/// `render`.
 fn live_stream(
     kernel: Kernel,
     run: RunHandle,
@@ -491,6 +490,19 @@ fn live_stream(
 ) -> impl futures_util::Stream<Item = Result<Event, Infallible>> {
     let (sink, deltas) = mpsc::unbounded_channel();
     let call = tokio::spawn(async move { kernel.chat(&run, request, Some(sink)).await });
+    pieces(deltas, call).flat_map(move |piece| futures_util::stream::iter(render(piece).into_iter().map(Ok)))
+}
+
+/// A streamed call's call task, running on its own so a client that disconnects does not
+/// cancel a journaled call half way.
+type CallTask = tokio::task::JoinHandle<Result<LlmChatResult, RpcError>>;
+
+/// What a streamed call yields, in order: its live deltas as they arrive, then how it
+/// ended.
+fn pieces(
+    deltas: mpsc::UnboundedReceiver<Delta>,
+    call: CallTask,
+) -> impl futures_util::Stream<Item = Piece> + Send + 'static {
     let state = (deltas, Some(call), false);
     futures_util::stream::unfold(state, |(mut deltas, call, mut streamed)| async move {
         if let Some(delta) = deltas.recv().await {
@@ -507,5 +519,4 @@ fn live_stream(
         };
         Some((piece, (deltas, None, streamed)))
     })
-    .flat_map(move |piece| futures_util::stream::iter(render(piece).into_iter().map(Ok)))
 }

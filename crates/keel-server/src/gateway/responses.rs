@@ -22,7 +22,7 @@ use keel_llm::openai::responses_stream::{ResponseStream, StreamEvent};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Dialect, GatewayError, authenticate, parse_body, status_of, unix_secs};
+use super::{Dialect, GatewayError, Piece, authenticate, parse_body, pieces, status_of, unix_secs};
 
 /// The most responses one `previous_response_id` may chain back through.
 const MAX_CHAIN: usize = 10_000;
@@ -109,7 +109,7 @@ pub(super) async fn create(
     let id = response_id(&run, seq);
     let mut renderer = ResponseStream::new(&id, responses::response_skeleton(&id, created, &model, &request));
     let start = renderer.start();
-    let stream = Streaming { kernel, run, request, id, renderer, deltas, call: Some(call) };
+    let stream = Streaming { kernel, run, request, id, renderer, pieces: Box::pin(pieces(deltas, call)) };
     let events = futures_util::stream::iter(start.into_iter().map(sse))
         .chain(futures_util::stream::unfold(stream, Streaming::next).flat_map(futures_util::stream::iter))
         .map(Ok::<_, std::convert::Infallible>);
@@ -123,21 +123,14 @@ struct Streaming {
     request: ResponsesRequest,
     id: String,
     renderer: ResponseStream,
-    deltas: mpsc::UnboundedReceiver<keel_llm::Delta>,
-    call: Option<
-        tokio::task::JoinHandle<Result<keel_protocol::rpc::LlmChatResult, keel_protocol::rpc::RpcError>>,
-    >,
+    pieces: std::pin::Pin<Box<dyn futures_util::Stream<Item = Piece> + Send>>,
 }
 
 impl Streaming {
     async fn next(mut self) -> Option<(Vec<Event>, Streaming)> {
-        if let Some(delta) = self.deltas.recv().await {
-            let events = self.renderer.delta(&delta).into_iter().map(sse).collect();
-            return Some((events, self));
-        }
-        let call = self.call.take()?;
-        let events = match call.await {
-            Ok(Ok(result)) => {
+        let events = match self.pieces.next().await? {
+            Piece::Delta(delta) => self.renderer.delta(&delta),
+            Piece::Done { result, .. } => {
                 let (events, response) = self.renderer.finish(&result);
                 // Kept before `response.completed` is sent: a client that continues from
                 // it finds it.
@@ -146,11 +139,10 @@ impl Streaming {
                     Err(err) => self.renderer.failed(&err.kind, &err.message),
                 }
             }
-            Ok(Err(err)) => {
+            Piece::Failed(err) => {
                 let (_, kind) = status_of(&err);
                 self.renderer.failed(&kind, &err.message)
             }
-            Err(join) => self.renderer.failed("internal", &format!("the call failed: {join}")),
         };
         Some((events.into_iter().map(sse).collect(), self))
     }
