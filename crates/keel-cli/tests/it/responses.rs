@@ -157,3 +157,39 @@ fn a_request_that_can_never_fit_the_budget_is_a_400_saying_why() {
     assert_eq!(run["provider_calls"], 0);
     assert!(llm_entries(&keel.inspect(run["run_id"].as_str().unwrap())).is_empty(), "nothing journaled");
 }
+
+/// Issue 12 says the Responses API works over every provider: here an Anthropic upstream
+/// serves it (plain and streamed), and `store: false` keeps nothing: reading the response
+/// back or continuing from it is a 404.
+#[test]
+fn an_anthropic_upstream_serves_the_responses_api_and_store_false_keeps_nothing() {
+    let mut keel = Keel::new();
+    let (mut upstream, port, counts) = mock_upstream(&keel, &agent("openai_script.json"));
+    keel.daemon_env = vec![
+        ("ANTHROPIC_API_KEY".into(), "sk-ant-upstream-test".into()),
+        ("ANTHROPIC_BASE_URL".into(), format!("http://127.0.0.1:{port}")),
+    ];
+    keel.start_daemon();
+    let run = keel.detach(&[
+        "--model",
+        "anthropic/claude-haiku-4-5",
+        "--",
+        "python3",
+        &agent("responses_unstored_agent.py"),
+    ]);
+    let done = keel.wait_state(&run, &["succeeded", "failed"]);
+    let logs = keel.ok(&["logs", &run]);
+    let counts = read_counts(&counts);
+    upstream.kill();
+    assert_eq!(done["state"], "succeeded", "{logs}");
+    let line = logs.lines().rev().find(|l| l.starts_with('{')).expect("agent output");
+    let seen: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(seen["plain"], "hello from the kernel");
+    assert_eq!(seen["streamed"], "roses are journaled, violets replayed");
+    assert_eq!(seen["unstored_text"], "and one more after the crash");
+    assert_eq!(seen["unstored_retrieve"], 404);
+    assert_eq!(seen["unstored_continue"], json!([404, "previous_response_id"]));
+    assert_eq!(seen["stored_retrieve"], "hello from the kernel");
+    assert_eq!(counts["errors"], json!([]), "request invariants at the upstream: {counts}");
+    assert_eq!(counts["paths"], json!({"/v1/messages": 3}), "every call went to Anthropic: {counts}");
+}
