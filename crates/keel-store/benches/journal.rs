@@ -1,5 +1,5 @@
-//! Journal benchmark: latency of a journaled step in `SqliteStore` against the floor of raw
-//! SQLite commits, and group-commit throughput under 100 concurrent runs. Prints a
+//! Journal benchmark: latency of a journaled step in `SqliteStore` (and `PgStore`, below)
+//! against the floor of raw commits, and throughput under 100 concurrent runs. Prints a
 //! markdown table. Run with `cargo bench -p keel-store --bench journal`.
 //!
 //! Every case writes a fresh database in its own temporary directory under one parent
@@ -7,18 +7,26 @@
 //! filesystem. The three sequential cases run interleaved in rounds, so that background
 //! disk activity (other builds on a shared machine) weighs on each of them alike.
 //! `KEEL_BENCH_STEPS` overrides the number of sequential steps per case (2000).
+//!
+//! With `KEEL_BENCH_POSTGRES_URL` (or else `KEEL_TEST_POSTGRES_URL`) set, the same cases
+//! run on `PgStore` too, in a schema of their own (`keel_bench_<pid>`, dropped at the end)
+//! of that database: the floor there is two raw statements committed one by one (an
+//! INSERT, then an UPDATE recording the result) with the same driver on the same server.
 
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keel_store::{Completion, NewEntry, NewRun, SqliteStore, Store};
+use keel_store::{Completion, NewEntry, NewRun, PgStore, SqliteStore, Store};
 use keel_types::{EntryStatus, RunId, RunState, Usage};
 use rusqlite::{Connection, params};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use tokio::runtime::Runtime;
+
+#[path = "pg_bench.rs"]
+mod pg_bench;
 
 const DEFAULT_STEPS: usize = 2000;
 /// Unmeasured steps first, so that file growth and statement caches settle.
@@ -55,6 +63,71 @@ fn main() {
         &format!("store: {CONCURRENT_RUNS} concurrent runs, {:.0} s (group commit)", window.as_secs_f64()),
         concurrent.latencies.len() as f64 / window.as_secs_f64(),
     );
+
+    let postgres_url =
+        std::env::var("KEEL_BENCH_POSTGRES_URL").or_else(|_| std::env::var("KEEL_TEST_POSTGRES_URL"));
+    if let Ok(url) = postgres_url {
+        runtime.block_on(postgres_cases(&url, steps));
+    }
+}
+
+/// The Postgres cases, in a schema of their own that is dropped at the end.
+async fn postgres_cases(server_url: &str, steps: usize) {
+    let schema = pg_bench::BenchSchema::create(server_url, "keel_bench").await;
+    let url = schema.url.clone();
+    println!("\nPostgres {} (fsync=on, synchronous_commit=on), schema {}\n", schema.version, schema.name);
+
+    let floor = pg_bench::Floor::new(&url).await;
+    let store = PgStore::connect(&url).await.expect("connecting the store");
+    let store: Arc<dyn Store> = Arc::new(store);
+    let runs = create_runs(&*store, CONCURRENT_RUNS + 1).await;
+    let (run, concurrent_runs) = runs.split_first().expect("runs were created");
+
+    let floor_steps = |range: Range<usize>| {
+        let floor = &floor;
+        async move {
+            let mut latencies = Vec::with_capacity(range.len());
+            for step in range {
+                let params = step_params(0, step).to_string().into_bytes();
+                let result = step_result(step).to_string().into_bytes();
+                latencies.push(floor.step(step, &params, &result).await);
+            }
+            latencies
+        }
+    };
+    floor_steps(0..WARMUP_STEPS).await;
+    store_steps(&*store, run, 0..WARMUP_STEPS).await;
+    let (mut floor_latencies, mut store_latencies) = (Vec::new(), Vec::new());
+    let mut next = WARMUP_STEPS;
+    for round in 0..ROUNDS {
+        let count = steps / ROUNDS + usize::from(round < steps % ROUNDS);
+        floor_latencies.extend(floor_steps(next..next + count).await);
+        store_latencies.extend(store_steps(&*store, run, next..next + count).await);
+        next += count;
+    }
+    let (floor_latencies, store_latencies) =
+        (Latencies::new(floor_latencies), Latencies::new(store_latencies));
+    let (concurrent, window) = concurrent_steps(&store, concurrent_runs.to_vec()).await;
+
+    println!("| case | steps | mean µs | p50 µs | p99 µs | steps/s |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    floor_latencies
+        .print_row("pg floor: raw INSERT + UPDATE, 2 commits per step", floor_latencies.sequential_rate());
+    store_latencies.print_row(
+        "pg store: append_entry(pending) + complete_entry, sequential",
+        store_latencies.sequential_rate(),
+    );
+    concurrent.print_row(
+        &format!("pg store: {CONCURRENT_RUNS} concurrent runs, {:.0} s", window.as_secs_f64()),
+        concurrent.latencies.len() as f64 / window.as_secs_f64(),
+    );
+    println!(
+        "\npg store / pg floor (mean): {:.2}x",
+        store_latencies.mean().as_secs_f64() / floor_latencies.mean().as_secs_f64()
+    );
+
+    drop(store);
+    schema.drop().await;
 }
 
 /// The floor, floor2 and store cases, `steps` each, taking turns in `ROUNDS` rounds.
@@ -209,6 +282,11 @@ impl RawFloor {
 async fn open_store_with_runs(dir: &TempDir, runs: usize) -> (Arc<dyn Store>, Vec<RunId>) {
     let store: Arc<dyn Store> =
         Arc::new(SqliteStore::open(&dir.path().join("keel.db")).expect("opening the store"));
+    let ids = create_runs(&*store, runs).await;
+    (store, ids)
+}
+
+async fn create_runs(store: &dyn Store, runs: usize) -> Vec<RunId> {
     let mut ids = Vec::with_capacity(runs);
     for index in 0..runs {
         let run = NewRun {
@@ -220,7 +298,7 @@ async fn open_store_with_runs(dir: &TempDir, runs: usize) -> (Arc<dyn Store>, Ve
         };
         ids.push(store.create_run(run).await.expect("creating a run").id);
     }
-    (store, ids)
+    ids
 }
 
 /// One journaled step, as the kernel performs it around an external effect: the intent,
@@ -272,13 +350,18 @@ async fn store_steps(store: &dyn Store, run: &RunId, steps: Range<usize>) -> Vec
 /// latency and the measured window.
 async fn store_concurrent(dir: &TempDir) -> (Latencies, Duration) {
     let (store, runs) = open_store_with_runs(dir, CONCURRENT_RUNS).await;
+    concurrent_steps(&store, runs).await
+}
+
+/// Each of `runs` journals steps back to back until the window closes.
+async fn concurrent_steps(store: &Arc<dyn Store>, runs: Vec<RunId>) -> (Latencies, Duration) {
     let started = Instant::now();
     let deadline = started + THROUGHPUT_WINDOW;
     let tasks: Vec<_> = runs
         .into_iter()
         .enumerate()
         .map(|(run_index, run)| {
-            let store = Arc::clone(&store);
+            let store = Arc::clone(store);
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 let mut step = 0;

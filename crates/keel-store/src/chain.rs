@@ -107,6 +107,14 @@ pub fn unstored_links(
     Ok(&links[missing..])
 }
 
+/// The last node of the message chain that params read back from their blob refer to
+/// (`None` for params not stored split, or split without messages). A backend that reads
+/// many entries at once can fetch every chain they need in one query, then join them with
+/// `ChainCache::join_params`.
+pub fn chain_end(params: &Value) -> Option<&str> {
+    params.as_object().filter(|o| o.len() == 1)?.get(SPLIT_KEY)?.get("chain")?.as_str()
+}
+
 /// Message chain nodes already read, by hash: one journal read walks each shared prefix
 /// once, however many entries repeat it.
 #[derive(Debug, Default)]
@@ -152,6 +160,83 @@ impl ChainCache {
         }
         *params = Value::Object(fields);
         Ok(())
+    }
+}
+
+/// A journal entry with its payloads encoded, ready for any backend to write: done in
+/// the caller's task, before a backend's writer thread or connection is involved.
+pub(crate) struct EncodedEntry {
+    pub(crate) method: String,
+    pub(crate) params: Blob,
+    /// The message chain `params` refers to, if it has one.
+    pub(crate) params_chain: Vec<ChainLink>,
+    pub(crate) params_hash: String,
+    pub(crate) status: keel_types::EntryStatus,
+    pub(crate) result: Option<Blob>,
+    pub(crate) error: Option<Blob>,
+    pub(crate) attempt: u32,
+    pub(crate) started_at_ms: u64,
+    pub(crate) finished_at_ms: Option<u64>,
+    pub(crate) usage: keel_types::Usage,
+}
+
+impl EncodedEntry {
+    pub(crate) fn of(entry: crate::NewEntry) -> EncodedEntry {
+        let (params, params_chain) = split_params(&entry.params);
+        EncodedEntry {
+            method: entry.method,
+            params,
+            params_chain,
+            params_hash: entry.params_hash,
+            status: entry.status,
+            result: entry.result.as_ref().map(Blob::of),
+            error: entry.error.as_ref().map(Blob::of),
+            attempt: entry.attempt,
+            started_at_ms: entry.started_at_ms,
+            finished_at_ms: entry.finished_at_ms,
+            usage: entry.usage,
+        }
+    }
+}
+
+impl EncodedEntry {
+    /// A recorded entry encoded as `append_entry` stores it (for `restore`).
+    pub(crate) fn of_recorded(entry: &crate::JournalEntry) -> EncodedEntry {
+        EncodedEntry::of(crate::NewEntry {
+            method: entry.method.clone(),
+            params: entry.params.clone(),
+            params_hash: entry.params_hash.clone(),
+            status: entry.status,
+            result: entry.result.clone(),
+            error: entry.error.clone(),
+            attempt: entry.attempt,
+            started_at_ms: entry.started_at_ms,
+            finished_at_ms: entry.finished_at_ms,
+            usage: entry.usage,
+        })
+    }
+}
+
+/// A `Completion` with its payloads encoded.
+pub(crate) struct EncodedCompletion {
+    pub(crate) status: keel_types::EntryStatus,
+    pub(crate) result: Option<Blob>,
+    pub(crate) error: Option<Blob>,
+    pub(crate) finished_at_ms: u64,
+    pub(crate) usage: keel_types::Usage,
+    pub(crate) provider_served: bool,
+}
+
+impl EncodedCompletion {
+    pub(crate) fn of(completion: crate::Completion) -> EncodedCompletion {
+        EncodedCompletion {
+            status: completion.status,
+            result: completion.result.as_ref().map(Blob::of),
+            error: completion.error.as_ref().map(Blob::of),
+            finished_at_ms: completion.finished_at_ms,
+            usage: completion.usage,
+            provider_served: completion.provider_served,
+        }
     }
 }
 
@@ -232,6 +317,15 @@ mod tests {
         assert_eq!(links[1].message, Blob::of(&json!("world")));
         let manifest: Value = serde_json::from_slice(&blob.bytes).unwrap();
         assert_eq!(manifest, json!({SPLIT_KEY: {"fields": {"model": "m"}, "chain": links[1].hash}}));
+    }
+
+    #[test]
+    fn chain_end_names_the_last_node_of_split_params_only() {
+        let (blob, links) = split_params(&json!({"messages": ["a", "b"]}));
+        let stored: Value = serde_json::from_slice(&blob.bytes).unwrap();
+        assert_eq!(chain_end(&stored), Some(links[1].hash.as_str()));
+        assert_eq!(chain_end(&json!({"messages": ["a"]})), None, "params as written are not split");
+        assert_eq!(chain_end(&json!({SPLIT_KEY: {"fields": {}, "chain": null}})), None);
     }
 
     #[test]

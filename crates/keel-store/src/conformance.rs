@@ -41,6 +41,7 @@ macro_rules! expect_error {
 
 // Declared after `expect_error!`, so that the macro is in scope in each of them.
 mod audit;
+mod dump;
 mod journal;
 mod mailboxes;
 mod memory;
@@ -49,6 +50,7 @@ mod runs;
 mod tenants;
 
 pub use audit::*;
+pub use dump::*;
 pub use journal::*;
 pub use mailboxes::*;
 pub use memory::*;
@@ -56,7 +58,8 @@ pub use payloads::*;
 pub use runs::*;
 pub use tenants::*;
 
-/// Runs every check, one after the other, against `store`.
+/// Runs every check of one store, one after the other, against `store`. The check of
+/// two stores, `dump_and_restore`, is run apart: it needs an empty target.
 pub async fn run_all(store: Arc<dyn Store>) {
     runs_create_get_list(&*store).await;
     runs_reject_duplicate_ids(&*store).await;

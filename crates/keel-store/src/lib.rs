@@ -7,7 +7,8 @@
 //! `chain` (content-addressed payloads and the message chain), `search` (fusion,
 //! cosine similarity, embedding encoding), `audit` (verifying the audit chain) and
 //! `mailbox` (who may reach a run, room, delivery markers). `conformance` holds the suite that proves a
-//! backend (with the `conformance` feature); `sqlite` is the embedded backend.
+//! backend (with the `conformance` feature); `sqlite` is the embedded backend, `postgres`
+//! the server one (several kernels sharing a database).
 //!
 //! Durability contract, for every backend: a write method that returns `Ok` has made its
 //! effect durable (it survives a process kill and a power cut the backend can survive).
@@ -16,9 +17,12 @@
 
 pub mod audit;
 pub mod chain;
+pub mod cluster;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod dump;
 pub mod mailbox;
+pub mod postgres;
 mod records;
 pub mod search;
 pub mod sqlite;
@@ -27,6 +31,9 @@ use async_trait::async_trait;
 use keel_types::{RunId, RunState};
 use serde_json::Value;
 
+pub use dump::DumpItem;
+
+pub use postgres::{PgNode, PgStore};
 pub use records::{
     ApiTokenRecord, AuditBreak, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, EventRecord,
     JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent,
@@ -62,6 +69,25 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The backend could not be reached (a database restarting, a network cut) at the
+    /// named step; nothing was written, and the same call may succeed later.
+    #[error("the store is unreachable while {step}: {source}")]
+    Unavailable {
+        step: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A write for a run whose lease this node no longer holds: another node took the run
+    /// (its epoch is past `epoch`, the one this node held). Nothing was written; the caller
+    /// must stop acting for the run at once.
+    #[error(
+        "run {run} is no longer leased to this node (it held epoch {epoch}, another node took it over); nothing was written"
+    )]
+    Fenced { run: RunId, epoch: u64 },
+    /// The store refused the request for the reason given (a node id in use, a clock too
+    /// far off the database's); nothing was written.
+    #[error("{0}")]
+    Refused(String),
     /// The store was shut down (or its writer died) before the request was served.
     #[error("the store is closed")]
     Closed,
@@ -73,6 +99,37 @@ pub enum Error {
     TenantExists(String),
     #[error("tenant {0} does not exist")]
     TenantNotFound(String),
+}
+
+/// Errors every backend words alike, so callers and tests see one message whatever the
+/// backend.
+impl Error {
+    /// A database whose schema a newer build wrote: refused, naming both versions.
+    pub(crate) fn schema_too_new(found: usize, known: usize) -> Error {
+        Error::Backend {
+            step: "checking the schema version",
+            source: format!(
+                "the database has schema version {found}, newer than the {known} \
+                 this build of keel knows; run a newer keel against it"
+            )
+            .into(),
+        }
+    }
+
+    /// A completion whose status is not `Ok` or `Error`.
+    pub(crate) fn completion_not_final(run: &RunId, seq: Seq, status: keel_types::EntryStatus) -> Error {
+        Error::Corrupt(format!(
+            "journal entry {seq} of run {run} cannot be completed as {status}: a completion is ok or error"
+        ))
+    }
+
+    /// A completion of an entry that is no longer pending.
+    pub(crate) fn entry_not_pending(run: &RunId, seq: Seq, status: &str) -> Error {
+        Error::Corrupt(format!(
+            "journal entry {seq} of run {run} is not pending (its status is {status}), \
+             so it cannot be completed"
+        ))
+    }
 }
 
 /// The kernel's durable state. All methods are safe to call concurrently.
@@ -280,4 +337,20 @@ pub trait Store: Send + Sync + 'static {
     async fn token_revoke(&self, tenant: &str, prefix: &str) -> Result<u64>;
 
     async fn stats(&self) -> Result<StoreStats>;
+
+    /// Sends every record of the store as `DumpItem`s, in the order `dump` documents and
+    /// in batches of at most `dump::DUMP_BATCH`, to `sink`; returns when all are sent (or,
+    /// early and `Ok`, when the receiver is gone). Reads are not one snapshot: dump a store
+    /// no kernel is writing to.
+    async fn dump(&self, sink: tokio::sync::mpsc::Sender<Vec<DumpItem>>) -> Result<()>;
+
+    /// Writes `items` (a batch of a dump, in dump order) verbatim, in one transaction:
+    /// seqs, usage totals, audit hashes and delivery marks are kept as given, and the
+    /// audit head follows the last audit entry. For an empty store (`is_empty`): an item
+    /// that is already there is a `Backend` error, not merged. Durable on return.
+    async fn restore(&self, items: Vec<DumpItem>) -> Result<()>;
+
+    /// Whether the store holds nothing: no tenant, run, kv value, thread, memory record or
+    /// audit entry.
+    async fn is_empty(&self) -> Result<bool>;
 }

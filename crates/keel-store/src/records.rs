@@ -235,7 +235,8 @@ pub struct MemoryEmbedding {
 /// How `mem_search` ranks records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SearchMode {
-    /// Full-text (FTS5, BM25) over the records' text.
+    /// Full-text over the records' text (SQLite: FTS5 and BM25; Postgres: a `simple`
+    /// tsvector and `ts_rank_cd`).
     #[default]
     Text,
     /// Cosine similarity of the records' embeddings (of the query embedding's model) to

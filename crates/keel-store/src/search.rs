@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::MemoryHit;
+use crate::{Error, MemoryHit, Result};
 
 /// The reciprocal rank fusion constant (the usual 60: a hit's weight fades slowly with
 /// its rank, so agreement between the rankings counts more than either's top).
@@ -131,6 +131,34 @@ impl BestHits {
             .unwrap_or_else(|at| at);
         self.best.insert(at, (score, key, text));
         self.best.truncate(self.limit);
+    }
+
+    /// Offers an embedding a brute-force scan read (as `vector_to_bytes` wrote it):
+    /// compared with `query`, and kept with the record's key and text (read by `record`
+    /// only when the score can enter). A stored vector of the wrong length is corrupt
+    /// data of `namespace`; a zero vector is similar to nothing.
+    pub fn offer_stored(
+        &mut self,
+        query: &CosineQuery<'_>,
+        stored: &[u8],
+        namespace: &str,
+        record: impl FnOnce() -> Result<(String, String)>,
+    ) -> Result<()> {
+        if stored.len() != query.stored_len() {
+            return Err(Error::Corrupt(format!(
+                "a memory embedding of namespace {namespace:?} has {} bytes, not {}",
+                stored.len(),
+                query.stored_len()
+            )));
+        }
+        let Some(score) = query.similarity(stored) else {
+            return Ok(());
+        };
+        if self.admits(score) {
+            let (key, text) = record()?;
+            self.offer(score, key, text);
+        }
+        Ok(())
     }
 
     /// The hits, best first, each with the start of its text as snippet.

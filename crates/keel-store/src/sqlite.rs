@@ -9,6 +9,7 @@
 //! its commit, a read that starts after a write returned sees it.
 
 mod audit;
+mod dump;
 mod queries;
 mod schema;
 mod tenants;
@@ -24,14 +25,15 @@ use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::chain::{self, Blob};
+use crate::chain::Blob;
+use crate::chain::{EncodedCompletion, EncodedEntry};
 use crate::{
-    ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, Error, EventRecord,
-    JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent,
-    NewMessage, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats, TenantRecord,
-    ThreadMessage,
+    ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, DumpItem, Error,
+    EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch,
+    NewEntry, NewEvent, NewMessage, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats,
+    TenantRecord, ThreadMessage,
 };
-use writer::{EncodedCompletion, EncodedEntry, EncodedEvent, WriteCommand};
+use writer::{EncodedEvent, WriteCommand};
 
 /// How many write commands may wait for the writer before callers are held back. Large
 /// enough that a burst from many runs forms big batches, small enough to bound memory.
@@ -148,6 +150,44 @@ impl SqliteStore {
         })
     }
 
+    /// Opens the keel database at `path` like `open`, but only if it exists and is one:
+    /// a missing file is not created and a foreign file (not SQLite, or SQLite without
+    /// keel's tables) is refused untouched, naming what it is. For reading a store whose
+    /// absence is a mistake (the source of `keel migrate`).
+    pub fn open_existing(path: &Path) -> Result<SqliteStore> {
+        let refused = |why: String| Error::Backend {
+            step: "checking the file is a keel database",
+            source: format!("{}: {why}", path.display()).into(),
+        };
+        if !path.is_file() {
+            return Err(refused(if path.exists() {
+                "it is not a file".to_owned()
+            } else {
+                "no such file".to_owned()
+            }));
+        }
+        let connection = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(writer::sql_error("opening the database file"))?;
+        // The first read is where SQLite finds out the file is not a database.
+        let has_runs = connection
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN ('runs', 'journal')",
+                [],
+                |row| row.get::<_, i64>(0),
+            )
+            .map_err(|error| refused(format!("not a keel database ({error})")))?;
+        if has_runs != 2 {
+            return Err(refused(
+                "an SQLite database, but not keel's (it has no runs and journal tables)".to_owned(),
+            ));
+        }
+        drop(connection);
+        SqliteStore::open(path)
+    }
+
     /// Hands a command to the writer and waits until it is committed (or failed).
     async fn write<T>(&self, command: impl FnOnce(writer::Reply<T>) -> WriteCommand) -> Result<T> {
         let commands = self.inner.commands.as_ref().ok_or(Error::Closed)?;
@@ -238,33 +278,13 @@ impl Store for SqliteStore {
     async fn append_entry(&self, run: &RunId, entry: NewEntry) -> Result<Seq> {
         // Serializing and hashing happen here, in the caller's task, so the single writer
         // thread spends its time on SQLite only.
-        let (params, params_chain) = chain::split_params(&entry.params);
-        let entry = EncodedEntry {
-            method: entry.method,
-            params,
-            params_chain,
-            params_hash: entry.params_hash,
-            status: entry.status,
-            result: entry.result.as_ref().map(Blob::of),
-            error: entry.error.as_ref().map(Blob::of),
-            attempt: entry.attempt,
-            started_at_ms: entry.started_at_ms,
-            finished_at_ms: entry.finished_at_ms,
-            usage: entry.usage,
-        };
+        let entry = EncodedEntry::of(entry);
         let run = run.clone();
         self.write(|reply| WriteCommand::AppendEntry { run, entry, reply }).await
     }
 
     async fn complete_entry(&self, run: &RunId, seq: Seq, completion: Completion) -> Result<()> {
-        let completion = EncodedCompletion {
-            status: completion.status,
-            result: completion.result.as_ref().map(Blob::of),
-            error: completion.error.as_ref().map(Blob::of),
-            finished_at_ms: completion.finished_at_ms,
-            usage: completion.usage,
-            provider_served: completion.provider_served,
-        };
+        let completion = EncodedCompletion::of(completion);
         let run = run.clone();
         self.write(|reply| WriteCommand::CompleteEntry { run, seq, completion, reply }).await
     }
@@ -495,5 +515,26 @@ impl Store for SqliteStore {
 
     async fn stats(&self) -> Result<StoreStats> {
         self.read(queries::stats).await
+    }
+
+    async fn dump(&self, sink: mpsc::Sender<Vec<DumpItem>>) -> Result<()> {
+        let mut cursor = dump::Cursor::start();
+        while cursor != dump::Cursor::Done {
+            let (items, next) = self.read(move |connection| dump::read_batch(connection, cursor)).await?;
+            cursor = next;
+            if !items.is_empty() && sink.send(items).await.is_err() {
+                // The receiver stopped listening (it found what it looked for).
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    async fn restore(&self, items: Vec<DumpItem>) -> Result<()> {
+        self.write(|reply| WriteCommand::Restore { items, reply }).await
+    }
+
+    async fn is_empty(&self) -> Result<bool> {
+        self.read(dump::is_empty).await
     }
 }

@@ -75,14 +75,47 @@ pub(super) fn append(connection: &Connection, records: Vec<EncodedAudit>) -> Res
         seqs.push(seq);
         prev = hash;
     }
+    set_head(connection, seq, &prev)?;
+    Ok(seqs)
+}
+
+/// Moves the head to entry `seq` with hash `hash`, inside the caller's transaction.
+pub(super) fn set_head(connection: &Connection, seq: Seq, hash: &str) -> Result<()> {
     connection
         .prepare_cached(
             "INSERT INTO audit_head (id, seq, hash) VALUES (0, ?1, ?2) \
              ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
         )
-        .and_then(|mut statement| statement.execute(params![seq_param(seq), prev]))
+        .and_then(|mut statement| statement.execute(params![seq_param(seq), hash]))
         .map_err(sql_error("moving the audit head"))?;
-    Ok(seqs)
+    Ok(())
+}
+
+/// Inserts an entry of a dump as it is, hashes included (restore: the chain is copied,
+/// not recomputed, so a copy verifies to the same head). The caller moves the head.
+pub(super) fn insert_entry(connection: &Connection, entry: &AuditEntry) -> Result<()> {
+    let record = &entry.record;
+    connection
+        .prepare_cached(&format!(
+            "INSERT INTO audit ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+        ))
+        .and_then(|mut statement| {
+            statement.execute(params![
+                seq_param(entry.seq),
+                record.tenant,
+                record.run_id.as_ref().map(RunId::as_str),
+                seq_param(record.at_ms),
+                record.actor,
+                record.action,
+                record.subject,
+                record.outcome,
+                record.detail.to_string(),
+                entry.prev_hash,
+                entry.hash,
+            ])
+        })
+        .map_err(sql_error("restoring an audit entry"))?;
+    Ok(())
 }
 
 pub(super) fn list(connection: &Connection, filter: &AuditFilter) -> Result<Vec<AuditEntry>> {

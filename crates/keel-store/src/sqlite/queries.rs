@@ -18,7 +18,7 @@ use crate::{
 };
 
 /// The columns `decode_run` reads, in `SELECT` form.
-const RUN_COLUMNS: &str = "id, tenant, spec, state, wait_reason, created_at_ms, updated_at_ms, \
+pub(super) const RUN_COLUMNS: &str = "id, tenant, spec, state, wait_reason, created_at_ms, updated_at_ms, \
      ended_at_ms, attempt, pid, exit_code, output, error, input_tokens, output_tokens, \
      llm_calls, tool_calls, cost_micro_usd, provider_calls";
 
@@ -86,12 +86,24 @@ pub(super) fn require_run(connection: &Connection, run: &RunId) -> Result<()> {
 }
 
 pub(super) fn journal(connection: &Connection, run: &RunId, after: Seq) -> Result<Vec<JournalEntry>> {
+    journal_page(connection, run, after, None)
+}
+
+/// Up to `limit` entries (all when `None`) with seq greater than `after`, in seq order.
+pub(super) fn journal_page(
+    connection: &Connection,
+    run: &RunId,
+    after: Seq,
+    limit: Option<usize>,
+) -> Result<Vec<JournalEntry>> {
     require_run(connection, run)?;
+    // SQLite reads a negative LIMIT as "no limit".
+    let limit = limit.map_or(-1, |limit| i64::try_from(limit).unwrap_or(i64::MAX));
     let mut entries = query_all(
         connection,
         "reading a journal",
-        &format!("{ENTRY_SELECT} WHERE j.run_id = ?1 AND j.seq > ?2 ORDER BY j.seq"),
-        params![run.as_str(), seq_param(after)],
+        &format!("{ENTRY_SELECT} WHERE j.run_id = ?1 AND j.seq > ?2 ORDER BY j.seq LIMIT ?3"),
+        params![run.as_str(), seq_param(after), limit],
         |row| decode_entry(row, run),
     )?;
     let mut chain = ChainCache::default();
@@ -338,22 +350,9 @@ fn semantic_search(
         let bytes = row.get_ref(2).map_err(sql_error(step))?.as_blob().map_err(|e| {
             Error::Corrupt(format!("a memory embedding of namespace {namespace:?} is not a blob: {e}"))
         })?;
-        if bytes.len() != cosine.stored_len() {
-            return Err(Error::Corrupt(format!(
-                "a memory embedding of namespace {namespace:?} has {} bytes, not {}",
-                bytes.len(),
-                cosine.stored_len()
-            )));
-        }
-        let Some(score) = cosine.similarity(bytes) else {
-            continue;
-        };
-        if !best.admits(score) {
-            continue;
-        }
-        let key: String = row.get(0).map_err(sql_error(step))?;
-        let text: String = row.get(1).map_err(sql_error(step))?;
-        best.offer(score, key, text);
+        best.offer_stored(&cosine, bytes, namespace, || {
+            Ok((row.get(0).map_err(sql_error(step))?, row.get(1).map_err(sql_error(step))?))
+        })?;
     }
     Ok(best.into_hits())
 }
@@ -470,7 +469,7 @@ pub(super) fn mailbox_len(connection: &Connection, run: &RunId) -> Result<u64> {
     Ok(len.unwrap_or(0))
 }
 
-fn decode_run(row: &Row<'_>) -> Result<RunRecord> {
+pub(super) fn decode_run(row: &Row<'_>) -> Result<RunRecord> {
     let id_text: String = column(row, "id", "a run")?;
     let place = format!("run {id_text}");
     let id = RunId::parse(&id_text).map_err(|error| corrupt("id", &place, error))?;
@@ -525,7 +524,7 @@ fn usage_columns(row: &Row<'_>, place: &str) -> Result<Usage> {
 
 /// Reads a column, reporting a value of the wrong type or range as corrupt data at
 /// `place` rather than as a backend failure.
-fn column<T: FromSql>(row: &Row<'_>, name: &str, place: &str) -> Result<T> {
+pub(super) fn column<T: FromSql>(row: &Row<'_>, name: &str, place: &str) -> Result<T> {
     row.get(name).map_err(|error| match error {
         rusqlite::Error::FromSqlConversionFailure(..)
         | rusqlite::Error::InvalidColumnType(..)
@@ -552,7 +551,7 @@ where
     text.map(|text| text.parse().map_err(|error| corrupt(name, place, error))).transpose()
 }
 
-fn json_column(row: &Row<'_>, name: &str, place: &str) -> Result<Value> {
+pub(super) fn json_column(row: &Row<'_>, name: &str, place: &str) -> Result<Value> {
     let text: String = column(row, name, place)?;
     serde_json::from_str(&text).map_err(|error| corrupt(name, place, error))
 }
@@ -564,7 +563,7 @@ fn optional_json_column(row: &Row<'_>, name: &str, place: &str) -> Result<Option
 
 /// Reads a payload through its blob reference (`{what}_blob`) and the joined bytes
 /// (`{what}_bytes`): a reference without bytes is a missing blob.
-fn blob_column(row: &Row<'_>, what: &str, place: &str) -> Result<Option<Value>> {
+pub(super) fn blob_column(row: &Row<'_>, what: &str, place: &str) -> Result<Option<Value>> {
     let hash: Option<String> = column(row, &format!("{what}_blob"), place)?;
     let Some(hash) = hash else {
         return Ok(None);

@@ -369,14 +369,7 @@ pub(super) fn migrate(connection: &mut Connection) -> Result<()> {
             return Ok(());
         }
         let Some(migration) = MIGRATIONS.get(version) else {
-            return Err(Error::Backend {
-                step: "checking the schema version",
-                source: format!(
-                    "the database has schema version {version}, newer than the {SCHEMA_VERSION} \
-                     this build of keel knows; run a newer keel against it"
-                )
-                .into(),
-            });
+            return Err(Error::schema_too_new(version, SCHEMA_VERSION));
         };
         transaction.execute_batch(migration).map_err(sql_error("applying a schema migration"))?;
         transaction

@@ -7,8 +7,8 @@ use super::queries::{query_all, query_first, seq_param};
 use super::writer::sql_error;
 use crate::{ApiTokenRecord, Error, Result, TenantRecord};
 
-const TENANT_COLUMNS: &str = "name, created_at_ms, quota";
-const TOKEN_COLUMNS: &str = "hash, prefix, tenant, created_at_ms, label, revoked";
+pub(super) const TENANT_COLUMNS: &str = "name, created_at_ms, quota";
+pub(super) const TOKEN_COLUMNS: &str = "hash, prefix, tenant, created_at_ms, label, revoked";
 
 pub(super) fn create_tenant(connection: &Connection, tenant: &TenantRecord, quota: &str) -> Result<()> {
     let inserted = connection
@@ -93,7 +93,7 @@ pub(super) fn list_tokens(connection: &Connection, tenant: &str) -> Result<Vec<A
     )
 }
 
-fn decode_tenant(row: &Row<'_>) -> Result<TenantRecord> {
+pub(super) fn decode_tenant(row: &Row<'_>) -> Result<TenantRecord> {
     let read = |error: rusqlite::Error| Error::Corrupt(format!("a tenant row: {error}"));
     let created_at_ms: i64 = row.get(1).map_err(read)?;
     let quota: String = row.get(2).map_err(read)?;
@@ -105,7 +105,7 @@ fn decode_tenant(row: &Row<'_>) -> Result<TenantRecord> {
     })
 }
 
-fn decode_token(row: &Row<'_>) -> Result<ApiTokenRecord> {
+pub(super) fn decode_token(row: &Row<'_>) -> Result<ApiTokenRecord> {
     let read = |error: rusqlite::Error| Error::Corrupt(format!("an API token row: {error}"));
     let created_at_ms: i64 = row.get(3).map_err(read)?;
     Ok(ApiTokenRecord {

@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use super::queries::{self, seq_param};
-use crate::chain::{self, Blob, ChainLink};
+use crate::chain::{self, Blob, ChainLink, EncodedCompletion, EncodedEntry};
 use crate::{Error, MailboxMessage, MemoryEmbedding, NewMessage, NewRun, Result, RunPatch, RunRecord, Seq};
 use crate::{mailbox, search};
 
@@ -134,32 +134,11 @@ pub(super) enum WriteCommand {
         prefix: String,
         reply: Reply<u64>,
     },
-}
-
-/// A `NewEntry` with its payloads encoded.
-pub(super) struct EncodedEntry {
-    pub(super) method: String,
-    pub(super) params: Blob,
-    /// The message chain `params` refers to, if it has one.
-    pub(super) params_chain: Vec<ChainLink>,
-    pub(super) params_hash: String,
-    pub(super) status: EntryStatus,
-    pub(super) result: Option<Blob>,
-    pub(super) error: Option<Blob>,
-    pub(super) attempt: u32,
-    pub(super) started_at_ms: u64,
-    pub(super) finished_at_ms: Option<u64>,
-    pub(super) usage: Usage,
-}
-
-/// A `Completion` with its payloads encoded.
-pub(super) struct EncodedCompletion {
-    pub(super) status: EntryStatus,
-    pub(super) result: Option<Blob>,
-    pub(super) error: Option<Blob>,
-    pub(super) finished_at_ms: u64,
-    pub(super) usage: Usage,
-    pub(super) provider_served: bool,
+    /// A batch of a dump, written as it is (see `super::dump::restore`).
+    Restore {
+        items: Vec<crate::DumpItem>,
+        reply: Reply<()>,
+    },
 }
 
 /// A `NewEvent` with its data as JSON text.
@@ -324,6 +303,9 @@ fn apply(connection: &Connection, command: WriteCommand) -> Box<dyn Answer> {
         WriteCommand::TokenRevoke { tenant, prefix, reply } => {
             answer(reply, in_savepoint(connection, |c| super::tenants::revoke_tokens(c, &tenant, &prefix)))
         }
+        WriteCommand::Restore { items, reply } => {
+            answer(reply, in_savepoint(connection, |c| super::dump::restore(c, items)))
+        }
     }
 }
 
@@ -340,7 +322,8 @@ impl WriteCommand {
             WriteCommand::CompleteEntry { reply, .. }
             | WriteCommand::AbandonEntries { reply, .. }
             | WriteCommand::KvPut { reply, .. }
-            | WriteCommand::MemPut { reply, .. } => answer(reply, Err(error)),
+            | WriteCommand::MemPut { reply, .. }
+            | WriteCommand::Restore { reply, .. } => answer(reply, Err(error)),
             WriteCommand::ThreadAppend { reply, .. } => answer(reply, Err(error)),
             WriteCommand::MemDelete { reply, .. } => answer(reply, Err(error)),
             WriteCommand::MailboxSend { reply, .. } => answer(reply, Err(error)),
@@ -412,7 +395,12 @@ fn in_savepoint<T>(connection: &Connection, write: impl FnOnce(&Connection) -> R
 }
 
 /// Executes one cached statement and returns how many rows it changed.
-fn run_sql(connection: &Connection, step: &'static str, sql: &str, params: impl Params) -> Result<usize> {
+pub(super) fn run_sql(
+    connection: &Connection,
+    step: &'static str,
+    sql: &str,
+    params: impl Params,
+) -> Result<usize> {
     connection
         .prepare_cached(sql)
         .and_then(|mut statement| statement.execute(params))
@@ -474,6 +462,21 @@ fn append_entry(connection: &Connection, run: RunId, entry: EncodedEntry) -> Res
     // Only this thread writes, so last + 1 cannot race: concurrent appends to one run get
     // dense seqs in the order they reached the writer.
     let seq = queries::last_journal_seq(connection, &run)? + 1;
+    insert_entry(connection, &run, seq, &entry)?;
+    if matches!(entry.status, EntryStatus::Ok | EntryStatus::Error) {
+        add_usage(connection, &run, &entry.usage, false)?;
+    }
+    Ok(seq)
+}
+
+/// Stores an entry's payloads and its journal row at `seq` (for `append_entry`, and for a
+/// restore, which keeps the recorded seq and leaves the run's totals as restored).
+pub(super) fn insert_entry(
+    connection: &Connection,
+    run: &RunId,
+    seq: Seq,
+    entry: &EncodedEntry,
+) -> Result<()> {
     put_blob(connection, &entry.params)?;
     put_chain(connection, &entry.params_chain)?;
     for blob in [&entry.result, &entry.error].into_iter().flatten() {
@@ -488,7 +491,7 @@ fn append_entry(connection: &Connection, run: RunId, entry: EncodedEntry) -> Res
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
         params![
             run.as_str(),
-            seq,
+            seq_param(seq),
             entry.method,
             entry.params_hash,
             entry.params.hash,
@@ -505,10 +508,7 @@ fn append_entry(connection: &Connection, run: RunId, entry: EncodedEntry) -> Res
             entry.usage.cost_micro_usd,
         ],
     )?;
-    if matches!(entry.status, EntryStatus::Ok | EntryStatus::Error) {
-        add_usage(connection, &run, &entry.usage, false)?;
-    }
-    Ok(seq)
+    Ok(())
 }
 
 fn complete_entry(
@@ -518,10 +518,7 @@ fn complete_entry(
     completion: EncodedCompletion,
 ) -> Result<()> {
     if !matches!(completion.status, EntryStatus::Ok | EntryStatus::Error) {
-        return Err(Error::Corrupt(format!(
-            "journal entry {seq} of run {run} cannot be completed as {}: a completion is ok or error",
-            completion.status
-        )));
+        return Err(Error::completion_not_final(&run, seq, completion.status));
     }
     queries::require_run(connection, &run)?;
     let status = queries::query_first(
@@ -534,10 +531,7 @@ fn complete_entry(
     match status {
         None => return Err(Error::EntryNotFound { run, seq }),
         Some(status) if status != EntryStatus::Pending.as_str() => {
-            return Err(Error::Corrupt(format!(
-                "journal entry {seq} of run {run} is not pending (its status is {status}), \
-                 so it cannot be completed"
-            )));
+            return Err(Error::entry_not_pending(&run, seq, &status));
         }
         Some(_) => {}
     }
@@ -900,7 +894,7 @@ fn mailbox_receive(
 
 /// Stores the nodes of a message chain that are not stored yet (see
 /// `chain::unstored_links`): a call that re-sends a history writes only the new messages.
-fn put_chain(connection: &Connection, links: &[ChainLink]) -> Result<()> {
+pub(super) fn put_chain(connection: &Connection, links: &[ChainLink]) -> Result<()> {
     let unstored = chain::unstored_links(links, |link| {
         let found = queries::query_first(
             connection,
@@ -927,7 +921,7 @@ fn put_chain(connection: &Connection, links: &[ChainLink]) -> Result<()> {
 /// Stores a payload once: a blob with the same hash is already the same bytes.
 /// (`ON CONFLICT (hash) DO NOTHING` rather than `INSERT OR IGNORE`, which would also
 /// swallow other constraint failures.)
-fn put_blob(connection: &Connection, blob: &Blob) -> Result<()> {
+pub(super) fn put_blob(connection: &Connection, blob: &Blob) -> Result<()> {
     run_sql(
         connection,
         "storing a payload blob",

@@ -1,9 +1,13 @@
-//! keel-store's integration tests: the conformance suite on SQLite files, reopening a
-//! store, acknowledged writes surviving a SIGKILL, and corrupt data read back as errors.
+//! keel-store's integration tests: the conformance suite on SQLite files and on Postgres
+//! (`KEEL_TEST_POSTGRES_URL`), reopening a store, acknowledged writes surviving a SIGKILL,
+//! and corrupt data read back as errors.
 
 mod audit;
 mod corrupt;
 mod crash;
+mod pg_cluster;
+mod pg_database;
+mod postgres;
 mod sqlite;
 
 use std::path::{Path, PathBuf};

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use keel_store::{
-    Completion, Error, NewEntry, NewEvent, RunFilter, RunPatch, SqliteStore, Store, conformance,
+    Completion, DumpItem, Error, NewEntry, NewEvent, RunFilter, RunPatch, SqliteStore, Store, conformance,
+    dump,
 };
 use keel_types::{EntryStatus, RunState, Usage};
 use serde_json::json;
@@ -25,6 +26,109 @@ async fn conformance_suite_twice_on_one_file_single_threaded() {
     let store: Arc<dyn Store> = Arc::new(db.open());
     conformance::run_all(Arc::clone(&store)).await;
     conformance::run_all(store).await;
+}
+
+/// A dump of one file restored into another reads back the same, and the copy carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dump_and_restore_between_two_files() {
+    let (source, target) = (TestDb::new(), TestDb::new());
+    conformance::dump_and_restore(Arc::new(source.open()), Arc::new(target.open())).await;
+}
+
+/// Sections longer than a batch are paged through whole: every batch but the last is
+/// full, and the copy compares equal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dumps_page_through_sections_longer_than_a_batch() {
+    let (source_db, target_db) = (TestDb::new(), TestDb::new());
+    let source: Arc<dyn Store> = Arc::new(source_db.open());
+    let target: Arc<dyn Store> = Arc::new(target_db.open());
+    let run = source.create_run(new_run(1_000)).await.unwrap().id;
+    let count = dump::DUMP_BATCH + 100;
+    // Concurrent writes share commits (group commit), so this takes a few fsyncs.
+    let writes: Vec<_> = (0..count)
+        .map(|i| {
+            let (source, run) = (Arc::clone(&source), run.clone());
+            tokio::spawn(async move {
+                let entry = NewEntry {
+                    method: "kv.put".to_owned(),
+                    params: json!({"messages": [{"n": i % 7}]}),
+                    params_hash: format!("h{i}"),
+                    status: EntryStatus::Ok,
+                    result: Some(json!(i)),
+                    error: None,
+                    attempt: 1,
+                    started_at_ms: 1,
+                    finished_at_ms: Some(2),
+                    usage: Usage::default(),
+                };
+                source.append_entry(&run, entry).await.unwrap();
+                source.kv_put("many", &format!("{i:05}"), json!(i)).await.unwrap();
+            })
+        })
+        .collect();
+    for write in writes {
+        write.await.unwrap();
+    }
+    let (sink, mut batches) = tokio::sync::mpsc::channel(1);
+    let dumping = tokio::spawn({
+        let source = Arc::clone(&source);
+        async move { source.dump(sink).await }
+    });
+    let mut sizes = Vec::new();
+    while let Some(batch) = batches.recv().await {
+        sizes.push(batch.len());
+        target.restore(batch).await.unwrap();
+    }
+    dumping.await.unwrap().unwrap();
+    let total = 1 + 2 * count;
+    assert_eq!(sizes.iter().sum::<usize>(), total);
+    assert!(sizes[..sizes.len() - 1].iter().all(|&size| size == dump::DUMP_BATCH), "{sizes:?}");
+    assert_eq!(dump::compare_stores(&*source, &*target).await.unwrap(), Ok(total as u64));
+    assert_eq!(target.journal(&run, 0).await.unwrap(), source.journal(&run, 0).await.unwrap());
+}
+
+/// A restore of an item the store already holds fails and writes none of its batch.
+#[tokio::test]
+async fn restoring_an_item_twice_fails_and_writes_nothing() {
+    let (source_db, target_db) = (TestDb::new(), TestDb::new());
+    let (source, target) = (source_db.open(), target_db.open());
+    source.kv_put("s", "a", json!(1)).await.unwrap();
+    target.kv_put("s", "a", json!(1)).await.unwrap();
+    let run = source.create_run(new_run(1_000)).await.unwrap();
+    let items = vec![
+        DumpItem::Run(run.clone()),
+        DumpItem::Kv { scope: "s".into(), key: "a".into(), value: json!(1) },
+    ];
+    let error = target.restore(items).await.unwrap_err();
+    assert!(matches!(error, Error::Backend { step: "restoring a kv value", .. }), "{error}");
+    assert_eq!(target.get_run(&run.id).await.unwrap(), None, "all or nothing");
+    assert_eq!(
+        dump::compare_stores(&source, &target).await.unwrap(),
+        Err(format!("run {}: differs (the copy has kv value \"a\" in scope \"s\" in its place)", run.id))
+    );
+}
+
+/// `open_existing` creates nothing and refuses what is not a keel database, untouched.
+#[test]
+fn open_existing_refuses_a_missing_or_foreign_file() {
+    let db = TestDb::new();
+    let refused = |path: &std::path::Path| match SqliteStore::open_existing(path) {
+        Err(Error::Backend { step: "checking the file is a keel database", source }) => source.to_string(),
+        Err(other) => panic!("{}: unexpected error {other}", path.display()),
+        Ok(_) => panic!("{} was opened", path.display()),
+    };
+    assert!(refused(&db.path()).ends_with("no such file"));
+    assert!(!db.path().exists(), "nothing created");
+    std::fs::write(db.path(), "plain text, not SQLite at all, long enough to have a header").unwrap();
+    assert!(refused(&db.path()).contains("not a keel database"));
+    std::fs::remove_file(db.path()).unwrap();
+    let foreign = rusqlite::Connection::open(db.path()).unwrap();
+    foreign.execute_batch("CREATE TABLE notes (text TEXT)").unwrap();
+    drop(foreign);
+    assert!(refused(&db.path()).contains("not keel's"));
+    std::fs::remove_file(db.path()).unwrap();
+    drop(db.open());
+    SqliteStore::open_existing(&db.path()).expect("a keel database opens");
 }
 
 #[tokio::test]

@@ -1,0 +1,642 @@
+//! The Postgres backend of the Store API, for installations where several kernels share one
+//! database (or the operator wants one they already back up).
+//!
+//! Shape: `PgStore` is a cheap-to-clone handle on a connection pool (`deadpool-postgres`
+//! over `tokio-postgres`). Each write is one transaction (or one statement, which is its
+//! own transaction) that returns only after its `COMMIT`, and `connect` refuses a server
+//! that does not flush commits (`fsync` or `synchronous_commit` off), so "durable on
+//! return" holds as it does on SQLite. Concurrent writers are many connections here, not
+//! one writer thread, so what the SQLite writer gives for free is earned with row locks:
+//! the run's row for its journal, events and mailbox, `audit_head` for the audit chain,
+//! unique indexes for idempotency keys and content-addressed blobs, and a transaction
+//! advisory lock per thread for dense thread indexes. Postgres's own group commit
+//! (concurrent commits share one WAL flush) serves many runs at once.
+//!
+//! Errors: a database that cannot be reached, or a connection lost before a write
+//! commits, is `Unavailable` (nothing was written; the call may succeed later); a
+//! connection lost while a write commits is a `Backend` error saying the outcome is
+//! unknown, since retrying it could write twice; any other SQL failure is `Backend`
+//! naming the step.
+//!
+//! Modules: `schema` (migrations and the durability check), `writes` (the write half),
+//! `queries` (reads and row decoders), `audit`, `tenants`, `dump` (dump, restore,
+//! is_empty) and `fence` (the hook where run leases will fence writes).
+
+mod audit;
+mod cluster;
+mod dump;
+mod fence;
+mod listen;
+mod queries;
+mod schema;
+mod tenants;
+mod writes;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{
+    Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime, Transaction,
+};
+use keel_types::{RunId, RunState};
+use serde_json::Value;
+
+use crate::chain::Blob;
+use crate::chain::{EncodedCompletion, EncodedEntry};
+use crate::{
+    ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, DumpItem, Error,
+    EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch,
+    NewEntry, NewEvent, NewMessage, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats,
+    TenantRecord, ThreadMessage,
+};
+pub use cluster::PgNode;
+use fence::Fences;
+pub use schema::SCHEMA_VERSION;
+use writes::ChainEnds;
+
+/// The most connections one store opens unless told otherwise (`connect_with`). Each
+/// write holds a connection only for its own transaction, so 32 keep 100 busy runs
+/// committing in parallel (Postgres flushes concurrent commits together); several nodes
+/// on a server with the default `max_connections` (100) should each take fewer.
+pub const DEFAULT_POOL_SIZE: usize = 32;
+
+/// How long opening a connection may take before the database counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a call waits for a free connection before the store counts as unreachable
+/// (every connection stuck on a server that stopped answering).
+const POOL_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What `semantic_index` says when the server has no pgvector.
+const BRUTE_FORCE: &str = "brute-force scan (pgvector not installed on this server)";
+
+/// What `semantic_index` says when pgvector could be installed. Keel does not use it yet:
+/// an ANN path needs a server with pgvector to be tested against, and the brute-force scan
+/// answers exactly the same hits (see `SearchMode::Semantic`).
+const BRUTE_FORCE_PGVECTOR_AVAILABLE: &str =
+    "brute-force scan (pgvector is available on this server, but Keel does not use it yet)";
+
+/// The Postgres store. Clones share one pool. A write whose caller stops waiting may
+/// still commit (the `COMMIT` may already be on the wire); one that fails wrote nothing.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Pool,
+    /// The hook every write for a run calls inside its transaction (see `fence`).
+    fences: Arc<Fences>,
+    /// Where the message chains this store wrote end (saves a lookup per append).
+    chain_ends: Arc<ChainEnds>,
+    /// The URL with its password hidden, for errors.
+    url: Arc<str>,
+    /// How to connect, for the connection a cluster node listens for wake-ups on.
+    config: Arc<tokio_postgres::Config>,
+    semantic_index: &'static str,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").field("url", &self.url).finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// Connects to the database at `url` (`postgres://user:password@host:port/db`, or the
+    /// key=value form), checks that the server makes commits durable, and brings the schema
+    /// (in the first schema of the connection's `search_path`) up to date. A server that
+    /// cannot be reached is `Unavailable`, naming the URL without its password.
+    pub async fn connect(url: &str) -> Result<PgStore> {
+        PgStore::connect_with(url, DEFAULT_POOL_SIZE).await
+    }
+
+    /// [`PgStore::connect`] with at most `pool_size` connections (at least 2: a node's
+    /// heartbeat must not wait behind its writes for long).
+    pub async fn connect_with(url: &str, pool_size: usize) -> Result<PgStore> {
+        let redacted: Arc<str> = redact_url(url).into();
+        let mut config: tokio_postgres::Config = url.parse().map_err(|error| Error::Backend {
+            step: "parsing the database URL",
+            source: format!(
+                "{redacted} is not a Postgres connection string ({error}); \
+                 expected postgres://user:password@host:port/database"
+            )
+            .into(),
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        // `NoTls`: Keel talks to a database on the same host or a private network today; a
+        // TLS connector (and `sslmode` in the URL) comes with the first deployment that
+        // crosses an untrusted network. A URL asking `sslmode=require` fails to connect
+        // rather than silently going in clear.
+        let shared_config = Arc::new(config.clone());
+        let manager = Manager::from_config(
+            config,
+            tokio_postgres::NoTls,
+            ManagerConfig { recycling_method: RecyclingMethod::Fast },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size.max(2))
+            .wait_timeout(Some(POOL_WAIT_TIMEOUT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|error| Error::Backend {
+                step: "building the connection pool",
+                source: Box::new(error),
+            })?;
+        let mut store = PgStore {
+            pool,
+            fences: Arc::default(),
+            chain_ends: Arc::default(),
+            url: redacted,
+            config: shared_config,
+            semantic_index: BRUTE_FORCE,
+        };
+        let mut client = store.client("connecting to the database").await?;
+        schema::check_durable(&client, &store.url).await?;
+        schema::migrate(&mut client).await?;
+        if schema::pgvector_available(&client).await? {
+            store.semantic_index = BRUTE_FORCE_PGVECTOR_AVAILABLE;
+        }
+        Ok(store)
+    }
+
+    /// How semantic memory search finds its hits on this server, for `keel doctor` and the
+    /// logs. Always the brute-force cosine scan shared with SQLite; the answer says whether
+    /// pgvector could be used instead.
+    pub fn semantic_index(&self) -> &'static str {
+        self.semantic_index
+    }
+
+    /// The server's version as it reports it (`SHOW server_version`), for `keel doctor`.
+    pub async fn server_version(&self) -> Result<String> {
+        let client = self.client("asking the server's version").await?;
+        let row = client
+            .query_one("SHOW server_version", &[])
+            .await
+            .map_err(pg_error("asking the server's version"))?;
+        row.try_get(0).map_err(|source| Error::Backend {
+            step: "reading the server's version",
+            source: Box::new(source),
+        })
+    }
+
+    /// A connection from the pool. A server that cannot be reached (or a pool whose every
+    /// connection is stuck) is `Unavailable`; any failure names the URL (without its
+    /// password), since a wrong URL is the likely cause.
+    async fn client(&self, step: &'static str) -> Result<Object> {
+        self.pool.get().await.map_err(|error| match error {
+            PoolError::Backend(source) if is_connection_failure(&source) => {
+                Error::Unavailable { step, source: format!("{}: {}", self.url, cause(&source)).into() }
+            }
+            PoolError::Backend(source) => {
+                Error::Backend { step, source: format!("{}: {}", self.url, cause(&source)).into() }
+            }
+            PoolError::Timeout(_) => Error::Unavailable {
+                step,
+                source: format!(
+                    "{}: no connection became free or could be opened within {} s",
+                    self.url,
+                    POOL_WAIT_TIMEOUT.as_secs()
+                )
+                .into(),
+            },
+            PoolError::Closed => Error::Closed,
+            other => Error::Backend { step, source: Box::new(other) },
+        })
+    }
+}
+
+/// `url` with any password replaced by `***`, for messages and logs: the password of the
+/// URL form (`postgres://user:secret@host`), and a `password` parameter of the query
+/// string or of the key=value form.
+pub fn redact_url(url: &str) -> String {
+    let mut redacted = url.to_owned();
+    if let Some(scheme_end) = redacted.find("://") {
+        let authority_start = scheme_end + 3;
+        let authority_end =
+            redacted[authority_start..].find(['/', '?']).map_or(redacted.len(), |end| authority_start + end);
+        if let Some(at) = redacted[authority_start..authority_end].rfind('@') {
+            let userinfo = authority_start..authority_start + at;
+            if let Some(colon) = redacted[userinfo.clone()].find(':') {
+                redacted.replace_range(userinfo.start + colon + 1..userinfo.end, "***");
+            }
+        }
+    }
+    let mut searched = 0;
+    while let Some(found) = redacted[searched..].find("password=") {
+        let start = searched + found;
+        let value_start = start + "password=".len();
+        let before = redacted[..start].chars().next_back();
+        if before.is_some_and(|c| !matches!(c, '?' | '&' | ' ' | '\t' | '\n')) {
+            searched = value_start;
+            continue;
+        }
+        let rest = &redacted[value_start..];
+        let value_len = if let Some(quoted) = rest.strip_prefix('\'') {
+            quoted.find('\'').map_or(rest.len(), |end| end + 2)
+        } else {
+            rest.find(['&', ' ', '\t', '\n']).unwrap_or(rest.len())
+        };
+        redacted.replace_range(value_start..value_start + value_len, "***");
+        searched = value_start + 3;
+    }
+    redacted
+}
+
+/// Whether a driver error means the database could not be reached (the call may succeed
+/// later) rather than that the SQL failed: a closed connection, an I/O error, a
+/// connection-class SQLSTATE (`08...`) or the server shutting down (`57P01` admin
+/// shutdown, `57P02` crash shutdown, `57P03` not accepting connections yet).
+fn is_connection_failure(error: &tokio_postgres::Error) -> bool {
+    if error.is_closed() {
+        return true;
+    }
+    if let Some(code) = error.code() {
+        let code = code.code();
+        return code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03");
+    }
+    std::error::Error::source(error).is_some_and(|source| source.is::<std::io::Error>())
+}
+
+/// The driver error's innermost cause in words ("Connection refused (os error 111)").
+fn cause(error: &tokio_postgres::Error) -> String {
+    let mut innermost: &dyn std::error::Error = error;
+    while let Some(source) = innermost.source() {
+        innermost = source;
+    }
+    let (outer, inner) = (error.to_string(), innermost.to_string());
+    if outer.contains(&inner) { outer } else { format!("{outer}: {inner}") }
+}
+
+/// Maps a driver failure to `Unavailable` (the database could not be reached) or
+/// `Backend` (the SQL failed), naming the step.
+pub(crate) fn pg_error(step: &'static str) -> impl FnOnce(tokio_postgres::Error) -> Error {
+    move |source| {
+        if is_connection_failure(&source) {
+            Error::Unavailable { step, source: Box::new(source) }
+        } else {
+            Error::Backend { step, source: Box::new(source) }
+        }
+    }
+}
+
+/// A u64 as a Postgres BIGINT. No stored count, seq or timestamp comes near `i64::MAX`;
+/// clamping keeps comparisons right without a conversion error.
+pub(crate) fn int(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// Begins a transaction (writes for a run check their fence inside it).
+async fn begin(client: &mut Object) -> Result<Transaction<'_>> {
+    client.transaction().await.map_err(pg_error("beginning a transaction"))
+}
+
+/// Commits, so that the caller's `Ok` means durable.
+async fn commit(transaction: Transaction<'_>) -> Result<()> {
+    transaction.commit().await.map_err(pg_error("committing a transaction")).map_err(outcome_unknown)
+}
+
+/// For a statement that commits (a `COMMIT`, or a write outside a transaction): a
+/// connection lost meanwhile leaves the outcome unknown, so it is not `Unavailable` (which
+/// promises that nothing was written and invites a retry, which could then write twice)
+/// but a `Backend` error saying so.
+fn outcome_unknown(error: Error) -> Error {
+    match error {
+        Error::Unavailable { step, source } => Error::Backend {
+            step,
+            source: format!("the connection was lost, so whether the write committed is unknown: {source}")
+                .into(),
+        },
+        other => other,
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn create_run(&self, run: NewRun) -> Result<RunRecord> {
+        let client = self.client("creating a run").await?;
+        writes::create_run(&client, run).await.map_err(outcome_unknown)
+    }
+
+    async fn get_run(&self, id: &RunId) -> Result<Option<RunRecord>> {
+        let client = self.client("reading a run").await?;
+        queries::load_run(&client, id).await
+    }
+
+    async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
+        let client = self.client("listing runs").await?;
+        queries::list_runs(&client, filter).await
+    }
+
+    async fn update_run(&self, id: &RunId, expected: Option<RunState>, patch: RunPatch) -> Result<RunRecord> {
+        let mut client = self.client("updating a run").await?;
+        let transaction = begin(&mut client).await?;
+        if patch.state.is_some_and(RunState::is_terminal) {
+            self.fences.check_to_end(&transaction, id).await?;
+        } else {
+            self.fences.check(&transaction, id).await?;
+        }
+        let run = writes::update_run(&transaction, id, expected, patch).await?;
+        // An ended run's lease ends with it, in the same transaction: no node is ever left
+        // holding a run that has nothing left to run.
+        if run.state.is_terminal() {
+            self.fences.end(&transaction, id).await?;
+        }
+        commit(transaction).await?;
+        if run.state.is_terminal() {
+            self.fences.release(id);
+        }
+        Ok(run)
+    }
+
+    async fn append_entry(&self, run: &RunId, entry: NewEntry) -> Result<Seq> {
+        let entry = EncodedEntry::of(entry);
+        let mut client = self.client("appending a journal entry").await?;
+        // Outside the transaction: a node found stored stays stored.
+        let unstored = self.chain_ends.unstored(&client, &entry.params_chain).await?;
+        let transaction = begin(&mut client).await?;
+        self.fences.check(&transaction, run).await?;
+        let seq = writes::append_entry(&transaction, run, &entry, unstored).await?;
+        commit(transaction).await?;
+        self.chain_ends.committed(&entry.params_chain);
+        Ok(seq)
+    }
+
+    async fn complete_entry(&self, run: &RunId, seq: Seq, completion: Completion) -> Result<()> {
+        let completion = EncodedCompletion::of(completion);
+        let mut client = self.client("completing a journal entry").await?;
+        let transaction = begin(&mut client).await?;
+        self.fences.check(&transaction, run).await?;
+        writes::complete_entry(&transaction, run, seq, &completion).await?;
+        commit(transaction).await?;
+        Ok(())
+    }
+
+    async fn abandon_entries(&self, run: &RunId, seqs: &[Seq]) -> Result<()> {
+        let mut client = self.client("abandoning journal entries").await?;
+        let transaction = begin(&mut client).await?;
+        self.fences.check(&transaction, run).await?;
+        writes::abandon_entries(&transaction, run, seqs).await?;
+        commit(transaction).await?;
+        Ok(())
+    }
+
+    async fn journal(&self, run: &RunId, after: Seq) -> Result<Vec<JournalEntry>> {
+        let client = self.client("reading a journal").await?;
+        queries::journal(&client, run, after).await
+    }
+
+    async fn latest_entry(&self, run: &RunId, method: &str) -> Result<Option<JournalEntry>> {
+        let client = self.client("reading a journal").await?;
+        queries::latest_entry(&client, run, method).await
+    }
+
+    async fn append_events(&self, run: &RunId, events: Vec<NewEvent>) -> Result<Seq> {
+        let mut client = self.client("appending events").await?;
+        let transaction = begin(&mut client).await?;
+        self.fences.check(&transaction, run).await?;
+        let last = writes::append_events(&transaction, run, &events).await?;
+        commit(transaction).await?;
+        Ok(last)
+    }
+
+    async fn events(&self, run: &RunId, after: Seq, limit: usize) -> Result<Vec<EventRecord>> {
+        let client = self.client("reading events").await?;
+        queries::events(&client, run, after, limit).await
+    }
+
+    async fn kv_get(&self, scope: &str, key: &str) -> Result<Option<Value>> {
+        let client = self.client("reading a kv value").await?;
+        queries::kv_get(&client, scope, key).await
+    }
+
+    async fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()> {
+        let client = self.client("writing a kv value").await?;
+        writes::kv_put(&client, scope, key, &value.to_string()).await.map_err(outcome_unknown)
+    }
+
+    async fn thread_append(
+        &self,
+        tenant: &str,
+        thread: &str,
+        message: Value,
+        idempotency_key: Option<&str>,
+        appended_at_ms: u64,
+    ) -> Result<u64> {
+        let message = Blob::of(&message);
+        let mut client = self.client("appending a thread message").await?;
+        let transaction = begin(&mut client).await?;
+        let index =
+            writes::thread_append(&transaction, tenant, thread, &message, idempotency_key, appended_at_ms)
+                .await?;
+        commit(transaction).await?;
+        Ok(index)
+    }
+
+    async fn thread_read(
+        &self,
+        tenant: &str,
+        thread: &str,
+        last: Option<usize>,
+    ) -> Result<Vec<ThreadMessage>> {
+        let client = self.client("reading a thread").await?;
+        queries::thread_read(&client, tenant, thread, last).await
+    }
+
+    async fn mem_put(
+        &self,
+        tenant: &str,
+        namespace: &str,
+        key: &str,
+        value: Value,
+        text: String,
+        embedding: Option<MemoryEmbedding>,
+        updated_at_ms: u64,
+    ) -> Result<()> {
+        let client = self.client("writing a memory record").await?;
+        let record = writes::MemoryPut {
+            tenant,
+            namespace,
+            key,
+            value: &value.to_string(),
+            text: &text,
+            embedding: embedding.as_ref(),
+            updated_at_ms,
+        };
+        writes::mem_put(&client, &record).await.map_err(outcome_unknown)
+    }
+
+    async fn mem_get(&self, tenant: &str, namespace: &str, key: &str) -> Result<Option<MemoryRecord>> {
+        let client = self.client("reading a memory record").await?;
+        queries::mem_get(&client, tenant, namespace, key).await
+    }
+
+    async fn mem_delete(
+        &self,
+        tenant: &str,
+        namespace: &str,
+        key: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<bool> {
+        let mut client = self.client("deleting a memory record").await?;
+        let transaction = begin(&mut client).await?;
+        let deleted = writes::mem_delete(&transaction, tenant, namespace, key, idempotency_key).await?;
+        commit(transaction).await?;
+        Ok(deleted)
+    }
+
+    async fn mem_search(
+        &self,
+        tenant: &str,
+        namespace: &str,
+        search: &MemorySearch,
+        limit: usize,
+    ) -> Result<Vec<MemoryHit>> {
+        let client = self.client("searching memory").await?;
+        queries::mem_search(&client, tenant, namespace, search, limit).await
+    }
+
+    async fn mailbox_send(&self, to: &RunId, message: NewMessage) -> Result<Seq> {
+        let text = message.message.to_string();
+        let mut client = self.client("sending to a mailbox").await?;
+        let transaction = begin(&mut client).await?;
+        let seq = writes::mailbox_send(&transaction, to, &message, &text).await?;
+        commit(transaction).await?;
+        Ok(seq)
+    }
+
+    async fn mailbox_receive(
+        &self,
+        run: &RunId,
+        idempotency_key: Option<&str>,
+    ) -> Result<Option<MailboxMessage>> {
+        let mut client = self.client("receiving from a mailbox").await?;
+        let transaction = begin(&mut client).await?;
+        self.fences.check(&transaction, run).await?;
+        let message = writes::mailbox_receive(&transaction, run, idempotency_key).await?;
+        commit(transaction).await?;
+        Ok(message)
+    }
+
+    async fn mailbox_len(&self, run: &RunId) -> Result<u64> {
+        let client = self.client("counting a mailbox").await?;
+        queries::mailbox_len(&client, run).await
+    }
+
+    async fn topic_subscribe(&self, tenant: &str, topic: &str, run: &RunId, subscribe: bool) -> Result<()> {
+        let mut client = self.client("changing a topic subscription").await?;
+        let transaction = begin(&mut client).await?;
+        self.fences.check(&transaction, run).await?;
+        writes::topic_subscribe(&transaction, tenant, topic, run, subscribe).await?;
+        commit(transaction).await?;
+        Ok(())
+    }
+
+    async fn topic_publish(&self, topic: &str, message: NewMessage) -> Result<Vec<(RunId, Seq)>> {
+        let text = message.message.to_string();
+        let mut client = self.client("publishing to a topic").await?;
+        let transaction = begin(&mut client).await?;
+        let delivered = writes::topic_publish(&transaction, topic, &message, &text).await?;
+        commit(transaction).await?;
+        Ok(delivered)
+    }
+
+    async fn audit_append(&self, records: Vec<AuditRecord>) -> Result<Vec<Seq>> {
+        let mut client = self.client("appending to the audit log").await?;
+        let transaction = begin(&mut client).await?;
+        let seqs = audit::append(&transaction, &records).await?;
+        commit(transaction).await?;
+        Ok(seqs)
+    }
+
+    async fn audit_list(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>> {
+        let client = self.client("listing audit entries").await?;
+        audit::list(&client, filter).await
+    }
+
+    async fn audit_verify(&self) -> Result<AuditVerify> {
+        let mut client = self.client("verifying the audit log").await?;
+        audit::verify(&mut client).await
+    }
+
+    async fn tenant_create(&self, tenant: TenantRecord) -> Result<()> {
+        let client = self.client("creating a tenant").await?;
+        tenants::create_tenant(&client, &tenant).await.map_err(outcome_unknown)
+    }
+
+    async fn tenant_get(&self, name: &str) -> Result<Option<TenantRecord>> {
+        let client = self.client("reading a tenant").await?;
+        tenants::get_tenant(&client, name).await
+    }
+
+    async fn tenant_list(&self) -> Result<Vec<TenantRecord>> {
+        let client = self.client("listing tenants").await?;
+        tenants::list_tenants(&client).await
+    }
+
+    async fn token_create(&self, token: ApiTokenRecord) -> Result<()> {
+        let client = self.client("creating an API token").await?;
+        tenants::create_token(&client, &token).await.map_err(outcome_unknown)
+    }
+
+    async fn token_lookup(&self, hash: &str) -> Result<Option<ApiTokenRecord>> {
+        let client = self.client("looking up an API token").await?;
+        tenants::lookup_token(&client, hash).await
+    }
+
+    async fn token_list(&self, tenant: &str) -> Result<Vec<ApiTokenRecord>> {
+        let client = self.client("listing API tokens").await?;
+        tenants::list_tokens(&client, tenant).await
+    }
+
+    async fn token_revoke(&self, tenant: &str, prefix: &str) -> Result<u64> {
+        let client = self.client("revoking API tokens").await?;
+        tenants::revoke_tokens(&client, tenant, prefix).await.map_err(outcome_unknown)
+    }
+
+    async fn stats(&self) -> Result<StoreStats> {
+        let client = self.client("counting rows").await?;
+        queries::stats(&client).await
+    }
+
+    async fn dump(&self, sink: tokio::sync::mpsc::Sender<Vec<DumpItem>>) -> Result<()> {
+        let mut client = self.client("dumping the store").await?;
+        dump::dump(&mut client, &sink).await
+    }
+
+    async fn restore(&self, items: Vec<DumpItem>) -> Result<()> {
+        let mut client = self.client("restoring a dump").await?;
+        let transaction = begin(&mut client).await?;
+        dump::restore(&transaction, items).await?;
+        commit(transaction).await?;
+        Ok(())
+    }
+
+    async fn is_empty(&self) -> Result<bool> {
+        let client = self.client("checking the store is empty").await?;
+        dump::is_empty(&client).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_hidden_in_every_url_form() {
+        assert_eq!(redact_url("postgres://keel:s3cret@db:5432/keel"), "postgres://keel:***@db:5432/keel");
+        assert_eq!(redact_url("postgresql://keel:p@ss@db/keel?x=1"), "postgresql://keel:***@db/keel?x=1");
+        assert_eq!(redact_url("postgres://keel@db/keel"), "postgres://keel@db/keel");
+        assert_eq!(redact_url("postgres://db/keel"), "postgres://db/keel");
+        assert_eq!(
+            redact_url("postgres://db/keel?user=k&password=s3cret&sslmode=disable"),
+            "postgres://db/keel?user=k&password=***&sslmode=disable"
+        );
+        assert_eq!(
+            redact_url("host=db user=keel password=s3cret dbname=keel"),
+            "host=db user=keel password=*** dbname=keel"
+        );
+        assert_eq!(redact_url("host=db password='a b c' dbname=k"), "host=db password=*** dbname=k");
+        assert_eq!(redact_url("host=db oldpassword=x"), "host=db oldpassword=x");
+    }
+}

@@ -1,0 +1,758 @@
+//! The write half of the Store API on Postgres. Each function runs inside the caller's
+//! transaction (or is one statement, its own transaction); the caller commits. What the
+//! SQLite writer thread gets from running alone is earned here with locks, named at each
+//! function: the run's row (journal, events, mailbox), unique indexes (idempotency keys,
+//! blobs, chain nodes), and advisory locks where there is no row to lock yet.
+//!
+//! Lock order, so that no two transactions wait on each other in a cycle: blobs (in hash
+//! order, each insert one statement), then message-chain nodes, then journal rows, then run
+//! rows (in id order when there are several); a transaction that locks a run row first
+//! (append, events, mailbox) takes no existing journal row after it.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, PoisonError};
+
+use deadpool_postgres::{GenericClient, Transaction};
+use keel_types::{EntryStatus, RunId, RunState, Usage, WaitReason};
+use serde_json::Value;
+
+use super::queries::{self, RUN_COLUMNS, count, execute, prepare, query_opt, query_rows};
+use super::{int, pg_error};
+use crate::chain::{self, Blob, ChainLink, EncodedCompletion, EncodedEntry};
+use crate::{
+    Error, MailboxMessage, MemoryEmbedding, NewEvent, NewMessage, NewRun, Result, RunPatch, RunRecord, Seq,
+};
+use crate::{mailbox, search};
+
+/// The fields of one `mem_put`.
+pub(super) struct MemoryPut<'a> {
+    pub(super) tenant: &'a str,
+    pub(super) namespace: &'a str,
+    pub(super) key: &'a str,
+    /// JSON text.
+    pub(super) value: &'a str,
+    pub(super) text: &'a str,
+    pub(super) embedding: Option<&'a MemoryEmbedding>,
+    pub(super) updated_at_ms: u64,
+}
+
+pub(super) async fn create_run(client: &impl GenericClient, run: NewRun) -> Result<RunRecord> {
+    let inserted = execute(
+        client,
+        "inserting a run",
+        "INSERT INTO runs (id, tenant, spec, state, created_at_ms, updated_at_ms, attempt) \
+         VALUES ($1, $2, $3, $4, $5, $5, 1) ON CONFLICT (id) DO NOTHING",
+        &[&run.id.as_str(), &run.tenant, &run.spec.to_string(), &run.state.as_str(), &int(run.created_at_ms)],
+    )
+    .await?;
+    if inserted == 0 {
+        return Err(Error::RunExists(run.id));
+    }
+    Ok(run.into_record())
+}
+
+/// The compare-and-set: one `UPDATE ... WHERE id = $1 AND state = $2`, whose row lock
+/// orders it against every other write to the run. Each patched field comes as a flag
+/// (whether the patch names it) and a value, so that `Some(None)` clears a column. When
+/// nothing matched, the run's current state tells `StateConflict` from `RunNotFound`.
+pub(super) async fn update_run(
+    transaction: &Transaction<'_>,
+    id: &RunId,
+    expected: Option<RunState>,
+    patch: RunPatch,
+) -> Result<RunRecord> {
+    let RunPatch { state, wait_reason, updated_at_ms, ended_at_ms, attempt, pid, exit_code, output, error } =
+        patch;
+    let state_value = state.map(RunState::as_str);
+    let wait_reason_value = wait_reason.flatten().map(WaitReason::as_str);
+    let updated_value = updated_at_ms.map(int);
+    let ended_value = ended_at_ms.flatten().map(int);
+    let attempt_value = attempt.map(i64::from);
+    let pid_value = pid.flatten().map(i64::from);
+    let exit_code_value = exit_code.flatten();
+    let output_value = output.as_ref().and_then(|output| output.as_ref().map(Value::to_string));
+    let error_value = error.as_ref().and_then(Option::as_deref);
+    let sql = format!(
+        "UPDATE runs SET \
+         state = CASE WHEN $3 THEN $4 ELSE state END, \
+         wait_reason = CASE WHEN $5 THEN $6 ELSE wait_reason END, \
+         updated_at_ms = CASE WHEN $7 THEN $8 ELSE updated_at_ms END, \
+         ended_at_ms = CASE WHEN $9 THEN $10 ELSE ended_at_ms END, \
+         attempt = CASE WHEN $11 THEN $12 ELSE attempt END, \
+         pid = CASE WHEN $13 THEN $14 ELSE pid END, \
+         exit_code = CASE WHEN $15 THEN $16 ELSE exit_code END, \
+         output = CASE WHEN $17 THEN $18 ELSE output END, \
+         error = CASE WHEN $19 THEN $20 ELSE error END \
+         WHERE id = $1 AND ($2::text IS NULL OR state = $2) RETURNING {RUN_COLUMNS}"
+    );
+    let updated = query_opt(
+        transaction,
+        "updating a run",
+        &sql,
+        &[
+            &id.as_str(),
+            &expected.map(RunState::as_str),
+            &state.is_some(),
+            &state_value,
+            &wait_reason.is_some(),
+            &wait_reason_value,
+            &updated_at_ms.is_some(),
+            &updated_value,
+            &ended_at_ms.is_some(),
+            &ended_value,
+            &attempt.is_some(),
+            &attempt_value,
+            &pid.is_some(),
+            &pid_value,
+            &exit_code.is_some(),
+            &exit_code_value,
+            &output.is_some(),
+            &output_value,
+            &error.is_some(),
+            &error_value,
+        ],
+    )
+    .await?;
+    if let Some(row) = updated {
+        return queries::decode_run(&row);
+    }
+    let current = queries::load_run(transaction, id).await?;
+    match (current, expected) {
+        (Some(run), Some(expected)) => {
+            Err(Error::StateConflict { run: id.clone(), expected, actual: run.state })
+        }
+        _ => Err(Error::RunNotFound(id.clone())),
+    }
+}
+
+/// Appends under the run's row lock: the statement that inserts the entry is the one that
+/// bumps `runs.journal_last` (and adds an entry complete at once to the usage totals), so
+/// concurrent appends to one run take dense seqs in lock order. The blobs and the chain
+/// nodes in `unstored` (see `ChainEnds::unstored`) are written first in the same
+/// transaction; all three go to the server in one round trip (pipelined).
+pub(super) async fn append_entry(
+    transaction: &Transaction<'_>,
+    run: &RunId,
+    entry: &EncodedEntry,
+    unstored: &[ChainLink],
+) -> Result<Seq> {
+    let mut blobs: Vec<&Blob> = vec![&entry.params];
+    blobs.extend(unstored.iter().map(|link| &link.message));
+    blobs.extend(entry.result.iter().chain(&entry.error));
+    let added = if matches!(entry.status, EntryStatus::Ok | EntryStatus::Error) {
+        entry.usage
+    } else {
+        Usage::default()
+    };
+    let insert = prepare(
+        transaction,
+        "inserting a journal entry",
+        "WITH run AS ( \
+             UPDATE runs SET journal_last = journal_last + 1, \
+             input_tokens = input_tokens + $11, output_tokens = output_tokens + $12, \
+             llm_calls = llm_calls + $13, tool_calls = tool_calls + $14, \
+             cost_micro_usd = cost_micro_usd + $15 \
+             WHERE id = $1 RETURNING journal_last) \
+         INSERT INTO journal (run_id, seq, method, params_hash, params_blob, status, result_blob, \
+             error_blob, attempt, started_at_ms, finished_at_ms, input_tokens, output_tokens, \
+             llm_calls, tool_calls, cost_micro_usd) \
+         SELECT $1, journal_last, $2, $3, $4, $5, $6, $7, $8, $9, $10, $16, $17, $18, $19, $20 FROM run \
+         RETURNING seq",
+    )
+    .await?;
+    // The three statements are pipelined: sent at once, run by the server in the order
+    // sent, which `try_join!` keeps (it polls them in order, and each sends its request on
+    // its first poll because its statement is prepared already). So the blobs and chain
+    // nodes exist when the entry that references them is inserted.
+    prepare(transaction, "storing payload blobs", PUT_BLOBS).await?;
+    prepare(transaction, "storing message chain nodes", PUT_CHAIN).await?;
+    let (blobs_stored, chain_stored) = (put_blobs(transaction, &blobs), put_chain(transaction, unstored));
+    let usage = &entry.usage;
+    let inserted = async {
+        transaction
+            .query_opt(
+                &insert,
+                &[
+                    &run.as_str(),
+                    &entry.method,
+                    &entry.params_hash,
+                    &entry.params.hash,
+                    &entry.status.as_str(),
+                    &entry.result.as_ref().map(|blob| blob.hash.as_str()),
+                    &entry.error.as_ref().map(|blob| blob.hash.as_str()),
+                    &i64::from(entry.attempt),
+                    &int(entry.started_at_ms),
+                    &entry.finished_at_ms.map(int),
+                    &int(added.input_tokens),
+                    &int(added.output_tokens),
+                    &int(added.llm_calls),
+                    &int(added.tool_calls),
+                    &int(added.cost_micro_usd),
+                    &int(usage.input_tokens),
+                    &int(usage.output_tokens),
+                    &int(usage.llm_calls),
+                    &int(usage.tool_calls),
+                    &int(usage.cost_micro_usd),
+                ],
+            )
+            .await
+            .map_err(pg_error("inserting a journal entry"))
+    };
+    let ((), (), row) = tokio::try_join!(blobs_stored, chain_stored, inserted)?;
+    let row = row.ok_or_else(|| Error::RunNotFound(run.clone()))?;
+    count(&row, "seq", "a new journal entry")
+}
+
+/// Completes a pending entry: one statement updates the entry only if it is still pending
+/// (its row lock orders two completions of one entry: the second finds it done) and adds
+/// its usage to the run's totals. When nothing matched, reads say why.
+pub(super) async fn complete_entry(
+    transaction: &Transaction<'_>,
+    run: &RunId,
+    seq: Seq,
+    completion: &EncodedCompletion,
+) -> Result<()> {
+    if !matches!(completion.status, EntryStatus::Ok | EntryStatus::Error) {
+        return Err(Error::completion_not_final(run, seq, completion.status));
+    }
+    let blobs: Vec<&Blob> = completion.result.iter().chain(&completion.error).collect();
+    let update = prepare(
+        transaction,
+        "completing a journal entry",
+        "WITH done AS ( \
+             UPDATE journal SET status = $3, result_blob = $4, error_blob = $5, finished_at_ms = $6, \
+             input_tokens = $7, output_tokens = $8, llm_calls = $9, tool_calls = $10, cost_micro_usd = $11 \
+             WHERE run_id = $1 AND seq = $2 AND status = 'pending' RETURNING run_id) \
+         UPDATE runs SET input_tokens = input_tokens + $7, output_tokens = output_tokens + $8, \
+             llm_calls = llm_calls + $9, tool_calls = tool_calls + $10, \
+             cost_micro_usd = cost_micro_usd + $11, provider_calls = provider_calls + $12 \
+         FROM done WHERE runs.id = done.run_id RETURNING runs.id",
+    )
+    .await?;
+    // Pipelined like `append_entry`'s statements: blobs first.
+    prepare(transaction, "storing payload blobs", PUT_BLOBS).await?;
+    let usage = &completion.usage;
+    let updated = async {
+        transaction
+            .query_opt(
+                &update,
+                &[
+                    &run.as_str(),
+                    &int(seq),
+                    &completion.status.as_str(),
+                    &completion.result.as_ref().map(|blob| blob.hash.as_str()),
+                    &completion.error.as_ref().map(|blob| blob.hash.as_str()),
+                    &int(completion.finished_at_ms),
+                    &int(usage.input_tokens),
+                    &int(usage.output_tokens),
+                    &int(usage.llm_calls),
+                    &int(usage.tool_calls),
+                    &int(usage.cost_micro_usd),
+                    &i64::from(completion.provider_served),
+                ],
+            )
+            .await
+            .map_err(pg_error("completing a journal entry"))
+    };
+    let ((), row) = tokio::try_join!(put_blobs(transaction, &blobs), updated)?;
+    if row.is_some() {
+        return Ok(());
+    }
+    queries::require_run(transaction, run).await?;
+    let status = query_opt(
+        transaction,
+        "reading the status of a journal entry",
+        "SELECT status FROM journal WHERE run_id = $1 AND seq = $2",
+        &[&run.as_str(), &int(seq)],
+    )
+    .await?;
+    match status {
+        None => Err(Error::EntryNotFound { run: run.clone(), seq }),
+        Some(row) => {
+            let status: String =
+                queries::column(&row, "status", &format!("journal entry {seq} of run {run}"))?;
+            Err(Error::entry_not_pending(run, seq, &status))
+        }
+    }
+}
+
+/// Marks entries abandoned, all or nothing: one `UPDATE` (locking the journal rows only, as
+/// a completion locks its row before the run's, so the two never wait on each other in a
+/// cycle); an unknown seq fails the transaction, which the caller then drops.
+pub(super) async fn abandon_entries(transaction: &Transaction<'_>, run: &RunId, seqs: &[Seq]) -> Result<()> {
+    let wanted: Vec<i64> = seqs.iter().copied().map(int).collect();
+    let marked = query_rows(
+        transaction,
+        "marking journal entries abandoned",
+        "UPDATE journal SET status = 'abandoned' WHERE run_id = $1 AND seq = ANY($2) RETURNING seq",
+        &[&run.as_str(), &wanted],
+    )
+    .await?;
+    let marked: HashSet<i64> = marked.iter().map(|row| row.get::<_, i64>(0)).collect();
+    let missing = seqs.iter().find(|&&seq| !marked.contains(&int(seq)));
+    if missing.is_some() || seqs.is_empty() {
+        queries::require_run(transaction, run).await?;
+    }
+    match missing {
+        Some(&seq) => Err(Error::EntryNotFound { run: run.clone(), seq }),
+        None => Ok(()),
+    }
+}
+
+/// Appends events in order under the run's row lock, in one statement: bumping
+/// `runs.events_last` hands out the seqs and orders concurrent appends.
+pub(super) async fn append_events(
+    transaction: &Transaction<'_>,
+    run: &RunId,
+    events: &[NewEvent],
+) -> Result<Seq> {
+    let added = int(events.len() as u64);
+    let ts: Vec<i64> = events.iter().map(|event| int(event.ts_ms)).collect();
+    let kinds: Vec<&str> = events.iter().map(|event| event.kind.as_str()).collect();
+    let data: Vec<String> = events.iter().map(|event| event.data.to_string()).collect();
+    let row = query_opt(
+        transaction,
+        "appending events",
+        "WITH run AS (UPDATE runs SET events_last = events_last + $2 WHERE id = $1 RETURNING events_last), \
+         added AS (INSERT INTO events (run_id, seq, ts_ms, kind, data) \
+             SELECT $1, run.events_last - $2 + e.ord, e.ts_ms, e.kind, e.data \
+             FROM run, unnest($3::bigint[], $4::text[], $5::text[]) WITH ORDINALITY AS e (ts_ms, kind, data, ord)) \
+         SELECT events_last FROM run",
+        &[&run.as_str(), &added, &ts, &kinds, &data],
+    )
+    .await?;
+    let row = row.ok_or_else(|| Error::RunNotFound(run.clone()))?;
+    count(&row, "events_last", &format!("the event log of run {run}"))
+}
+
+pub(super) async fn kv_put(client: &impl GenericClient, scope: &str, key: &str, value: &str) -> Result<()> {
+    execute(
+        client,
+        "writing a kv value",
+        "INSERT INTO kv (scope, key, value) VALUES ($1, $2, $3) \
+         ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value",
+        &[&scope, &key, &value],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Appends to a thread under a transaction advisory lock of the thread (tenant and thread
+/// hashed: a collision only makes two threads wait for each other), since a thread has no
+/// row to lock until its first message: the next index and the idempotency key are read
+/// under it.
+pub(super) async fn thread_append(
+    transaction: &Transaction<'_>,
+    tenant: &str,
+    thread: &str,
+    message: &Blob,
+    idempotency_key: Option<&str>,
+    appended_at_ms: u64,
+) -> Result<u64> {
+    execute(
+        transaction,
+        "locking a thread",
+        "SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2))",
+        &[&tenant, &thread],
+    )
+    .await?;
+    let place = format!("thread {thread:?} of tenant {tenant:?}");
+    if let Some(key) = idempotency_key {
+        let earlier = query_opt(
+            transaction,
+            "looking up an idempotency key",
+            "SELECT idx FROM thread_messages WHERE tenant = $1 AND thread = $2 AND idempotency_key = $3",
+            &[&tenant, &thread, &key],
+        )
+        .await?;
+        if let Some(row) = earlier {
+            return count(&row, "idx", &place);
+        }
+    }
+    let next = query_opt(
+        transaction,
+        "finding the end of a thread",
+        "SELECT COALESCE(MAX(idx) + 1, 0) AS next FROM thread_messages WHERE tenant = $1 AND thread = $2",
+        &[&tenant, &thread],
+    )
+    .await?
+    .map_or(Ok(0), |row| count(&row, "next", &place))?;
+    put_blobs(transaction, &[message]).await?;
+    execute(
+        transaction,
+        "appending a thread message",
+        "INSERT INTO thread_messages (tenant, thread, idx, message_blob, idempotency_key, appended_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+        &[&tenant, &thread, &int(next), &message.hash, &idempotency_key, &int(appended_at_ms)],
+    )
+    .await?;
+    Ok(next)
+}
+
+/// Writes a record and its embedding (or removes a stale one) in one statement.
+pub(super) async fn mem_put(client: &impl GenericClient, record: &MemoryPut<'_>) -> Result<()> {
+    const UPSERT: &str = "WITH record AS ( \
+         INSERT INTO memory (tenant, namespace, key, value, text, updated_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (tenant, namespace, key) DO UPDATE SET \
+         value = excluded.value, text = excluded.text, updated_at_ms = excluded.updated_at_ms \
+         RETURNING id)";
+    let MemoryPut { tenant, namespace, key, value, text, embedding, updated_at_ms } = record;
+    let updated_at_ms = int(*updated_at_ms);
+    match embedding {
+        Some(embedding) => {
+            let dims = i32::try_from(embedding.vector.len()).unwrap_or(i32::MAX);
+            execute(
+                client,
+                "writing a memory record and its embedding",
+                &format!(
+                    "{UPSERT} INSERT INTO memory_embeddings (memory_id, model, dims, vector) \
+                     SELECT id, $7, $8, $9 FROM record ON CONFLICT (memory_id) DO UPDATE SET \
+                     model = excluded.model, dims = excluded.dims, vector = excluded.vector"
+                ),
+                &[
+                    tenant,
+                    namespace,
+                    key,
+                    value,
+                    text,
+                    &updated_at_ms,
+                    &embedding.model,
+                    &dims,
+                    &search::vector_to_bytes(&embedding.vector),
+                ],
+            )
+            .await?;
+        }
+        None => {
+            execute(
+                client,
+                "writing a memory record",
+                &format!("{UPSERT} DELETE FROM memory_embeddings USING record WHERE memory_id = record.id"),
+                &[tenant, namespace, key, value, text, &updated_at_ms],
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes a record; with an idempotency key, under an advisory lock of (tenant, key), so
+/// a retry racing the first attempt waits for it and then answers what it answered.
+pub(super) async fn mem_delete(
+    transaction: &Transaction<'_>,
+    tenant: &str,
+    namespace: &str,
+    key: &str,
+    idempotency_key: Option<&str>,
+) -> Result<bool> {
+    if let Some(idempotency_key) = idempotency_key {
+        execute(
+            transaction,
+            "locking a delete's idempotency key",
+            "SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2))",
+            &[&tenant, &idempotency_key],
+        )
+        .await?;
+        let earlier = query_opt(
+            transaction,
+            "looking up an idempotency key",
+            "SELECT deleted FROM memory_deletes WHERE tenant = $1 AND idempotency_key = $2",
+            &[&tenant, &idempotency_key],
+        )
+        .await?;
+        if let Some(row) = earlier {
+            return queries::column(&row, "deleted", "an earlier delete");
+        }
+    }
+    let deleted = execute(
+        transaction,
+        "deleting a memory record",
+        "DELETE FROM memory WHERE tenant = $1 AND namespace = $2 AND key = $3",
+        &[&tenant, &namespace, &key],
+    )
+    .await?
+        > 0;
+    if let Some(idempotency_key) = idempotency_key {
+        execute(
+            transaction,
+            "remembering a delete",
+            "INSERT INTO memory_deletes (tenant, idempotency_key, deleted) VALUES ($1, $2, $3)",
+            &[&tenant, &idempotency_key, &deleted],
+        )
+        .await?;
+    }
+    Ok(deleted)
+}
+
+/// Locks the run's row for the rest of the transaction and returns its tenant;
+/// `RunNotFound` when there is none. `FOR NO KEY UPDATE`, the lock an `UPDATE` of the row
+/// takes: it orders this transaction with every other write to the run, but not with the
+/// foreign-key checks of rows that reference the run (an event appended meanwhile).
+async fn lock_run(transaction: &Transaction<'_>, run: &RunId) -> Result<String> {
+    let row = query_opt(
+        transaction,
+        "locking a run",
+        "SELECT tenant FROM runs WHERE id = $1 FOR NO KEY UPDATE",
+        &[&run.as_str()],
+    )
+    .await?
+    .ok_or_else(|| Error::RunNotFound(run.clone()))?;
+    queries::column(&row, "tenant", &format!("run {run}"))
+}
+
+/// Sends under the target run's row lock, so the capacity check, the seq and the insert
+/// see every other send and receive of that mailbox.
+pub(super) async fn mailbox_send(
+    transaction: &Transaction<'_>,
+    to: &RunId,
+    message: &NewMessage,
+    text: &str,
+) -> Result<Seq> {
+    let owner = lock_run(transaction, to).await.map(Some).or_else(|error| match error {
+        Error::RunNotFound(_) => Ok(None),
+        other => Err(other),
+    })?;
+    mailbox::check_owner(to, owner.as_deref(), &message.tenant)?;
+    deliver(transaction, to, message, text).await
+}
+
+/// Puts a message in a mailbox whose run row the transaction holds locked: the seq of an
+/// earlier delivery under the same key, else `MailboxFull` or the new seq.
+async fn deliver(transaction: &Transaction<'_>, to: &RunId, message: &NewMessage, text: &str) -> Result<Seq> {
+    let place = format!("the mailbox of run {to}");
+    if let Some(key) = &message.idempotency_key {
+        let earlier = query_opt(
+            transaction,
+            "looking up a send's idempotency key",
+            "SELECT seq FROM mailbox WHERE run_id = $1 AND send_key = $2",
+            &[&to.as_str(), key],
+        )
+        .await?;
+        if let Some(row) = earlier {
+            return count(&row, "seq", &place);
+        }
+    }
+    let row = query_opt(
+        transaction,
+        "reading the state of a mailbox",
+        "SELECT COUNT(*) FILTER (WHERE receive_key IS NULL) AS undelivered, COALESCE(MAX(seq), 0) AS last \
+         FROM mailbox WHERE run_id = $1",
+        &[&to.as_str()],
+    )
+    .await?
+    .ok_or_else(|| Error::Corrupt(format!("{place}: an aggregate returned no row")))?;
+    mailbox::check_room(to, count(&row, "undelivered", &place)?, message.capacity)?;
+    let next = count(&row, "last", &place)? + 1;
+    execute(
+        transaction,
+        "putting a message in a mailbox",
+        "INSERT INTO mailbox (run_id, seq, from_run, message, correlation_id, topic, send_key, sent_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        &[
+            &to.as_str(),
+            &int(next),
+            &message.from.as_ref().map(RunId::as_str),
+            &text,
+            &message.correlation_id,
+            &message.topic,
+            &message.idempotency_key,
+            &int(message.sent_at_ms),
+        ],
+    )
+    .await?;
+    Ok(next)
+}
+
+pub(super) async fn topic_subscribe(
+    transaction: &Transaction<'_>,
+    tenant: &str,
+    topic: &str,
+    run: &RunId,
+    subscribe: bool,
+) -> Result<()> {
+    let owner = queries::run_tenant(transaction, run).await?;
+    mailbox::check_owner(run, owner.as_deref(), tenant)?;
+    let sql = if subscribe {
+        "INSERT INTO subscriptions (tenant, topic, run_id) VALUES ($1, $2, $3) \
+         ON CONFLICT (tenant, topic, run_id) DO NOTHING"
+    } else {
+        "DELETE FROM subscriptions WHERE tenant = $1 AND topic = $2 AND run_id = $3"
+    };
+    execute(transaction, "changing a topic subscription", sql, &[&tenant, &topic, &run.as_str()]).await?;
+    Ok(())
+}
+
+/// Delivers to every live subscriber, locking their runs in id order (the order every
+/// publish takes them in, so two publishes never wait on each other in a cycle); a full
+/// mailbox fails the whole transaction.
+pub(super) async fn topic_publish(
+    transaction: &Transaction<'_>,
+    topic: &str,
+    message: &NewMessage,
+    text: &str,
+) -> Result<Vec<(RunId, Seq)>> {
+    let ended: Vec<&str> =
+        [RunState::Succeeded, RunState::Failed, RunState::Cancelled].map(RunState::as_str).to_vec();
+    let rows = query_rows(
+        transaction,
+        "listing a topic's subscribers",
+        "SELECT s.run_id FROM subscriptions s JOIN runs r ON r.id = s.run_id \
+         WHERE s.tenant = $1 AND s.topic = $2 AND r.state <> ALL($3) ORDER BY s.run_id",
+        &[&message.tenant, &topic, &ended],
+    )
+    .await?;
+    let message = NewMessage { topic: Some(topic.to_owned()), ..message.clone() };
+    let mut delivered = Vec::with_capacity(rows.len());
+    for row in rows {
+        let text_id: String = queries::column(&row, "run_id", &format!("a subscriber of topic {topic:?}"))?;
+        let run = RunId::parse(&text_id)
+            .map_err(|error| Error::Corrupt(format!("a subscriber of topic {topic:?}: {error}")))?;
+        lock_run(transaction, &run).await?;
+        let seq = deliver(transaction, &run, &message, text).await?;
+        delivered.push((run, seq));
+    }
+    Ok(delivered)
+}
+
+/// Takes the oldest undelivered message under the run's row lock, so two receives never
+/// take the same one.
+pub(super) async fn mailbox_receive(
+    transaction: &Transaction<'_>,
+    run: &RunId,
+    key: Option<&str>,
+) -> Result<Option<MailboxMessage>> {
+    lock_run(transaction, run).await?;
+    if let Some(key) = key {
+        let earlier = query_opt(
+            transaction,
+            "reading a mailbox message",
+            &format!(
+                "SELECT {} FROM mailbox WHERE run_id = $1 AND receive_key = $2",
+                queries::MAILBOX_COLUMNS
+            ),
+            &[&run.as_str(), &key],
+        )
+        .await?;
+        if let Some(row) = earlier {
+            return queries::decode_message(&row, run).map(Some);
+        }
+    }
+    let oldest = query_opt(
+        transaction,
+        "reading a mailbox message",
+        &format!(
+            "SELECT {} FROM mailbox WHERE run_id = $1 AND receive_key IS NULL ORDER BY seq LIMIT 1",
+            queries::MAILBOX_COLUMNS
+        ),
+        &[&run.as_str()],
+    )
+    .await?;
+    let Some(row) = oldest else {
+        return Ok(None);
+    };
+    let message = queries::decode_message(&row, run)?;
+    let marker = key.map_or_else(|| mailbox::delivered_marker(message.seq), str::to_owned);
+    execute(
+        transaction,
+        "marking a mailbox message delivered",
+        "UPDATE mailbox SET receive_key = $3 WHERE run_id = $1 AND seq = $2",
+        &[&run.as_str(), &int(message.seq), &marker],
+    )
+    .await?;
+    Ok(Some(message))
+}
+
+/// The last nodes of message chains this store committed, so that an append re-sending a
+/// conversation finds where its stored prefix ends without asking the database: a stored
+/// node implies its whole prefix is stored (nodes are written prefix first and never
+/// deleted), so the end of each committed chain is all it needs to remember. Bounded: when
+/// full it starts over, and a miss only costs one lookup.
+#[derive(Debug, Default)]
+pub(super) struct ChainEnds {
+    ends: Mutex<HashSet<String>>,
+}
+
+impl ChainEnds {
+    /// How many chain ends are remembered before starting over (about 100 bytes each).
+    const CAPACITY: usize = 16_384;
+
+    /// Chains of at most this many nodes whose stored prefix is unknown are written whole
+    /// (a conflict is nothing to do) rather than looked up first: a lookup is a round trip,
+    /// and a few short messages cost less than one.
+    const WRITE_BLIND: usize = 4;
+
+    /// The links of `links` not stored yet, or a superset of them: the suffix after the
+    /// last remembered node; when none is remembered, short chains whole and long ones
+    /// after what one query finds stored (`chain::unstored_links` either way).
+    pub(super) async fn unstored<'a>(
+        &self,
+        client: &impl GenericClient,
+        links: &'a [ChainLink],
+    ) -> Result<&'a [ChainLink]> {
+        let remembered = {
+            let ends = self.ends.lock().unwrap_or_else(PoisonError::into_inner);
+            chain::unstored_links(links, |link| Ok(ends.contains(&link.hash)))?
+        };
+        if remembered.len() < links.len() || links.len() <= Self::WRITE_BLIND {
+            return Ok(remembered);
+        }
+        let hashes: Vec<&str> = links.iter().map(|link| link.hash.as_str()).collect();
+        let rows = query_rows(
+            client,
+            "looking up message chain nodes",
+            "SELECT hash FROM message_chain WHERE hash = ANY($1)",
+            &[&hashes],
+        )
+        .await?;
+        let stored: HashSet<String> = rows.iter().map(|row| row.get(0)).collect();
+        chain::unstored_links(links, |link| Ok(stored.contains(&link.hash)))
+    }
+
+    /// Remembers that the chain ending at `links`' last node is stored (call once its
+    /// transaction committed).
+    pub(super) fn committed(&self, links: &[ChainLink]) {
+        let Some(last) = links.last() else {
+            return;
+        };
+        let mut ends = self.ends.lock().unwrap_or_else(PoisonError::into_inner);
+        if ends.len() >= Self::CAPACITY {
+            ends.clear();
+        }
+        ends.insert(last.hash.clone());
+    }
+}
+
+/// Inserts message chain nodes given as arrays (hash, prev, message blob), in hash order.
+const PUT_CHAIN: &str = "INSERT INTO message_chain (hash, prev, message_blob) \
+     SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) ORDER BY 1 ON CONFLICT (hash) DO NOTHING";
+
+/// Inserts blobs given as arrays (hash, size, bytes), in hash order.
+const PUT_BLOBS: &str = "INSERT INTO blobs (hash, size, bytes) \
+     SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[]) ORDER BY 1 ON CONFLICT (hash) DO NOTHING";
+
+/// Stores message chain nodes (their message blobs are in the same transaction's
+/// `put_blobs`). Content-addressed: a node another transaction stores at the same time is
+/// the same node, so a conflict is nothing to do.
+async fn put_chain(transaction: &Transaction<'_>, links: &[ChainLink]) -> Result<()> {
+    if links.is_empty() {
+        return Ok(());
+    }
+    let hashes: Vec<&str> = links.iter().map(|link| link.hash.as_str()).collect();
+    let prevs: Vec<Option<&str>> = links.iter().map(|link| link.prev.as_deref()).collect();
+    let messages: Vec<&str> = links.iter().map(|link| link.message.hash.as_str()).collect();
+    execute(transaction, "storing message chain nodes", PUT_CHAIN, &[&hashes, &prevs, &messages]).await?;
+    Ok(())
+}
+
+/// Stores payloads once each, in one statement. In hash order, so two transactions
+/// storing the same blobs wait for each other in one order, never in a cycle.
+pub(super) async fn put_blobs(client: &impl GenericClient, blobs: &[&Blob]) -> Result<()> {
+    if blobs.is_empty() {
+        return Ok(());
+    }
+    let hashes: Vec<&str> = blobs.iter().map(|blob| blob.hash.as_str()).collect();
+    let sizes: Vec<i64> = blobs.iter().map(|blob| int(blob.bytes.len() as u64)).collect();
+    let bytes: Vec<&[u8]> = blobs.iter().map(|blob| blob.bytes.as_slice()).collect();
+    execute(client, "storing payload blobs", PUT_BLOBS, &[&hashes, &sizes, &bytes]).await?;
+    Ok(())
+}

@@ -1,0 +1,398 @@
+//! The Postgres backend against the conformance suite, and what is particular to a
+//! database server: reconnecting, schema versions, the durability check, unreachable
+//! servers, `search_path`, dropped connections, dump and restore.
+
+use std::sync::Arc;
+
+use keel_store::{AuditRecord, DumpItem, Error, NewEvent, PgStore, RunPatch, Store, conformance};
+use keel_types::RunState;
+use serde_json::json;
+
+use crate::new_run;
+use crate::pg_database::TestDatabase;
+
+async fn connect(url: &str) -> PgStore {
+    PgStore::connect(url).await.unwrap_or_else(|error| panic!("connecting to {url}: {error}"))
+}
+
+/// A raw connection to the test database, for checks and tampering outside the store.
+async fn raw(db: &TestDatabase) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conformance_suite_on_a_fresh_database() {
+    let db = TestDatabase::create().await;
+    conformance::run_all(Arc::new(connect(db.url()).await)).await;
+}
+
+/// The suite must also hold on a store that already has data, and on the
+/// single-threaded runtime where every task interleaves on one thread.
+#[tokio::test(flavor = "current_thread")]
+async fn conformance_suite_twice_on_one_database_single_threaded() {
+    let db = TestDatabase::create().await;
+    let store: Arc<dyn Store> = Arc::new(connect(db.url()).await);
+    conformance::run_all(Arc::clone(&store)).await;
+    conformance::run_all(store).await;
+}
+
+/// Semantic search says how it finds its hits: always a scan, and whether the server
+/// could offer pgvector instead.
+#[tokio::test]
+async fn semantic_search_says_it_scans() {
+    let db = TestDatabase::create().await;
+    let store = connect(db.url()).await;
+    let pgvector: bool = raw(&db)
+        .await
+        .query_one("SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'vector')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let expected = if pgvector {
+        "brute-force scan (pgvector is available on this server, but Keel does not use it yet)"
+    } else {
+        "brute-force scan (pgvector not installed on this server)"
+    };
+    assert_eq!(store.semantic_index(), expected);
+}
+
+#[tokio::test]
+async fn a_new_connection_sees_everything_and_seqs_continue() {
+    let db = TestDatabase::create().await;
+    let store = connect(db.url()).await;
+    let run = store.create_run(new_run(1_000)).await.unwrap().id;
+    store
+        .update_run(
+            &run,
+            Some(RunState::Created),
+            RunPatch { state: Some(RunState::Running), ..RunPatch::default() },
+        )
+        .await
+        .unwrap();
+    let event = NewEvent { ts_ms: 1_003, kind: "stdout".to_owned(), data: json!("line") };
+    store.append_events(&run, vec![event]).await.unwrap();
+    store.kv_put("scope", "key", json!({"v": 1})).await.unwrap();
+    let run_before = store.get_run(&run).await.unwrap();
+    let stats_before = store.stats().await.unwrap();
+    drop(store);
+
+    let store = connect(db.url()).await;
+    assert_eq!(store.get_run(&run).await.unwrap(), run_before);
+    assert_eq!(store.stats().await.unwrap(), stats_before);
+    assert_eq!(store.kv_get("scope", "key").await.unwrap(), Some(json!({"v": 1})));
+    assert_eq!(store.append_events(&run, vec![]).await.unwrap(), 1, "seqs continue after a reconnect");
+}
+
+/// A store that did not write a conversation's start (another node, or before a restart)
+/// finds its stored prefix in the database and writes only the new messages.
+#[tokio::test]
+async fn a_conversation_another_store_began_stores_only_its_new_messages() {
+    let db = TestDatabase::create().await;
+    let (first, second) = (connect(db.url()).await, connect(db.url()).await);
+    let run = first.create_run(new_run(1)).await.unwrap().id;
+    let message =
+        |i: usize| json!({"role": "user", "content": format!("message {i}: {}", "x".repeat(1_000))});
+    let entry = |messages: Vec<serde_json::Value>| keel_store::NewEntry {
+        method: "llm.chat".to_owned(),
+        params: json!({"messages": messages}),
+        params_hash: "h".to_owned(),
+        status: keel_types::EntryStatus::Pending,
+        result: None,
+        error: None,
+        attempt: 1,
+        started_at_ms: 1,
+        finished_at_ms: None,
+        usage: keel_types::Usage::default(),
+    };
+    first.append_entry(&run, entry((0..10).map(message).collect())).await.unwrap();
+    let before = second.stats().await.unwrap();
+    second.append_entry(&run, entry((0..11).map(message).collect())).await.unwrap();
+    let after = second.stats().await.unwrap();
+    assert_eq!(after.blobs - before.blobs, 2, "the new message and the params blob: {before:?} {after:?}");
+    assert!(after.blob_bytes - before.blob_bytes < 2_000, "{before:?} {after:?}");
+    let journal = second.journal(&run, 0).await.unwrap();
+    assert_eq!(journal[1].params, json!({"messages": (0..11).map(message).collect::<Vec<_>>()}));
+}
+
+/// Nodes starting at once on a new database migrate one at a time (the advisory lock):
+/// every one connects, and the schema is recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_connecting_at_once_migrate_once() {
+    let db = TestDatabase::create().await;
+    let connects: Vec<_> = (0..4)
+        .map(|_| {
+            let url = db.url().to_owned();
+            tokio::spawn(async move { PgStore::connect(&url).await })
+        })
+        .collect();
+    for connect in connects {
+        let store =
+            connect.await.unwrap().unwrap_or_else(|error| panic!("a concurrent connect failed: {error}"));
+        assert!(store.is_empty().await.unwrap());
+    }
+    let versions: i64 =
+        raw(&db).await.query_one("SELECT COUNT(*) FROM keel_schema_version", &[]).await.unwrap().get(0);
+    assert_eq!(versions, keel_store::postgres::SCHEMA_VERSION as i64, "each migration recorded once");
+}
+
+#[tokio::test]
+async fn connect_refuses_a_schema_newer_than_it_knows() {
+    let db = TestDatabase::create().await;
+    drop(connect(db.url()).await);
+    raw(&db).await.batch_execute("INSERT INTO keel_schema_version (version) VALUES (99)").await.unwrap();
+    match PgStore::connect(db.url()).await {
+        Err(error @ Error::Backend { .. }) => {
+            let message = error.to_string();
+            let newer = format!(
+                "schema version 99, newer than the {} this build",
+                keel_store::postgres::SCHEMA_VERSION
+            );
+            assert!(message.contains(&newer), "{message}");
+        }
+        Err(other) => panic!("expected a schema version error, got {other}"),
+        Ok(_) => panic!("a database from a newer keel must be refused"),
+    }
+}
+
+/// The durability check runs at connect: a database whose sessions default to
+/// `synchronous_commit=off` is refused, saying why and how to fix it.
+#[tokio::test]
+async fn connect_refuses_a_server_that_acknowledges_commits_before_flushing() {
+    let db = TestDatabase::create().await;
+    raw(&db)
+        .await
+        .batch_execute(&format!("ALTER DATABASE {} SET synchronous_commit = off", db.name()))
+        .await
+        .unwrap();
+    match PgStore::connect(db.url()).await {
+        Err(error) => {
+            let message = error.to_string();
+            assert!(message.contains("synchronous_commit=off"), "{message}");
+            assert!(message.contains("durable on return"), "{message}");
+        }
+        Ok(_) => panic!("a server with synchronous_commit=off must be refused"),
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_unavailable_and_the_password_stays_hidden() {
+    // Port 1 on the loopback: nothing listens there, so the connection is refused.
+    let url = "postgres://keel:s3cret@127.0.0.1:1/keel";
+    match PgStore::connect(url).await {
+        Err(error @ Error::Unavailable { .. }) => {
+            let message = error.to_string();
+            assert!(message.contains("postgres://keel:***@127.0.0.1:1/keel"), "{message}");
+            assert!(!message.contains("s3cret"), "{message}");
+            assert!(message.to_lowercase().contains("refused"), "the cause: {message}");
+            assert_eq!(message.matches("refused").count(), 1, "the cause once: {message}");
+        }
+        Err(other) => panic!("expected Unavailable, got {other:?}"),
+        Ok(_) => panic!("nothing listens on port 1"),
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_database_is_named_without_the_password() {
+    let url = crate::pg_database::url_of_database("keel_test_missing");
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{separator}password=s3cret");
+    match PgStore::connect(&url).await {
+        Err(error) => {
+            let message = error.to_string();
+            assert!(message.contains("keel_test_missing") && message.contains("password=***"), "{message}");
+            assert!(!message.contains("s3cret"), "{message}");
+        }
+        Ok(_) => panic!("the database does not exist"),
+    }
+}
+
+#[tokio::test]
+async fn a_malformed_url_is_refused_clearly() {
+    match PgStore::connect("postgres://keel:s3cret@db:notaport/keel").await {
+        Err(error @ Error::Backend { .. }) => {
+            let message = error.to_string();
+            assert!(message.contains("not a Postgres connection string"), "{message}");
+            assert!(!message.contains("s3cret"), "{message}");
+        }
+        Err(other) => panic!("expected a URL error, got {other:?}"),
+        Ok(_) => panic!("the port is not a number"),
+    }
+}
+
+#[tokio::test]
+async fn tables_live_in_the_schema_the_url_names() {
+    let db = TestDatabase::create().await;
+    let raw = raw(&db).await;
+    raw.batch_execute("CREATE SCHEMA keel_app").await.unwrap();
+    let store = connect(&db.url_with("options=-csearch_path%3Dkeel_app")).await;
+    store.create_run(new_run(1)).await.unwrap();
+    let row = raw
+        .query_one("SELECT to_regclass('keel_app.runs')::text, to_regclass('public.runs')::text", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some("keel_app.runs"));
+    assert_eq!(row.get::<_, Option<String>>(1), None, "nothing may be created in public");
+    let runs: i64 = raw.query_one("SELECT COUNT(*) FROM keel_app.runs", &[]).await.unwrap().get(0);
+    assert_eq!(runs, 1);
+
+    match PgStore::connect(&db.url_with("options=-csearch_path%3Dmissing")).await {
+        Err(error) => assert!(error.to_string().contains("CREATE SCHEMA"), "{error}"),
+        Ok(_) => panic!("a search_path naming no existing schema has nowhere to create tables"),
+    }
+}
+
+/// A connection the server ends (a restart, an operator's pg_terminate_backend) fails
+/// the call in progress as `Unavailable`, writing nothing; the pool then opens new ones. The call is held
+/// in progress deterministically: it waits for a thread's advisory lock, which a raw
+/// connection holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_ended_by_the_server_is_unavailable_then_replaced() {
+    let db = TestDatabase::create().await;
+    let store = connect(db.url()).await;
+    let raw = raw(&db).await;
+    raw.execute("SELECT pg_advisory_lock(hashtext('t'), hashtext('chat'))", &[]).await.unwrap();
+    let append = tokio::spawn({
+        let store = store.clone();
+        async move { store.thread_append("t", "chat", json!("hello"), None, 1).await }
+    });
+    let waiting = "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'";
+    let mut attempts = 0;
+    while raw.query(waiting, &[&db.name()]).await.unwrap().is_empty() {
+        attempts += 1;
+        assert!(attempts < 1_000, "the append never waited for the thread's lock");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    raw.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+        &[&db.name()],
+    )
+    .await
+    .unwrap();
+    match append.await.unwrap() {
+        Err(Error::Unavailable { .. }) => {}
+        other => panic!("a call whose connection the server ended must be Unavailable, got {other:?}"),
+    }
+    raw.execute("SELECT pg_advisory_unlock_all()", &[]).await.unwrap();
+    // Idle connections the server also ended may each fail one call, as Unavailable, until
+    // the pool has replaced them.
+    let mut attempts = 0;
+    let index = loop {
+        match store.thread_append("t", "chat", json!("again"), None, 2).await {
+            Ok(index) => break index,
+            Err(Error::Unavailable { .. }) if attempts < 40 => attempts += 1,
+            Err(other) => panic!("the pool must reconnect, got {other:?}"),
+        }
+    };
+    assert_eq!(index, 0, "the failed append wrote nothing");
+}
+
+#[tokio::test]
+async fn the_audit_table_refuses_update_delete_and_truncate() {
+    let db = TestDatabase::create().await;
+    let store = connect(db.url()).await;
+    let record = AuditRecord {
+        tenant: "t".to_owned(),
+        run_id: None,
+        at_ms: 1,
+        actor: "kernel".to_owned(),
+        action: "egress".to_owned(),
+        subject: "host".to_owned(),
+        outcome: "allowed".to_owned(),
+        detail: json!({}),
+    };
+    store.audit_append(vec![record]).await.unwrap();
+    let raw = raw(&db).await;
+    for sql in ["UPDATE audit SET outcome = 'denied'", "DELETE FROM audit", "TRUNCATE audit"] {
+        let error = raw.batch_execute(sql).await.expect_err(sql);
+        let message = error.as_db_error().map_or_else(|| error.to_string(), |db| db.message().to_owned());
+        assert!(message.contains("append-only"), "{sql}: {message}");
+    }
+    assert_eq!(store.audit_verify().await.unwrap().broken, None);
+}
+
+/// Everything the conformance suite writes, dumped, restored into an empty database in
+/// batches, and dumped again, is the same sequence; the copy is a working store (seqs and
+/// the audit chain continue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dump_and_restore_copy_a_store_exactly() {
+    let source_db = TestDatabase::create().await;
+    let source = Arc::new(connect(source_db.url()).await);
+    conformance::run_all(Arc::clone(&source) as Arc<dyn Store>).await;
+    let original = dump_all(&*source).await;
+    assert!(original.len() > 1_000, "the suite writes plenty: {}", original.len());
+
+    let target_db = TestDatabase::create().await;
+    let target = connect(target_db.url()).await;
+    assert!(target.is_empty().await.unwrap());
+    for batch in original.chunks(keel_store::dump::DUMP_BATCH) {
+        target.restore(batch.to_vec()).await.unwrap();
+    }
+    assert!(!target.is_empty().await.unwrap());
+    let copy = dump_all(&target).await;
+    assert_eq!(copy.len(), original.len());
+    for (index, (a, b)) in original.iter().zip(&copy).enumerate() {
+        assert_eq!(a, b, "item {index} differs");
+    }
+    assert_eq!(target.stats().await.unwrap(), source.stats().await.unwrap());
+    let verified = target.audit_verify().await.unwrap();
+    assert_eq!((verified.broken, verified.entries), (None, source.audit_verify().await.unwrap().entries));
+
+    let run = original
+        .iter()
+        .find_map(|item| match item {
+            DumpItem::Entry { run, entry } if entry.seq > 1 => Some(run.clone()),
+            _ => None,
+        })
+        .expect("a run with a journal");
+    let last = source.journal(&run, 0).await.unwrap().last().map(|entry| entry.seq).unwrap();
+    let entry = keel_store::NewEntry {
+        method: "after.restore".to_owned(),
+        params: json!({}),
+        params_hash: "h".to_owned(),
+        status: keel_types::EntryStatus::Pending,
+        result: None,
+        error: None,
+        attempt: 1,
+        started_at_ms: 1,
+        finished_at_ms: None,
+        usage: keel_types::Usage::default(),
+    };
+    assert_eq!(target.append_entry(&run, entry).await.unwrap(), last + 1, "the journal continues");
+
+    let conflict = target.restore(original[..1].to_vec()).await;
+    assert!(
+        matches!(conflict, Err(Error::Backend { .. })),
+        "an item already there is an error: {conflict:?}"
+    );
+}
+
+async fn dump_all(store: &dyn Store) -> Vec<DumpItem> {
+    let (sink, mut batches) = tokio::sync::mpsc::channel(4);
+    let (dumped, items) = tokio::join!(store.dump(sink), async {
+        let mut items = Vec::new();
+        while let Some(batch) = batches.recv().await {
+            assert!(batch.len() <= keel_store::dump::DUMP_BATCH);
+            items.extend(batch);
+        }
+        items
+    });
+    dumped.unwrap();
+    items
+}
+
+/// The conformance round trip between every pair of backends: an SQLite installation
+/// moved to Postgres (what `keel migrate` does), back, and Postgres to Postgres.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dump_and_restore_between_backends() {
+    let file = crate::TestDb::new();
+    let to_postgres = TestDatabase::create().await;
+    conformance::dump_and_restore(Arc::new(file.open()), Arc::new(connect(to_postgres.url()).await)).await;
+    let from_postgres = TestDatabase::create().await;
+    let back = crate::TestDb::new();
+    conformance::dump_and_restore(Arc::new(connect(from_postgres.url()).await), Arc::new(back.open())).await;
+    let (one, two) = (TestDatabase::create().await, TestDatabase::create().await);
+    conformance::dump_and_restore(Arc::new(connect(one.url()).await), Arc::new(connect(two.url()).await))
+        .await;
+}
