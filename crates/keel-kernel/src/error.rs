@@ -47,8 +47,20 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// This node cannot serve the request now (it is draining, or its store is out of
+    /// reach); another node, or a retry, can.
+    #[error("{0}")]
+    Unavailable(String),
     #[error(transparent)]
     Store(#[from] keel_store::Error),
+}
+
+impl Error {
+    /// Whether a retry (here or on another node) may succeed: the node is draining or the
+    /// store is out of reach for now.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Unavailable(_) | Error::Store(keel_store::Error::Unavailable { .. }))
+    }
 }
 
 /// [`SyscallError`]: how a syscall fails inside the kernel. Typed by its

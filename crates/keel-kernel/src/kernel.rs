@@ -3,6 +3,7 @@
 //! `pub(crate)`: the methods here are the kernel's whole surface.
 
 mod audit;
+mod cluster;
 mod tenants;
 
 use std::collections::HashMap;
@@ -63,6 +64,17 @@ pub struct KernelOptions {
     pub swap_after: Option<Duration>,
     /// The `[scheduler]` table of keel.toml: caps on live runs, the queue, aging, weights.
     pub scheduler: crate::admission::SchedulerConfig,
+    /// Membership of a cluster of nodes sharing the store (`keel serve --store
+    /// postgres://...`), already joined; `None` for a kernel alone with its store.
+    pub cluster: Option<ClusterMember>,
+}
+
+/// This kernel as one node of a cluster: its membership and how often it must renew it.
+#[derive(Clone)]
+pub struct ClusterMember {
+    pub cluster: Arc<dyn keel_store::cluster::Cluster>,
+    /// The lifetime of a heartbeat; renewed every third of it.
+    pub lease_ttl: Duration,
 }
 
 /// The kernel. Cheap to clone; every clone is the same kernel.
@@ -92,6 +104,10 @@ pub(crate) struct Inner {
     pub(crate) transitions: Mutex<HashMap<RunId, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) events: EventLog,
     pub(crate) shutting_down: AtomicBool,
+    /// Set by `drain`: no new syscall starts, and no new run is taken.
+    pub(crate) draining: AtomicBool,
+    /// Fired by `request_drain` (`POST /v1/drain`); the binary serving the node drains it.
+    pub(crate) drain_requested: tokio::sync::Notify,
     /// Wake-ups for mailbox waiters (see `crate::syscall::ipc`).
     pub(crate) mailboxes: crate::mailboxes::Mailboxes,
     /// Admission control (caps on live runs, the queue).
@@ -110,6 +126,10 @@ pub(crate) struct Inner {
     pub(crate) tools: crate::tools::Registry,
     /// Interpreter workers for `code.exec`.
     pub(crate) interp: Option<keel_interp::Pool>,
+    /// This node's cluster membership, when it shares its store with other nodes.
+    pub(crate) cluster: Option<ClusterMember>,
+    /// The cluster's shared secret (see `Cluster::secret`), with `cluster`.
+    pub(crate) cluster_secret: Option<String>,
     /// Held for the kernel's life; dropping it releases the data directory.
     pub(crate) _lock: LockedDataDir,
 }
@@ -123,10 +143,15 @@ impl Kernel {
     /// never mistaken for an interrupted one. The daemon recovers; the kernel embedded in
     /// a foreground `keel run` does not (the runs would end with it).
     pub async fn start_recovery(&self) -> Result<()> {
+        // A node of a cluster recovers only what it claims (its own runs from before a
+        // restart among them): see `run/cluster.rs`.
+        if self.inner.cluster.is_some() {
+            return Ok(());
+        }
         let interrupted = self.interrupted_runs().await?;
         let kernel = self.clone();
         tokio::spawn(async move {
-            if let Err(err) = kernel.recover_all(interrupted).await {
+            if let Err(err) = kernel.recover_all(interrupted, true).await {
                 tracing::error!("recovery of interrupted runs stopped: {err}");
             }
         });
@@ -146,6 +171,10 @@ impl Kernel {
         let (launches, mut launch_requests) = tokio::sync::mpsc::unbounded_channel::<RunId>();
         let admissions = crate::admission::Admissions::new(&options.scheduler);
         let swap_after = options.swap_after;
+        let cluster_secret = match &options.cluster {
+            Some(member) => Some(member.cluster.secret().await?),
+            None => None,
+        };
         let kernel = Kernel {
             inner: Arc::new(Inner {
                 store,
@@ -163,6 +192,8 @@ impl Kernel {
                 transitions: Mutex::default(),
                 events,
                 shutting_down: AtomicBool::new(false),
+                draining: AtomicBool::new(false),
+                drain_requested: tokio::sync::Notify::new(),
                 mailboxes: crate::mailboxes::Mailboxes::default(),
                 run_ended: tokio::sync::Notify::new(),
                 stop_trees,
@@ -174,6 +205,8 @@ impl Kernel {
                 interp: options
                     .interp_worker
                     .map(|worker| keel_interp::Pool::new(keel_interp::PoolConfig { worker, size: 2 })),
+                cluster: options.cluster,
+                cluster_secret,
                 _lock: options.data_dir,
             }),
         };
@@ -193,6 +226,7 @@ impl Kernel {
         if let Some(threshold) = swap_after {
             kernel.spawn_swapper(threshold);
         }
+        kernel.spawn_cluster_duties();
         let stopper = kernel.clone();
         tokio::spawn(async move {
             while let Some((run, grace)) = stop_requests.recv().await {
@@ -230,6 +264,15 @@ impl Kernel {
         self.inner.sandbox.shutdown().await;
         self.inner.tools.close().await;
         self.inner.events.flush().await;
+        // Among several nodes, the others take this node's runs over at once (by
+        // replay) rather than after its heartbeat lapses.
+        if let Some(member) = &self.inner.cluster
+            && let Err(err) = member.cluster.leave().await
+        {
+            tracing::warn!(
+                "could not hand this node's runs over (the others take them when its heartbeat lapses): {err}"
+            );
+        }
         let _ = std::fs::remove_file(self.inner.data_dir.syscall_socket());
     }
 

@@ -41,7 +41,7 @@ pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
 }
 pub use error::{Error, Result};
 pub use events::EventStream;
-pub use kernel::{AuditQuery, Kernel, KernelOptions, RunQuery};
+pub use kernel::{AuditQuery, ClusterMember, Kernel, KernelOptions, RunQuery};
 pub use paths::{DataDir, LockedDataDir};
 pub use run::{Command, CreateRun};
 pub use syscall::RunHandle;

@@ -488,6 +488,50 @@ pub struct HealthView {
     /// LLMs).
     #[serde(default)]
     pub llm_providers: Vec<String>,
+    /// Whether the kernel's store answers: `ok`, or `unreachable: <cause>` (a Postgres
+    /// server down or restarting; runs wait for it rather than fail). Empty from a kernel
+    /// older than this field.
+    #[serde(default)]
+    pub store: String,
+}
+
+/// `GET /v1/nodes`: the kernel nodes sharing this node's store.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodesView {
+    /// The store's backend: `sqlite` (one kernel alone with it) or `postgres`.
+    pub store: String,
+    /// The id of the node that answered (absent without a cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub this_node: Option<String>,
+    /// Every node that has joined, by id (empty without a cluster).
+    pub nodes: Vec<NodeView>,
+}
+
+/// `POST /v1/drain`: the node drains (hands its runs over) and exits.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DrainView {
+    pub node: String,
+    /// The runs with an agent on the node, which the other nodes take over by replay.
+    pub runs: u64,
+}
+
+/// One kernel node of a cluster.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeView {
+    pub id: String,
+    /// Where it serves the HTTP API (`host:port`).
+    pub addr: String,
+    /// The keel version it runs.
+    pub version: String,
+    pub started_at_ms: u64,
+    /// Its last heartbeat, by the database's clock.
+    pub heartbeat_at_ms: u64,
+    /// Whether its heartbeat is current; a node that is not live has its runs taken over.
+    pub live: bool,
+    /// It takes no new runs and hands its live ones over.
+    pub draining: bool,
+    /// The runs it holds (their leases).
+    pub runs: u64,
 }
 
 /// `PUT /v1/memory/{namespace}/{key}`: write a long-term record.

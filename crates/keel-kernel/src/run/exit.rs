@@ -24,8 +24,13 @@ impl Kernel {
         let kernel = self.clone();
         tokio::spawn(async move {
             let status = child.wait().await;
-            // Whatever the agent left behind dies with it: the run is its whole tree.
-            tree::kill_tree(Some(live.pid), live.id.as_str());
+            // Whatever the agent left behind dies with it: the run is its whole tree. (A run
+            // another node took over: only this node's group, see `Kernel::lose`.)
+            if kernel.lost(&live) {
+                tree::signal_group(live.pid, Signal::SIGKILL);
+            } else {
+                tree::kill_tree(Some(live.pid), live.id.as_str());
+            }
             for pump in [stdout, stderr].into_iter().flatten() {
                 let _ = pump.await;
             }
@@ -76,6 +81,9 @@ impl Kernel {
         if self.inner.shutting_down.load(Ordering::SeqCst) {
             return; // The next kernel recovers the run.
         }
+        if live.lost.load(Ordering::SeqCst) {
+            return; // Another node took the run over and brings it back by replay.
+        }
         if live.swapping.load(Ordering::SeqCst)
             && !live.stopping.load(Ordering::SeqCst)
             && !live.exited.load(Ordering::SeqCst)
@@ -115,7 +123,15 @@ impl Kernel {
             error: Some(error),
             ..RunPatch::default()
         };
-        if let Err(err) = self.transition(&live.id, command, patch).await {
+        // An agent that ends while the store is away must not leave its run `running`
+        // with nobody to end it: the end waits for the store, unless this kernel is
+        // stopping (the next one recovers the run) or the run went to another node.
+        let still_here =
+            || !self.inner.shutting_down.load(Ordering::SeqCst) && !live.lost.load(Ordering::SeqCst);
+        let ended = self
+            .while_unavailable(&live.id, still_here, || self.transition(&live.id, command, patch.clone()))
+            .await;
+        if let Err(err) = ended {
             tracing::warn!(run = %live.id, "could not record the end of the run: {err}");
         }
     }

@@ -29,6 +29,13 @@ impl Kernel {
     /// Creates and launches a run under an id chosen before (an agent called as a tool
     /// records its child's id durably first, so a retried call finds the same child).
     pub(crate) async fn create_as(&self, id: RunId, mut request: CreateRun) -> Result<RunRecord> {
+        if self.is_draining() {
+            return Err(Error::Unavailable(
+                "this node is draining (it hands its runs to the other nodes and stops): submit the run to \
+                 another node (`keel nodes` lists them)"
+                    .to_owned(),
+            ));
+        }
         if request.llm_script.is_none() {
             request.llm_script = self.inner.default_llm_script.clone();
         }
@@ -89,9 +96,11 @@ impl Kernel {
         }
     }
 
-    /// Asks for a swapped-out run to be brought back (a no-op for any other run).
+    /// Asks for a swapped-out run to be brought back (a no-op for any other run); among
+    /// several nodes, its owner is told too, wherever it is.
     pub(crate) fn request_wake(&self, run: &RunId) {
         let _ = self.inner.wakeups.send(run.clone());
+        self.tell_cluster(run);
     }
 
     /// Relaunches a run by replay; it is in `recovering`.
@@ -103,6 +112,13 @@ impl Kernel {
     /// `recovering` and its journal after the last checkpoint is loaded for replay.
     pub(crate) async fn launch(&self, record: RunRecord, recovering: bool) -> Result<RunRecord> {
         let id = record.id.clone();
+        // Among several nodes, the agent starts only under this node's lease; a run
+        // another live node holds is that node's to run.
+        if !self.take_lease(&id).await? {
+            tracing::info!(run = %id, "another node holds the run's lease; it runs there");
+            self.release_slot(&id);
+            return Ok(record);
+        }
         match self.try_launch(&record, recovering).await {
             Ok(record) => Ok(record),
             Err(err) => {
@@ -202,6 +218,7 @@ impl Kernel {
             inflight: Default::default(),
             waiting_calls: Default::default(),
             swapping: AtomicBool::new(false),
+            lost: AtomicBool::new(false),
             _egress: egress,
         });
         lock(&self.inner.live).insert(record.id.clone(), live.clone());

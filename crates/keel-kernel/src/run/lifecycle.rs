@@ -87,6 +87,12 @@ impl Kernel {
         next: RunState,
         patch: RunPatch,
     ) -> Result<RunRecord> {
+        if next.is_terminal() && self.inner.cluster.is_some() {
+            // The write that ends a run ends its lease, and a write for a run whose lease
+            // is gone is refused: the events emitted before the end (the agent's last
+            // lines of output) must be in the store first, or they would be dropped.
+            self.inner.events.flush().await;
+        }
         let updated = self.inner.store.update_run(run, Some(current.state), patch).await?;
         if next.is_terminal() {
             lock(&self.inner.transitions).remove(run); // An ended run never changes again.
@@ -118,6 +124,7 @@ impl Kernel {
                 data["exit_code"] = json!(code);
             }
         }
+        // (Among several nodes, the store ended the run's lease with the write above.)
         self.emit(run, EventKind::State, data);
         Ok(updated)
     }

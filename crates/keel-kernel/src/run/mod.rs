@@ -4,6 +4,7 @@
 mod admission;
 mod approvals;
 mod budget;
+mod cluster;
 mod control;
 mod exit;
 mod frameworks;

@@ -31,8 +31,10 @@ impl Kernel {
     }
 
     /// Brings back the runs `interrupted_runs` listed, several at a time so that their
-    /// journal writes share commits.
-    pub(crate) async fn recover_all(&self, runs: Vec<RunRecord>) -> Result<()> {
+    /// journal writes share commits. `own` says they were this kernel's own runs before
+    /// it restarted (not runs taken over from another node, whose recorded pids mean
+    /// nothing on this host).
+    pub(crate) async fn recover_all(&self, runs: Vec<RunRecord>, own: bool) -> Result<()> {
         // Swapped-out runs stay swapped out until what they wait for happens, and hold no
         // live slot meanwhile.
         let mut resident = Vec::with_capacity(runs.len());
@@ -48,14 +50,18 @@ impl Kernel {
         }
         // Agents of the previous kernel die with it (PDEATHSIG), but descendants that
         // escaped may linger; they must not race the relaunched agents. One scan of /proc
-        // serves every run.
-        let mut leftovers = tree::processes_by_marker();
-        for run in &runs {
-            if let Some(pid) = run.pid {
-                tree::signal_group(pid, Signal::SIGKILL);
-            }
-            if let Some(pids) = leftovers.remove(run.id.as_str()) {
-                tree::kill_pids(&pids);
+        // serves every run. Runs taken over from another node are that node's to kill:
+        // their pids mean nothing here, and a node that was only paused kills its own
+        // agents once it finds its leases gone (see `run/cluster.rs`).
+        if own {
+            let mut leftovers = tree::processes_by_marker();
+            for run in &runs {
+                if let Some(pid) = run.pid {
+                    tree::signal_group(pid, Signal::SIGKILL);
+                }
+                if let Some(pids) = leftovers.remove(run.id.as_str()) {
+                    tree::kill_pids(&pids);
+                }
             }
         }
         const PARALLEL: usize = 16;

@@ -82,6 +82,9 @@ pub(crate) struct LiveRun {
     pub(crate) waiting_calls: std::sync::atomic::AtomicUsize,
     /// Set when the kernel stops the agent to swap the run out.
     pub(crate) swapping: AtomicBool,
+    /// Set when another node took the run over (see `run/cluster.rs`): the agent is
+    /// killed and nothing more is written for it from here.
+    pub(crate) lost: AtomicBool,
     /// The run's egress proxy (`allowlist` runs); it stops when the run is dropped.
     pub(crate) _egress: Option<keel_sandbox::egress::EgressProxy>,
 }

@@ -263,6 +263,11 @@ impl Kernel {
         params: Value,
         mut listener: Listener,
     ) -> Reply {
+        // A draining node lets the calls in flight finish and starts no new one: the
+        // agent is handed to another node, which answers this call after replay.
+        if self.inner.draining.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         let _busy = crate::swap::Busy::new(&live.inflight);
         if live.exited.load(Ordering::SeqCst) {
             return Err(SyscallError::new(
@@ -379,7 +384,11 @@ impl Kernel {
                 self.journaled(journal, how, |_| async { Effect::reply(Ok(json!({}))) }).await.reply?;
                 live.exited.store(true, Ordering::SeqCst);
                 let patch = RunPatch { output: Some(Some(output)), ..RunPatch::default() };
-                self.store().update_run(&live.id, None, patch).await.map_err(internal)?;
+                // Written while the agent waits for the reply, so a store outage now must
+                // delay the exit, not lose the run's output.
+                self.while_current(live, || self.store().update_run(&live.id, None, patch.clone()))
+                    .await
+                    .map_err(internal)?;
                 Ok(json!({}))
             }
             Call::Checkpoint => {

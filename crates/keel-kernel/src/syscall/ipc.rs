@@ -303,6 +303,7 @@ impl Kernel {
             }
             if let Some(message) = received {
                 self.inner.mailboxes.taken(&live.id);
+                self.tell_cluster(&live.id); // Senders waiting for room may be elsewhere.
                 let message = IpcMessage {
                     from: message.from.map(|id| id.as_str().to_owned()),
                     seq: message.seq,
@@ -377,6 +378,8 @@ impl Kernel {
                 self.inner.mailboxes.arrived(to);
                 if signal != "pause" && signal != "resume" && signal != "stop" {
                     self.request_wake(to);
+                } else {
+                    self.tell_cluster(to);
                 }
                 self.emit(
                     to,

@@ -3,9 +3,15 @@
 //! is performed and then journaled complete in one commit. Method families describe
 //! their effect and say which rule applies ([`Journaling`]); only this module writes
 //! journal entries for them, so no family can get the order wrong.
+//!
+//! A store that cannot be reached (a Postgres server restarting) makes these writes wait
+//! and retry with backoff ([`Kernel::while_unavailable`]) rather than fail the call: the
+//! store promises that an `Unavailable` write wrote nothing, so trying again cannot
+//! journal twice, and the agent sees a slow syscall instead of an error it cannot act on.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use keel_protocol::EventKind;
 use keel_store::{Completion, NewEntry, Seq};
@@ -15,6 +21,30 @@ use serde_json::{Value, json};
 use super::{Reply, SyscallError, internal};
 use crate::run::LiveRun;
 use crate::{Kernel, now_ms};
+
+/// The first wait before a journal write that found the store unreachable is tried
+/// again; each further wait doubles, up to `MAX_BACKOFF`, so a long outage costs a retry
+/// every few seconds per waiting call rather than a busy loop.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// A store failure that wrote nothing because the store could not be reached, so the
+/// same write may be tried again (see `Kernel::while_unavailable`).
+pub(crate) trait Unreachable {
+    fn unreachable(&self) -> bool;
+}
+
+impl Unreachable for keel_store::Error {
+    fn unreachable(&self) -> bool {
+        matches!(self, keel_store::Error::Unavailable { .. })
+    }
+}
+
+impl Unreachable for crate::Error {
+    fn unreachable(&self) -> bool {
+        matches!(self, crate::Error::Store(store) if store.unreachable())
+    }
+}
 
 /// How a call is journaled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,7 +182,9 @@ impl Kernel {
         let record = record.unwrap_or_else(|| reply.clone().unwrap_or(Value::Null));
         // Entries that go with the result are submitted together with it, so the store's
         // group commit makes them durable in one go, before the reply.
-        let appends = with.into_iter().map(|entry| self.store().append_entry(&live.id, entry));
+        let appends = with.into_iter().map(|entry| {
+            self.while_current(live, move || self.store().append_entry(&live.id, entry.clone()))
+        });
         let (appended, completed) = tokio::join!(
             futures_util::future::join_all(appends),
             self.complete(live, seq, method, &reply, record, usage, served, event)
@@ -180,7 +212,10 @@ impl Kernel {
     ) -> Result<Seq, SyscallError> {
         let entry = completed_entry(live.attempt, method, params, hash, outcome, usage);
         let status = entry.status;
-        let seq = self.store().append_entry(&live.id, entry).await.map_err(internal)?;
+        let seq = self
+            .while_current(live, || self.store().append_entry(&live.id, entry.clone()))
+            .await
+            .map_err(internal)?;
         self.emit_syscall(live, seq, method, status, extra);
         Ok(seq)
     }
@@ -205,7 +240,9 @@ impl Kernel {
             finished_at_ms: None,
             usage: Usage::default(),
         };
-        self.store().append_entry(&live.id, entry).await.map_err(internal)
+        self.while_current(live, || self.store().append_entry(&live.id, entry.clone()))
+            .await
+            .map_err(internal)
     }
 
     /// Records the outcome of a pending entry and reports it as a `syscall` event.
@@ -229,9 +266,65 @@ impl Kernel {
         };
         let completion =
             Completion { status, result, error, finished_at_ms: now_ms(), usage, provider_served: served };
-        self.store().complete_entry(&live.id, seq, completion).await.map_err(internal)?;
+        self.while_current(live, || self.store().complete_entry(&live.id, seq, completion.clone()))
+            .await
+            .map_err(internal)?;
         self.emit_syscall(live, seq, method, status, extra);
         Ok(())
+    }
+
+    /// Runs the journal write `write` for `live` until the store can be reached (see
+    /// [`Kernel::while_unavailable`]), for as long as `live` is the run's current attempt
+    /// here: a stopped, ended or lost run's call does not wait forever.
+    pub(crate) async fn while_current<T, F, Fut>(
+        &self,
+        live: &Arc<LiveRun>,
+        write: F,
+    ) -> keel_store::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = keel_store::Result<T>>,
+    {
+        let current = || self.is_current(live) && !live.lost.load(std::sync::atomic::Ordering::SeqCst);
+        self.while_unavailable(&live.id, current, write).await
+    }
+
+    /// Runs the store write `write` for `run` until the store can be reached: while it
+    /// fails because the store is unreachable (which promises nothing was written) and
+    /// `still_wanted()`, it waits with exponential backoff and tries again. Any other
+    /// outcome is returned, as is the last failure once the write is no longer wanted.
+    /// The one place kernel writes wait out a store outage.
+    pub(crate) async fn while_unavailable<T, E, F, Fut>(
+        &self,
+        run: &keel_types::RunId,
+        still_wanted: impl Fn() -> bool,
+        mut write: F,
+    ) -> Result<T, E>
+    where
+        E: Unreachable + std::fmt::Display,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let mut backoff = FIRST_BACKOFF;
+        let mut warned = false;
+        loop {
+            match write().await {
+                Err(err) if err.unreachable() && still_wanted() => {
+                    if !warned {
+                        tracing::warn!(run = %run, "{err}; the write waits until the store answers");
+                        warned = true;
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                outcome => {
+                    if warned && outcome.is_ok() {
+                        tracing::info!(run = %run, "the store answers again; the waiting write went through");
+                    }
+                    return outcome;
+                }
+            }
+        }
     }
 
     fn emit_syscall(&self, live: &LiveRun, seq: Seq, method: &str, status: EntryStatus, extra: Value) {

@@ -113,6 +113,7 @@ impl TestKernel {
             }),
             swap_after: self.setup.swap_after,
             scheduler: Default::default(),
+            cluster: None,
         };
         let (started, kernel) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<Stop>();

@@ -106,6 +106,7 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
             interp_worker: None,
             swap_after: None,
             scheduler: Default::default(),
+            cluster: None,
         })
         .await
         .unwrap();
