@@ -5,6 +5,7 @@
 //! `keel_kernel::Principal`).
 
 mod audit;
+mod cluster;
 mod gateway;
 mod shape;
 mod tenants;
@@ -58,6 +59,7 @@ pub fn openapi_doc() -> serde_json::Value {
     use utoipa::Modify as _;
     let mut doc = ApiDoc::openapi();
     doc.merge(<audit::AuditApiDoc as OpenApi>::openapi());
+    doc.merge(<cluster::ClusterApiDoc as OpenApi>::openapi());
     doc.merge(<tenants::TenantsApiDoc as OpenApi>::openapi());
     CommonResponses.modify(&mut doc);
     // An OpenApi document always serializes (strings, numbers and maps only).
@@ -153,6 +155,13 @@ impl utoipa::Modify for CommonResponses {
                 if names_something {
                     add("404", "not_found: nothing by that name (another tenant's run answers the same)");
                 }
+                if secured {
+                    add(
+                        "503",
+                        "unavailable: the store is out of reach, this node is draining, or the node that \
+                         runs the run did not answer; retry, or ask another node",
+                    );
+                }
             }
         }
     }
@@ -175,12 +184,14 @@ impl utoipa::Modify for BearerAuth {
 struct AppState {
     kernel: Kernel,
     token: String,
+    /// For requests forwarded to the node that owns a run (see `cluster.rs`).
+    http: reqwest::Client,
 }
 
 /// The API's router. `token` is the operator's bearer token; tenants' tokens (minted
 /// through `/v1/tenants`) are accepted too, each confined to its tenant.
 pub fn router(kernel: Kernel, token: String) -> Router {
-    let state = AppState { kernel, token };
+    let state = AppState { kernel, token, http: reqwest::Client::new() };
     let protected = Router::new()
         .route("/v1/runs", post(create_run).get(list_runs))
         .route("/v1/runs/{id}", get(inspect_run))
@@ -200,6 +211,9 @@ pub fn router(kernel: Kernel, token: String) -> Router {
         .route("/v1/threads/{id}", get(thread_read))
         .merge(audit::routes())
         .merge(tenants::routes())
+        .merge(cluster::routes())
+        // Layers run outside in: the token first, then forwarding to a run's owner node.
+        .route_layer(middleware::from_fn_with_state(state.clone(), cluster::forward_to_owner))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/v1/health", get(health))
@@ -248,6 +262,7 @@ impl From<KernelError> for ApiError {
             KernelError::Conflict(_) | KernelError::IllegalTransition(_) => {
                 (StatusCode::CONFLICT, "conflict")
             }
+            _ if err.is_unavailable() => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {
@@ -259,7 +274,7 @@ impl From<KernelError> for ApiError {
 
 /// The body of `POST /v1/exec`: its inputs may hold 64 MiB of text (the kernel checks
 /// that), which JSON escaping can about double; other routes keep axum's 2 MB.
-const MAX_EXEC_BODY_BYTES: usize = (2 << 26) + (1 << 20);
+pub(crate) const MAX_EXEC_BODY_BYTES: usize = (2 << 26) + (1 << 20);
 
 /// JSON bodies whose rejections are rendered as [`ErrorBody`] like every other error.
 /// Every body of the API is a JSON object: serde would also read a struct from an array
@@ -369,6 +384,8 @@ async fn require_token(
         .unwrap_or("");
     let principal = if constant_time_eq(presented.as_bytes(), state.token.as_bytes()) {
         Some(Principal::Admin)
+    } else if let Some(principal) = cluster::forwarded_principal(&state, presented, &headers) {
+        Some(principal)
     } else {
         // The lookup is by sha256 of the token, so its timing says nothing about the
         // stored tokens.
@@ -403,14 +420,19 @@ async fn openapi() -> Json<serde_json::Value> {
     Json(openapi_doc())
 }
 
-/// Liveness, and which kernel answers.
+/// Liveness, which kernel answers, and whether its store does.
 #[utoipa::path(get, path = "/v1/health", responses((status = 200, body = HealthView)))]
 async fn health(State(state): State<AppState>) -> Json<HealthView> {
+    let store = match state.kernel.store_answers().await {
+        Ok(()) => "ok".to_owned(),
+        Err(cause) => format!("unreachable: {cause}"),
+    };
     Json(HealthView {
         status: "ok".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         pid: std::process::id(),
         llm_providers: state.kernel.llm_provider_names(),
+        store,
     })
 }
 
