@@ -121,10 +121,14 @@ impl Client {
         // The process sandbox, without a pool: this kernel serves one run.
         let kernel = start_kernel(
             dir.clone(),
-            false,
-            None,
-            crate::doctor::sandbox_backend("process", 0),
-            swap_after_from_env(),
+            KernelStart {
+                serving: false,
+                default_llm_script: None,
+                sandbox: crate::doctor::sandbox_backend("process", 0),
+                swap_after: swap_after_from_env(),
+                store: crate::store_url::StoreChoice::from_env(),
+                api_addr: None,
+            },
         )
         .await?;
         let listener =
@@ -299,6 +303,14 @@ impl Client {
         body: &keel_protocol::api::SignalParams,
     ) -> Result<keel_protocol::api::MessageSentView> {
         self.send(self.http.post(self.url(&format!("/v1/runs/{run}/signal"))).json(body)).await
+    }
+
+    pub async fn nodes(&self) -> Result<keel_protocol::api::NodesView> {
+        self.send(self.http.get(self.url("/v1/nodes"))).await
+    }
+
+    pub async fn drain(&self) -> Result<keel_protocol::api::DrainView> {
+        self.send(self.http.post(self.url("/v1/drain"))).await
     }
 
     pub async fn tools(&self) -> Result<Vec<keel_protocol::api::ToolView>> {
@@ -483,7 +495,7 @@ pub fn no_delay(
 
 /// The kernel config: `$KEEL_CONFIG` or `<data dir>/keel.toml` if there is one. Returns
 /// its path and text.
-fn read_config(dir: &DataDir) -> Result<(PathBuf, Option<String>)> {
+pub(crate) fn read_config(dir: &DataDir) -> Result<(PathBuf, Option<String>)> {
     let path =
         std::env::var_os("KEEL_CONFIG").map(PathBuf::from).unwrap_or_else(|| dir.root().join("keel.toml"));
     let text = match std::fs::read_to_string(&path) {
@@ -530,13 +542,20 @@ fn swap_after_from_env() -> Option<Duration> {
     (secs > 0.0).then(|| Duration::from_secs_f64(secs))
 }
 
-pub async fn start_kernel(
-    dir: DataDir,
-    recover: bool,
-    default_llm_script: Option<serde_json::Value>,
-    sandbox: Arc<dyn keel_sandbox::Sandbox>,
-    swap_after: Option<Duration>,
-) -> Result<Kernel> {
+/// How `start_kernel` starts a kernel: `serving` (the daemon: it recovers interrupted
+/// runs, and may join a cluster as a node serving `api_addr`) or embedded in a command.
+pub struct KernelStart {
+    pub serving: bool,
+    pub default_llm_script: Option<serde_json::Value>,
+    pub sandbox: Arc<dyn keel_sandbox::Sandbox>,
+    pub swap_after: Option<Duration>,
+    pub store: crate::store_url::StoreChoice,
+    /// Where the daemon's HTTP API listens (the address a node advertises by default).
+    pub api_addr: Option<std::net::SocketAddr>,
+}
+
+pub async fn start_kernel(dir: DataDir, start: KernelStart) -> Result<Kernel> {
+    let KernelStart { serving, default_llm_script, sandbox, swap_after, store: choice, api_addr } = start;
     // The provider-compatible gateway: loopback TCP for agents outside a sandbox, and a
     // Unix socket in the data directory that sandboxes bridge to.
     let gateway_tcp =
@@ -558,14 +577,21 @@ pub async fn start_kernel(
     // The lock first: nothing inside the data directory is opened while another kernel
     // may be using it.
     let locked = dir.lock()?;
-    let db_path = dir.database();
-    let store = tokio::task::spawn_blocking(move || keel_store::SqliteStore::open(&db_path))
-        .await
-        .context("opening the store")?
-        .with_context(|| format!("opening the store {}", dir.database().display()))?;
+    let config_url = match config_text.as_deref() {
+        Some(text) => crate::store_url::url_from_keel_toml(text)
+            .with_context(|| format!("kernel config {}", config_path.display()))?,
+        None => None,
+    };
+    let opened = crate::store_url::open_kernel_store(&dir, &choice, config_url, api_addr, serving).await?;
+    if let Some(why) =
+        keel_store::dump::migration_incomplete(opened.store.as_ref()).await.context("reading the store")?
+    {
+        bail!("cannot start a kernel on {}: {why}", opened.description);
+    }
+    tracing::info!("store: {}", opened.description);
     let options = KernelOptions {
         data_dir: locked,
-        store: Arc::new(store),
+        store: opened.store,
         sandbox,
         default_stop_grace: Duration::from_secs(5),
         default_llm_script,
@@ -576,6 +602,7 @@ pub async fn start_kernel(
         interp_worker,
         swap_after,
         scheduler,
+        cluster: opened.cluster,
     };
     let kernel = Kernel::start(options).await?;
     // Safe to replace: we hold the data directory's lock, so a socket here is stale.
@@ -596,7 +623,7 @@ pub async fn start_kernel(
         }
     });
     // Only now: relaunched agents reach the gateway at once.
-    if recover {
+    if serving {
         kernel.start_recovery().await.context("listing the runs to recover")?;
     }
     Ok(kernel)

@@ -49,6 +49,43 @@ pub struct ServeArgs {
     /// replay when the wait ends (0: never).
     #[arg(long, env = "KEEL_SWAP_AFTER_SECS", default_value_t = 60.0, value_name = "SECS")]
     swap_after: f64,
+    /// Where the kernel keeps its state: `postgres://USER@HOST/DB` (shared by every node
+    /// serving it) or `sqlite:PATH`. Default: keel.toml's `[store] url`, else the data
+    /// directory's SQLite file.
+    #[arg(long, env = "KEEL_STORE_URL", value_name = "URL")]
+    store: Option<String>,
+    /// This node's id among the nodes sharing a Postgres store (default: the host name
+    /// and a digest of the data directory, the same at every restart).
+    #[arg(long, env = "KEEL_NODE_ID", value_name = "ID")]
+    node_id: Option<String>,
+    /// The address other nodes reach this node's API at (default: --listen, when it names
+    /// a specific address).
+    #[arg(long, env = "KEEL_ADVERTISE", value_name = "HOST:PORT")]
+    advertise: Option<String>,
+    /// Seconds a node's heartbeat lasts: after this long without one, the other nodes
+    /// take its runs over (renewed every third of it).
+    #[arg(long, default_value_t = 10.0, value_name = "SECS", value_parser = parse_lease_ttl)]
+    lease_ttl: f64,
+    /// The most connections this node opens to a Postgres store (several nodes on one
+    /// server share its `max_connections`).
+    #[arg(long, env = "KEEL_STORE_POOL", default_value_t = keel_store::postgres::DEFAULT_POOL_SIZE as u64, value_name = "N", value_parser = clap::value_parser!(u64).range(2..=1000))]
+    store_pool: u64,
+    /// On SIGTERM or `keel drain`, seconds to let LLM and tool calls in flight finish
+    /// before the node's runs are handed to the other nodes.
+    #[arg(long, default_value_t = 30.0, value_name = "SECS")]
+    drain_grace: f64,
+}
+
+/// `--lease-ttl`: between 1 and 600 seconds.
+fn parse_lease_ttl(text: &str) -> std::result::Result<f64, String> {
+    let secs: f64 = text.parse().map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(1.0..=600.0).contains(&secs) {
+        return Err(format!(
+            "{secs} s is outside 1..600: under a second, a busy database would see live nodes as dead; \
+             over ten minutes, a dead node's runs wait that long"
+        ));
+    }
+    Ok(secs)
 }
 
 pub async fn serve(ctx: Context, args: ServeArgs) -> Result<ExitCode> {
@@ -59,9 +96,26 @@ pub async fn serve(ctx: Context, args: ServeArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot listen on {}; pick another with --listen HOST:PORT", args.listen))?;
     let sandbox = crate::doctor::sandbox_backend(&args.sandbox, args.sandbox_pool);
     let swap_after = (args.swap_after > 0.0).then(|| Duration::from_secs_f64(args.swap_after));
-    let kernel =
-        client::start_kernel(ctx.data_dir.clone(), true, default_script, sandbox, swap_after).await?;
     let addr = listener.local_addr()?;
+    let store = crate::store_url::StoreChoice {
+        url: args.store.clone(),
+        node_id: args.node_id.clone(),
+        advertise: args.advertise.clone(),
+        lease_ttl: Duration::from_secs_f64(args.lease_ttl),
+        pool_size: args.store_pool as usize,
+    };
+    let kernel = client::start_kernel(
+        ctx.data_dir.clone(),
+        client::KernelStart {
+            serving: true,
+            default_llm_script: default_script,
+            sandbox,
+            swap_after,
+            store,
+            api_addr: Some(addr),
+        },
+    )
+    .await?;
     client::write_info(&ctx.data_dir, &addr.to_string(), "daemon")?;
     eprintln!(
         "keel: kernel serving http://{addr} (data: {}, sandbox: {}, syscall socket: {})",
@@ -69,21 +123,39 @@ pub async fn serve(ctx: Context, args: ServeArgs) -> Result<ExitCode> {
         kernel.sandbox_tier(),
         ctx.data_dir.syscall_socket().display()
     );
+    if let Some(node) = kernel.node_id() {
+        eprintln!(
+            "keel: node {node} of the cluster on {}",
+            args.store
+                .as_deref()
+                .map_or("keel.toml's [store] url".to_owned(), keel_store::postgres::redact_url)
+        );
+    }
     let router = keel_server::router(kernel.clone(), token);
-    let shutdown = async {
+    let drain_grace = Duration::from_secs_f64(args.drain_grace.max(0.0));
+    let draining = kernel.clone();
+    let shutdown = async move {
         use tokio::signal::unix::{SignalKind, signal};
         let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
         else {
             std::future::pending::<()>().await;
             return;
         };
-        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {}, () = draining.drain_requested() => {} }
+        // A node of a cluster hands its runs over while its API still answers (requests
+        // for its runs are forwarded here until the others hold them).
+        if draining.node_id().is_some() {
+            let runs = draining.drain(drain_grace).await;
+            eprintln!("keel: drained; handing {runs} run(s) to the other nodes");
+        }
     };
     axum::serve(client::no_delay(listener), router)
         .with_graceful_shutdown(shutdown)
         .await
         .context("serving the HTTP API")?;
-    eprintln!("keel: shutting down; live runs will be recovered by the next `keel serve`");
+    if kernel.node_id().is_none() {
+        eprintln!("keel: shutting down; live runs will be recovered by the next `keel serve`");
+    }
     kernel.shutdown().await;
     let _ = std::fs::remove_file(ctx.data_dir.kernel_info());
     Ok(ExitCode::SUCCESS)

@@ -9,8 +9,11 @@ mod audit;
 mod client;
 mod commands;
 mod doctor;
+mod migrate;
+mod nodes;
 mod out;
 mod render;
+mod store_url;
 mod tenant;
 
 use std::path::PathBuf;
@@ -123,6 +126,20 @@ enum Command {
         after_help = "Examples:\n  keel tenant create acme --max-runs 10 --max-usd-per-run 0.50\n  keel tenant token acme --label ci\n  KEEL_API_TOKEN=kt_... keel ps\n  keel tenant list\n  keel tenant revoke acme kt_3f9a1c0d"
     )]
     Tenant(tenant::TenantArgs),
+    /// The kernel nodes sharing this kernel's store (`keel serve --store postgres://...`):
+    /// their address, heartbeat and runs.
+    #[command(after_help = "Examples:\n  keel nodes\n  keel nodes --json")]
+    Nodes(nodes::NodesArgs),
+    /// Drain the running node: it takes no new runs, lets calls in flight finish, hands
+    /// its runs to the other nodes (they continue by replay) and exits.
+    #[command(after_help = "Example:\n  keel drain --addr 10.0.0.2:7777")]
+    Drain(nodes::DrainArgs),
+    /// Copy a store into another (a new SQLite file; Postgres when built with the
+    /// Postgres store) and verify the copy item by item before it may be used.
+    #[command(
+        after_help = "Examples:\n  keel migrate --from sqlite:$HOME/.local/share/keel/keel.db --to sqlite:/srv/keel/keel.db\n  keel migrate --from sqlite:/srv/keel/keel.db --to postgres://keel@db.internal/keel\n\nStop the kernel using the source first. The target must be empty. A copy that does not\nverify is marked so, and a kernel refuses to start on it."
+    )]
+    Migrate(migrate::MigrateArgs),
 }
 
 fn main() -> ExitCode {
@@ -164,11 +181,14 @@ fn main() -> ExitCode {
             Command::Signal(args) => commands::signal(ctx, args).await,
             Command::Audit(args) => audit::audit(ctx, args).await,
             Command::Tenant(args) => tenant::tenant(ctx, args).await,
+            Command::Nodes(args) => nodes::nodes(ctx, args).await,
+            Command::Drain(args) => nodes::drain(ctx, args).await,
             Command::Approve(args) => commands::decide(ctx, args, true).await,
             Command::Deny(args) => commands::decide(ctx, args, false).await,
             Command::Tools(args) => commands::tools(ctx, args).await,
             Command::Exec(args) => commands::exec(ctx, *args).await,
-            Command::Doctor(args) => doctor::doctor(args).await,
+            Command::Doctor(args) => doctor::doctor(&ctx.data_dir, args).await,
+            Command::Migrate(args) => migrate::migrate(args).await,
         }
     });
     // Agents and their pipes may hold blocking threads; do not wait for them.

@@ -16,9 +16,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 script = json.load(open(sys.argv[1]))["responses"]
-ordered = [r for r in script if "match" not in r]
+ordered = [r for r in script if "match" not in r and "echo" not in r]
 lock = threading.Lock()
-state = {"cursor": 0, "counts": {}, "errors": [], "paths": {}, "reasoning": []}
+state = {"cursor": 0, "counts": {}, "errors": [], "paths": {}, "reasoning": [], "repeated": {}}
 KEY = os.environ.get("MOCK_EXPECT_KEY", "sk-upstream-test")
 ANTHROPIC_KEY = os.environ.get("MOCK_EXPECT_ANTHROPIC_KEY", "sk-ant-upstream-test")
 
@@ -32,6 +32,10 @@ def pick(body):
     for r in script:
         if "match" in r and r["match"] in last_user:
             return r
+        # {"echo": PREFIX} answers every request with PREFIX + the last user message
+        # (many runs at once, each with its own prompts).
+        if "echo" in r:
+            return {**r, "content": r["echo"] + last_user}
     with lock:
         if state["cursor"] >= len(ordered):
             return None
@@ -42,7 +46,7 @@ def pick(body):
 
 def dump():
     """Writes the counts file; the caller holds `lock`."""
-    json.dump({"counts": state["counts"], "errors": state["errors"], "paths": state["paths"],
+    json.dump({"counts": state["counts"], "errors": state["errors"], "paths": state["paths"], "repeated": state["repeated"],
                "total": sum(state["counts"].values())}, open(os.environ["MOCK_COUNTS"], "w"))
 
 
@@ -108,6 +112,9 @@ class Handler(BaseHTTPRequestHandler):
         key = hashlib.sha256(json.dumps({"path": self.path, **{k: body.get(k) for k in ("messages", "tools", "system", "input", "instructions")}}, sort_keys=True).encode()).hexdigest()[:16]
         with lock:
             state["counts"][key] = state["counts"].get(key, 0) + 1
+            if state["counts"][key] > 1:
+                # What was served more than once, in words, for a failing test to show.
+                state["repeated"][key] = json.dumps(body.get("messages") or body.get("input"))[-200:]
             state["errors"].extend(problems)
             dump()
 

@@ -112,6 +112,11 @@ impl Keel {
         });
     }
 
+    /// The pid of the running daemon.
+    pub fn daemon_pid(&self) -> u32 {
+        self.daemon.as_ref().expect("daemon running").id()
+    }
+
     /// SIGKILLs the daemon (and, through PDEATHSIG, its agents).
     pub fn kill_daemon(&mut self) {
         let mut child = self.daemon.take().expect("daemon running");

@@ -12,7 +12,7 @@ use crate::harness::{Keel, agent, wait_for};
 
 /// A keel.toml with three command tools around `marker_tool.py`, one per crash policy,
 /// and `kv.put` requiring approval.
-fn config(keel: &Keel, marker: &Path) -> String {
+pub(crate) fn config(keel: &Keel, marker: &Path) -> String {
     let tool = agent("marker_tool.py");
     let marker = marker.display();
     let mut text = String::new();
@@ -40,7 +40,7 @@ requires_approval = true
     text
 }
 
-fn tools_run(keel: &Keel, grant: &[&str], calls: Value) -> String {
+pub(crate) fn tools_run(keel: &Keel, grant: &[&str], calls: Value) -> String {
     let input = json!({ "calls": calls }).to_string();
     let mut args = vec!["--sandbox", "none", "--input", &input];
     for pattern in grant {
@@ -51,7 +51,7 @@ fn tools_run(keel: &Keel, grant: &[&str], calls: Value) -> String {
     keel.detach(&args)
 }
 
-fn results(done: &Value) -> Vec<Value> {
+pub(crate) fn results(done: &Value) -> Vec<Value> {
     assert_eq!(done["state"], "succeeded", "{done}");
     done["output"]["results"].as_array().expect("results").clone()
 }
