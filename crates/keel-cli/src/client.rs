@@ -128,6 +128,7 @@ impl Client {
                 swap_after: swap_after_from_env(),
                 store: crate::store_url::StoreChoice::from_env(),
                 api_addr: None,
+                max_live: None,
             },
         )
         .await?;
@@ -552,10 +553,13 @@ pub struct KernelStart {
     pub store: crate::store_url::StoreChoice,
     /// Where the daemon's HTTP API listens (the address a node advertises by default).
     pub api_addr: Option<std::net::SocketAddr>,
+    /// `keel serve --max-live`: this node's own cap on live runs, over keel.toml's.
+    pub max_live: Option<u32>,
 }
 
 pub async fn start_kernel(dir: DataDir, start: KernelStart) -> Result<Kernel> {
-    let KernelStart { serving, default_llm_script, sandbox, swap_after, store: choice, api_addr } = start;
+    let KernelStart { serving, default_llm_script, sandbox, swap_after, store: choice, api_addr, max_live } =
+        start;
     // The provider-compatible gateway: loopback TCP for agents outside a sandbox, and a
     // Unix socket in the data directory that sandboxes bridge to.
     let gateway_tcp =
@@ -566,9 +570,12 @@ pub async fn start_kernel(dir: DataDir, start: KernelStart) -> Result<Kernel> {
     let tools = keel_tools::config::ToolsConfig::from_keel_toml(config_text.as_deref().unwrap_or(""))
         .map_err(|e| anyhow!("{e}"))
         .with_context(|| format!("kernel config {}", config_path.display()))?;
-    let scheduler = keel_kernel::SchedulerConfig::from_keel_toml(config_text.as_deref().unwrap_or(""))
+    let mut scheduler = keel_kernel::SchedulerConfig::from_keel_toml(config_text.as_deref().unwrap_or(""))
         .map_err(|e| anyhow!("{e}"))
         .with_context(|| format!("kernel config {}", config_path.display()))?;
+    if max_live.is_some() {
+        scheduler.max_live_per_node = max_live;
+    }
     // Interpreter workers are this binary, started with a hidden argument.
     let interp_worker = std::env::current_exe().ok().map(|program| keel_interp::WorkerCommand {
         program,

@@ -74,6 +74,11 @@ pub struct ServeArgs {
     /// before the node's runs are handed to the other nodes.
     #[arg(long, default_value_t = 30.0, value_name = "SECS")]
     drain_grace: f64,
+    /// The most runs live on this node at once (keel.toml's `[scheduler]
+    /// max_live_per_node`). Among several nodes, a run beyond it waits in `queued` for a
+    /// node with room; `[scheduler]`'s other caps count every node's runs.
+    #[arg(long, env = "KEEL_MAX_LIVE", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_live: Option<u32>,
 }
 
 /// `--lease-ttl`: between 1 and 600 seconds.
@@ -113,6 +118,7 @@ pub async fn serve(ctx: Context, args: ServeArgs) -> Result<ExitCode> {
             swap_after,
             store,
             api_addr: Some(addr),
+            max_live: args.max_live,
         },
     )
     .await?;

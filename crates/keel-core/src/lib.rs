@@ -9,5 +9,6 @@
 pub mod audit;
 pub mod budget;
 pub mod lifecycle;
+pub mod placement;
 pub mod replay;
 pub mod sched;

@@ -305,6 +305,46 @@ impl Admitter {
         }
     }
 
+    /// Rebuilding the admitter from a ledger shared by several nodes: `ticket`'s run waits
+    /// in the queue whatever the caps say (restore the live runs first, then the queued
+    /// ones in submission order). Never rejected; a run already live or queued is left as
+    /// it is.
+    pub fn restore_queued(&mut self, ticket: Ticket) {
+        if self.live.contains_key(&ticket.run) || self.waiting.iter().any(|w| w.ticket.run == ticket.run) {
+            return;
+        }
+        self.waiting.push(WaitingRun { ticket, seq: self.next_seq });
+        self.next_seq += 1;
+    }
+
+    /// Starts the queued runs the caps allow now, best first, at most `limit` of them and
+    /// only those `eligible` accepts (a node with `limit` free slots of its own, which may
+    /// start only some of the runs). Returns them in the order to start them; they count as
+    /// live. The others stay queued, so unlike [`Admitter::finish`] this does not leave
+    /// the "no queued run could start" contract established when `limit` or `eligible`
+    /// held a run back.
+    pub fn start_ready(
+        &mut self,
+        now_ms: u64,
+        limit: usize,
+        eligible: impl Fn(&Ticket) -> bool,
+    ) -> Vec<String> {
+        let mut started = Vec::new();
+        while started.len() < limit
+            && let Some(index) = self.pick_startable_where(now_ms, &eligible)
+        {
+            let WaitingRun { ticket, .. } = self.waiting.remove(index);
+            self.go_live(&ticket.run, &ticket.tenant, &ticket.agent, Some(now_ms));
+            started.push(ticket.run);
+        }
+        started
+    }
+
+    /// Whether a run of `tenant` and `agent` could start now under the caps.
+    pub fn fits(&self, tenant: &str, agent: &str) -> bool {
+        self.blocker(tenant, agent).is_none()
+    }
+
     /// Every queued run with its position in line, position 1 first. The line is the
     /// order in which the runs would start if slots freed one at a time now and no cap
     /// other than the global one applied; caps can let a later run start first.
@@ -358,11 +398,16 @@ impl Admitter {
 
     /// The index in `waiting` of the run to start next, among those the caps allow.
     fn pick_startable(&self, now_ms: u64) -> Option<usize> {
+        self.pick_startable_where(now_ms, &|_| true)
+    }
+
+    /// [`Admitter::pick_startable`] among the runs `eligible` accepts.
+    fn pick_startable_where(&self, now_ms: u64, eligible: &dyn Fn(&Ticket) -> bool) -> Option<usize> {
         let tenant_live = |tenant: &str| u64::from(self.live_per_tenant.get(tenant).copied().unwrap_or(0));
         (0..self.waiting.len())
             .filter(|&index| {
                 let ticket = &self.waiting[index].ticket;
-                self.blocker(&ticket.tenant, &ticket.agent).is_none()
+                eligible(ticket) && self.blocker(&ticket.tenant, &ticket.agent).is_none()
             })
             .min_by(|&a, &b| self.compare_waiting(a, b, now_ms, &tenant_live))
     }

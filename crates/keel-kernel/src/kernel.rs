@@ -112,6 +112,9 @@ pub(crate) struct Inner {
     pub(crate) mailboxes: crate::mailboxes::Mailboxes,
     /// Admission control (caps on live runs, the queue).
     pub(crate) admissions: crate::admission::Admissions,
+    /// Among several nodes with caps: another node said a queued run may start (see
+    /// `Kernel::pull_queued`).
+    pub(crate) pull_wanted: tokio::sync::Notify,
     /// Queued runs given a slot, to launch (served by one background task).
     pub(crate) launches: tokio::sync::mpsc::UnboundedSender<RunId>,
     /// Swapped-out runs to bring back (served by one background task).
@@ -169,7 +172,7 @@ impl Kernel {
         let (stop_trees, mut stop_requests) = tokio::sync::mpsc::unbounded_channel();
         let (wakeups, mut wake_requests) = tokio::sync::mpsc::unbounded_channel::<RunId>();
         let (launches, mut launch_requests) = tokio::sync::mpsc::unbounded_channel::<RunId>();
-        let admissions = crate::admission::Admissions::new(&options.scheduler);
+        let admissions = crate::admission::Admissions::new(&options.scheduler, options.cluster.is_some());
         let swap_after = options.swap_after;
         let cluster_secret = match &options.cluster {
             Some(member) => Some(member.cluster.secret().await?),
@@ -199,6 +202,7 @@ impl Kernel {
                 stop_trees,
                 wakeups,
                 admissions,
+                pull_wanted: tokio::sync::Notify::new(),
                 launches,
                 mailbox_capacity: crate::mailboxes::capacity_from_env(),
                 tools: crate::tools::Registry::new(options.tools),
@@ -609,6 +613,11 @@ impl Kernel {
             .budget_reason(&record.id)
             .or_else(|| self.approval_reason(&record.id))
             .or_else(|| self.queue_reason(&record.id))
+            // Among several nodes, a run queued through another node may not be in the
+            // ledger as this node last read it.
+            .or_else(|| {
+                (record.state == RunState::Queued).then(|| "queued: waiting for a live slot".to_owned())
+            })
             .or_else(|| match queues {
                 Some(queues) => queues.reason(&record.id),
                 None => self.llm_queue_reason(&record.id),

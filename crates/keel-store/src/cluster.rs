@@ -23,6 +23,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use keel_core::placement::{Change, Slot};
 use keel_types::RunId;
 
 use crate::Result;
@@ -116,6 +117,16 @@ pub trait Cluster: Send + Sync + 'static {
     /// Leaves the cluster: this node's heartbeat ends now, so the other nodes take its
     /// runs over at once (its record stays, not live, until the id joins again).
     async fn leave(&self) -> Result<()>;
+
+    /// One admission decision on the cluster's ledger of live slots and waiting runs (see
+    /// `keel_core::placement`): under a lock every node takes, the rows (those of ended
+    /// runs, and rows whose run never got a record, dropped first) are given to `decide`,
+    /// and the changes it returns are written, in one transaction. `decide` may be called
+    /// again if the transaction has to be retried, so it must not act on its own.
+    async fn admission(
+        &self,
+        decide: &mut (dyn for<'l> FnMut(&'l [Slot]) -> Vec<Change> + Send),
+    ) -> Result<()>;
 
     /// Tells every node that something happened for `run` (a message arrived, a child
     /// ended, a decision was taken): its owner wakes whatever waits for it.

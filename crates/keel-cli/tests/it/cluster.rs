@@ -75,6 +75,18 @@ pub(crate) fn nodes(db: &TestDatabase, n: usize, port: u16) -> Vec<Keel> {
 /// provider and leases good for `ttl` seconds; `prepare` sees its data directory before
 /// it starts (to write a keel.toml).
 pub(crate) fn node(url: &str, i: usize, port: u16, ttl: &str, prepare: impl FnOnce(&Keel)) -> Keel {
+    node_with(url, i, port, ttl, prepare, &[])
+}
+
+/// [`node`] with more `keel serve` arguments.
+pub(crate) fn node_with(
+    url: &str,
+    i: usize,
+    port: u16,
+    ttl: &str,
+    prepare: impl FnOnce(&Keel),
+    extra: &[&str],
+) -> Keel {
     let mut node = Keel::new();
     node.daemon_env = vec![
         ("OPENAI_API_KEY".into(), "sk-upstream-test".into()),
@@ -82,16 +94,12 @@ pub(crate) fn node(url: &str, i: usize, port: u16, ttl: &str, prepare: impl FnOn
     ];
     prepare(&node);
     // Several nodes of several tests share the server's 100 connections.
-    node.start_daemon_with(&[
-        "--store",
-        url,
-        "--node-id",
-        &format!("n{i}"),
-        "--lease-ttl",
-        ttl,
-        "--store-pool",
-        "8",
-    ]);
+    node.start_daemon_with(
+        &["--store", url, "--node-id", &format!("n{i}"), "--lease-ttl", ttl, "--store-pool", "8"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect::<Vec<_>>(),
+    );
     node
 }
 

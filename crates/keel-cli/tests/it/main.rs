@@ -7,6 +7,7 @@ mod audit;
 mod bad_input;
 mod budgets;
 mod cluster;
+mod cluster_admission;
 mod cluster_faults;
 mod control;
 mod crash;

@@ -5,6 +5,7 @@
 use crate::now_ms;
 use crate::run::RunSpec;
 use crate::{Error, Kernel, Result};
+use keel_core::placement::{self, Decision, Placement, Slot};
 use keel_core::sched::{Admission, Priority, Ticket};
 use keel_store::RunRecord;
 use keel_types::RunId;
@@ -42,38 +43,103 @@ fn record_ticket(record: &RunRecord, submitted_ms: u64) -> Ticket {
 impl Kernel {
     /// Asks for a live slot for a new run: `Ok(true)` start now, `Ok(false)` wait in
     /// `queued`, `Err` a full queue (HTTP 429 with Retry-After).
-    pub(crate) fn admit(&self, ticket: Ticket) -> Result<bool> {
-        match self.inner.admissions.lock().submit(ticket, now_ms()) {
-            Admission::Start => Ok(true),
-            Admission::Queued { .. } => Ok(false),
-            Admission::Rejected { retry_after_ms, reason } => Err(Error::QuotaExceeded {
+    pub(crate) async fn admit(&self, ticket: Ticket) -> Result<bool> {
+        let answer = if self.inner.admissions.shared().is_some() {
+            let run = ticket.run.clone();
+            match self
+                .on_ledger(true, |p, ledger, node| {
+                    p.submit(ledger, node, ticket.clone(), now_ms(), true, false)
+                })
+                .await?
+            {
+                Ok(decision) => Ok(decision.start_here.contains(&run)),
+                Err(rejected) => Err(rejected),
+            }
+        } else {
+            match self.inner.admissions.lock().submit(ticket, now_ms()) {
+                Admission::Start => Ok(true),
+                Admission::Queued { .. } => Ok(false),
+                rejected => Err(rejected),
+            }
+        };
+        match answer {
+            Ok(start) => Ok(start),
+            Err(Admission::Rejected { retry_after_ms, reason }) => Err(Error::QuotaExceeded {
                 message: format!("the run queue is full: {reason}; try again later"),
                 retry_after_secs: retry_after_ms.div_ceil(1000),
             }),
+            Err(_) => Ok(false),
         }
     }
 
-    /// A run ended (or was stopped while queued): its slot goes to the next queued runs.
+    /// A run ended (or was stopped while queued, or swapped out): its slot goes to the
+    /// next queued runs.
     pub(crate) fn release_slot(&self, run: &RunId) {
-        let next = self.inner.admissions.lock().finish(run.as_str(), now_ms());
-        for run in next {
-            if let Ok(run) = RunId::parse(&run) {
-                self.request_launch(&run);
+        if self.inner.admissions.shared().is_none() {
+            let next = self.inner.admissions.lock().finish(run.as_str(), now_ms());
+            for run in next {
+                if let Ok(run) = RunId::parse(&run) {
+                    self.request_launch(&run);
+                }
             }
+            return;
         }
+        // On the ledger: in the background, retried while the store is away (a slot left
+        // taken would hold a queued run back; an ended run's row is also dropped by the
+        // next decision anywhere, but a swapped-out run's is not).
+        let kernel = self.clone();
+        let run = run.clone();
+        tokio::spawn(async move {
+            let mut backoff = std::time::Duration::from_millis(100);
+            loop {
+                let released = kernel
+                    .on_ledger(true, |p, ledger, node| Ok(p.release(ledger, node, run.as_str(), now_ms())))
+                    .await;
+                match released {
+                    Ok(Ok(decision)) => return kernel.start_pulled(decision),
+                    Ok(Err(_)) => return,
+                    Err(err) if kernel.inner.shutting_down.load(std::sync::atomic::Ordering::SeqCst) => {
+                        tracing::debug!(run = %run, "the slot was not given back before shutdown: {err}");
+                        return;
+                    }
+                    Err(err) => {
+                        tracing::warn!(run = %run, "could not give the run's slot back (retrying): {err}")
+                    }
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+            }
+        });
     }
 
     /// A swapped-out run whose wait is over asks for its live slot back: `true` when it
     /// may be relaunched now; otherwise it stays swapped out in the queue, never refused,
-    /// and `launch_queued` brings it back when a slot frees.
-    pub(crate) fn reclaim_slot(&self, record: &RunRecord) -> bool {
+    /// and `launch_queued` brings it back when a slot frees (among several nodes: a slot
+    /// on this node, which keeps its lease).
+    pub(crate) async fn reclaim_slot(&self, record: &RunRecord) -> bool {
         let ticket = record_ticket(record, now_ms());
+        if self.inner.admissions.shared().is_some() {
+            return self.decide_on_ledger(ticket, true).await;
+        }
         matches!(self.inner.admissions.lock().resume(ticket, now_ms()), Admission::Start)
     }
 
     /// Recovery: a run already live keeps its slot; a queued one queues again.
-    pub(crate) fn restore_slot(&self, record: &RunRecord, live: bool) -> bool {
+    pub(crate) async fn restore_slot(&self, record: &RunRecord, live: bool) -> bool {
         let ticket = record_ticket(record, record.created_at_ms);
+        if self.inner.admissions.shared().is_some() {
+            if !live {
+                return self.decide_on_ledger(ticket, false).await;
+            }
+            if let Err(err) =
+                self.on_ledger(false, |p, _, node| Ok(p.restore_live(node, ticket.clone()))).await
+            {
+                // It runs anyway (it was live); the next decision that reads the ledger
+                // may then start one run too many until this one ends.
+                tracing::warn!(run = %record.id, "could not count the recovered run's slot: {err}");
+            }
+            return true;
+        }
         if live {
             self.inner.admissions.lock().restore_live(ticket);
             true
@@ -82,13 +148,94 @@ impl Kernel {
         }
     }
 
+    /// A run that may not be refused asks for a slot on the ledger: whether it starts
+    /// here now (a store error: not now; it is asked again when it is woken or pulled).
+    async fn decide_on_ledger(&self, ticket: Ticket, home: bool) -> bool {
+        let run = ticket.run.clone();
+        match self
+            .on_ledger(true, |p, ledger, node| p.submit(ledger, node, ticket.clone(), now_ms(), false, home))
+            .await
+        {
+            Ok(Ok(decision)) => decision.start_here.contains(&run),
+            Ok(Err(_)) => false,
+            Err(err) => {
+                tracing::warn!(run = %run, "could not ask for a live slot: {err}");
+                false
+            }
+        }
+    }
+
+    /// Starts here the waiting runs this node has room for (among several nodes with
+    /// caps; otherwise nothing).
+    pub(crate) async fn pull_queued(&self) {
+        if self.inner.admissions.shared().is_none() || self.is_draining() {
+            return;
+        }
+        match self.on_ledger(false, |p, ledger, node| Ok(p.pull(ledger, node, now_ms()))).await {
+            Ok(Ok(decision)) => self.start_pulled(decision),
+            Ok(Err(_)) => {}
+            Err(err) => tracing::warn!("could not look for queued runs to start: {err}"),
+        }
+    }
+
+    fn start_pulled(&self, decision: Decision) {
+        for run in decision.start_here {
+            if let Ok(run) = RunId::parse(&run) {
+                self.request_launch(&run);
+            }
+        }
+    }
+
+    /// One decision on the cluster's admission ledger (see `keel_core::placement`), by
+    /// `decide`; the ledger as it then stands is kept for queue positions. With `nudge`,
+    /// when a waiting run could start on a node with room, the other nodes are told (a
+    /// pull never nudges, or nodes without room would wake each other forever).
+    async fn on_ledger(
+        &self,
+        nudge_others: bool,
+        mut decide: impl FnMut(&Placement, &[Slot], &str) -> std::result::Result<Decision, Admission> + Send,
+    ) -> Result<std::result::Result<Decision, Admission>> {
+        let (Some(placement), Some(member)) = (self.inner.admissions.shared(), &self.inner.cluster) else {
+            return Ok(Ok(Decision::default()));
+        };
+        let node = member.cluster.node_id().to_owned();
+        let mut outcome = None;
+        let mut nudge = None;
+        let mut seen = None;
+        member
+            .cluster
+            .admission(&mut |ledger: &[Slot]| {
+                let decided = decide(placement, ledger, &node);
+                let changes = decided.as_ref().map(|d| d.changes.clone()).unwrap_or_default();
+                let after = placement::apply(ledger, &changes);
+                nudge = if nudge_others { placement.startable_elsewhere(&after) } else { None };
+                seen = Some(placement.admitter(&after));
+                outcome = Some(decided);
+                changes
+            })
+            .await?;
+        if let Some(admitter) = seen {
+            *self.inner.admissions.lock() = admitter;
+        }
+        if let Some(run) = nudge.and_then(|run| RunId::parse(&run).ok()) {
+            let cluster = std::sync::Arc::clone(&member.cluster);
+            tokio::spawn(async move {
+                if let Err(err) = cluster.wake(&run).await {
+                    tracing::debug!("could not tell the other nodes a run may start: {err}");
+                }
+            });
+        }
+        Ok(outcome.unwrap_or_else(|| Ok(Decision::default())))
+    }
+
     /// Where a queued run stands, in words (`keel ps`).
     pub(crate) fn queue_reason(&self, run: &RunId) -> Option<String> {
         let admitter = self.inner.admissions.lock();
         let queued = admitter.queued();
         let position = queued.iter().find(|(id, _)| id == run.as_str())?.1;
+        let scope = if self.inner.admissions.shared().is_some() { " across the cluster" } else { "" };
         Some(format!(
-            "queued: {position} of {} waiting for a live slot ({} live)",
+            "queued: {position} of {} waiting for a live slot{scope} ({} live)",
             queued.len(),
             admitter.live_count()
         ))

@@ -97,6 +97,20 @@ impl Kernel {
             }
         });
 
+        if self.inner.admissions.shared().is_some() {
+            // Queued runs this node has room for: looked for when another node says one
+            // may start, and at every heartbeat in case that word was lost.
+            let kernel = self.clone();
+            tokio::spawn(async move {
+                while !kernel.inner.shutting_down.load(Ordering::SeqCst) {
+                    let _ = tokio::time::timeout(every, kernel.inner.pull_wanted.notified()).await;
+                    kernel.pull_queued().await;
+                    // Word from several nodes at once is served by one look.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+        }
+
         let kernel = self.clone();
         tokio::spawn(async move {
             while !kernel.inner.shutting_down.load(Ordering::SeqCst) {
@@ -179,6 +193,8 @@ impl Kernel {
         self.inner.mailboxes.arrived(run);
         self.inner.mailboxes.taken(run);
         self.inner.run_ended.notify_waiters();
+        // A slot may have freed, or a run been queued, on another node.
+        self.inner.pull_wanted.notify_one();
         // Only the owner brings a swapped-out run back; the others' writes would be
         // refused.
         if self.inner.cluster.as_ref().is_some_and(|member| member.cluster.holds(run)) {

@@ -48,7 +48,7 @@ impl Kernel {
         let now = now_ms();
         let spec = request.spec();
         // A live slot now, a place in the queue, or a refusal (429) before the run exists.
-        let start = self.admit(super::admission::ticket(&id, &request.tenant, &spec, now))?;
+        let start = self.admit(super::admission::ticket(&id, &request.tenant, &spec, now)).await?;
         let created = self
             .inner
             .store

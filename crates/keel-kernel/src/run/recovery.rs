@@ -46,7 +46,7 @@ impl Kernel {
         let runs = resident;
         // Runs that were live keep their slots; queued ones queue again (in `recover`).
         for run in runs.iter().filter(|r| !matches!(r.state, RunState::Created | RunState::Queued)) {
-            self.restore_slot(run, true);
+            self.restore_slot(run, true).await;
         }
         // Agents of the previous kernel die with it (PDEATHSIG), but descendants that
         // escaped may linger; they must not race the relaunched agents. One scan of /proc
@@ -88,8 +88,11 @@ impl Kernel {
                 } else {
                     run
                 };
-                if !self.restore_slot(&run, false) {
-                    return Ok(run); // Still waiting for a live slot.
+                if !self.restore_slot(&run, false).await {
+                    // Still waiting for a live slot. Among several nodes, the node with
+                    // room starts it: a lease taken to recover it here is given up.
+                    self.give_up_lease(&run.id).await;
+                    return Ok(run);
                 }
                 self.launch(run, false).await
             }

@@ -139,7 +139,7 @@ impl Kernel {
         if !is_swapped(&record) {
             return;
         }
-        if !self.reclaim_slot(&record) {
+        if !self.reclaim_slot(&record).await {
             self.emit(run, EventKind::Queued, json!({ "reason": self.queue_reason(run) }));
             return;
         }

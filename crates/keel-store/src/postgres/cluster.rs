@@ -12,9 +12,19 @@ use super::fence::Fences;
 use super::{PgStore, pg_error};
 use crate::cluster::{Cluster, Lease, MAX_CLOCK_SKEW, NodeInfo, NodeRecord};
 use crate::{Error, Result};
+use keel_core::placement::{Change, Slot};
+use keel_core::sched::Ticket;
 
 /// The states of runs a dead node's successor takes over (the ones a restart recovers).
 const RECOVERABLE: &str = "('created', 'queued', 'running', 'waiting', 'recovering')";
+
+/// The advisory lock every node takes to decide an admission (`admission`): decisions
+/// are serialized across the cluster.
+const ADMISSION_LOCK: i64 = 0x6b65_656c_0002;
+
+/// How long a ledger row may name a run with no record before it is taken for a node's
+/// leftover (the record follows the row within moments).
+const ORPHAN_SLOT_AFTER: Duration = Duration::from_secs(60);
 
 /// One node's membership in the cluster of kernels sharing a Postgres database.
 pub struct PgNode {
@@ -303,7 +313,8 @@ impl Cluster for PgNode {
         // Candidates: runs a restart would recover whose lease names a node whose
         // heartbeat lapsed, or this node's previous life (found at join), and runs without
         // a lease that have not changed for a whole ttl (their node died before it took
-        // one, or they wait in a live node's queue: a node with room may start them).
+        // one, or they wait in a live node's queue: a node with room may start them),
+        // unless they wait on the cluster's admission ledger, whose nodes start them.
         let candidates = client
             .query(
                 &format!(
@@ -311,7 +322,8 @@ impl Cluster for PgNode {
                      LEFT JOIN run_leases l ON l.run_id = r.id
                      LEFT JOIN keel_nodes n ON n.id = l.node
                      WHERE r.state IN {RECOVERABLE}
-                       AND ((l.run_id IS NULL AND r.updated_at_ms < $1)
+                       AND ((l.run_id IS NULL AND r.updated_at_ms < $1
+                             AND NOT EXISTS (SELECT 1 FROM run_slots s WHERE s.run_id = r.id AND s.node IS NULL))
                          OR (l.run_id IS NOT NULL AND l.node <> $2 AND (n.id IS NULL OR n.expires_at < now()))
                          OR r.id = ANY($3))
                      ORDER BY r.id = ANY($3) DESC, r.created_at_ms, r.id
@@ -403,6 +415,82 @@ impl Cluster for PgNode {
             .execute("UPDATE keel_nodes SET draining = $2 WHERE id = $1", &[&self.id, &draining])
             .await
             .map_err(pg_error("marking the node draining"))?;
+        Ok(())
+    }
+
+    async fn admission(
+        &self,
+        decide: &mut (dyn for<'l> FnMut(&'l [Slot]) -> Vec<Change> + Send),
+    ) -> Result<()> {
+        let mut client = self.store.client("deciding an admission").await?;
+        let tx = client.transaction().await.map_err(pg_error("beginning an admission"))?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADMISSION_LOCK])
+            .await
+            .map_err(pg_error("taking the admission lock"))?;
+        // Rows left behind by a node that died between a run's end and its release, or
+        // between a row and its run's record (which follows within moments).
+        tx.execute(
+            "DELETE FROM run_slots s WHERE EXISTS (SELECT 1 FROM runs r WHERE r.id = s.run_id
+                 AND r.state NOT IN ('created', 'queued', 'running', 'waiting', 'paused', 'recovering'))
+             OR (NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = s.run_id) AND s.submitted_ms < $1)",
+            &[&(now_ms() - ORPHAN_SLOT_AFTER.as_millis() as i64)],
+        )
+        .await
+        .map_err(pg_error("dropping the slots of ended runs"))?;
+        let rows = tx
+            .query(
+                "SELECT s.run_id, s.tenant, s.agent, s.priority, s.submitted_ms, s.node, s.home, r.state
+                 FROM run_slots s LEFT JOIN runs r ON r.id = s.run_id",
+                &[],
+            )
+            .await
+            .map_err(pg_error("reading the admission ledger"))?;
+        let mut ledger = Vec::with_capacity(rows.len());
+        for row in rows {
+            let priority: String = row.get(3);
+            let home: Option<String> = row.get(6);
+            let state: Option<String> = row.get(7);
+            ledger.push(Slot {
+                ticket: Ticket {
+                    run: row.get(0),
+                    tenant: row.get(1),
+                    agent: row.get(2),
+                    priority: priority
+                        .parse()
+                        .map_err(|e| Error::Corrupt(format!("run_slots: priority {priority:?}: {e}")))?,
+                    submitted_ms: row.get::<_, i64>(4) as u64,
+                },
+                node: row.get(5),
+                ready: home.is_some() || state.as_deref() == Some("queued"),
+                home,
+            });
+        }
+        for change in decide(&ledger) {
+            match change {
+                Change::Put(slot) => tx
+                    .execute(
+                        "INSERT INTO run_slots (run_id, tenant, agent, priority, submitted_ms, node, home)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7)
+                         ON CONFLICT (run_id) DO UPDATE SET node = EXCLUDED.node, home = EXCLUDED.home",
+                        &[
+                            &slot.ticket.run,
+                            &slot.ticket.tenant,
+                            &slot.ticket.agent,
+                            &slot.ticket.priority.as_str(),
+                            &(slot.ticket.submitted_ms as i64),
+                            &slot.node,
+                            &slot.home,
+                        ],
+                    )
+                    .await
+                    .map_err(pg_error("writing the admission ledger"))?,
+                Change::Remove(run) => tx
+                    .execute("DELETE FROM run_slots WHERE run_id = $1", &[&run])
+                    .await
+                    .map_err(pg_error("writing the admission ledger"))?,
+            };
+        }
+        tx.commit().await.map_err(pg_error("committing an admission"))?;
         Ok(())
     }
 

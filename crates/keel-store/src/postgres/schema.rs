@@ -50,7 +50,7 @@ use crate::{Error, Result};
 
 /// Migration `i` brings a database from version `i` to version `i + 1`. Append only:
 /// a released migration never changes.
-const MIGRATIONS: &[&str] = &[V1, V2];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The schema this build writes and reads.
 pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
@@ -61,6 +61,21 @@ pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
 const MIGRATION_LOCK: i64 = 0x6b65_656c;
 
 /// Version 2: nodes, run leases and the cluster's secret; see the module doc.
+/// Version 3: the cluster's admission ledger (`keel_core::placement`): a row per run that
+/// holds a live slot on a node (`node`) or waits for one (`node` NULL; `home`, a node
+/// that alone may start it). Written before the run's record exists, so no foreign key.
+const V3: &str = r#"
+CREATE TABLE run_slots (
+    run_id       TEXT COLLATE "C" PRIMARY KEY,
+    tenant       TEXT NOT NULL,
+    agent        TEXT NOT NULL,
+    priority     TEXT NOT NULL,
+    submitted_ms BIGINT NOT NULL,
+    node         TEXT COLLATE "C",
+    home         TEXT COLLATE "C"
+);
+"#;
+
 const V2: &str = r#"
 CREATE TABLE keel_nodes (
     id           TEXT COLLATE "C" PRIMARY KEY,

@@ -214,3 +214,82 @@ async fn a_restarted_node_takes_its_own_runs_back_and_never_a_lease_it_is_taking
     assert!(second_life.claim_orphans(10).await.unwrap().is_empty());
     store.append_events(&fresh, vec![event("still ours")]).await.expect("the lease it took stays its own");
 }
+
+/// The admission ledger: decisions from several nodes at once are serialized (a cap of
+/// five is never exceeded however the submissions interleave), and an ended run's row is
+/// dropped by the next decision anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_decisions_are_serialized_across_nodes() {
+    use keel_core::placement::{Placement, Slot};
+    use keel_core::sched::{Caps, Priority, Ticket, Weights};
+    use std::sync::Arc;
+
+    let db = TestDatabase::create().await;
+    let placement = Placement {
+        caps: Caps { global: Some(5), per_tenant: None, per_agent: None, queue: 100 },
+        weights: Weights::default(),
+        aging_ms: 0,
+        node_cap: None,
+    };
+    let mut nodes = Vec::new();
+    for id in ["a", "b", "c"] {
+        let (store, node) = node(&db, id).await;
+        nodes.push((store, Arc::new(node)));
+    }
+    let mut submissions = tokio::task::JoinSet::new();
+    for (_, node) in &nodes {
+        for _ in 0..8 {
+            let (placement, node) = (placement.clone(), Arc::clone(node));
+            submissions.spawn(async move {
+                let ticket = Ticket {
+                    run: RunId::generate(now_ms()).to_string(),
+                    tenant: "t".to_owned(),
+                    agent: "agent".to_owned(),
+                    priority: Priority::Normal,
+                    submitted_ms: now_ms(),
+                };
+                let mut started = false;
+                node.admission(&mut |ledger: &[Slot]| {
+                    let decision = placement
+                        .submit(ledger, node.node_id(), ticket.clone(), now_ms(), true, false)
+                        .unwrap();
+                    started = decision.start_here.contains(&ticket.run);
+                    decision.changes
+                })
+                .await
+                .unwrap();
+                started
+            });
+        }
+    }
+    let started = submissions.join_all().await;
+    assert_eq!(started.iter().filter(|s| **s).count(), 5, "{started:?}");
+    let mut seen = Vec::new();
+    nodes[0]
+        .1
+        .admission(&mut |ledger: &[Slot]| {
+            seen = ledger.to_vec();
+            Vec::new()
+        })
+        .await
+        .unwrap();
+    assert_eq!(seen.len(), 24);
+    assert_eq!(seen.iter().filter(|slot| slot.node.is_some()).count(), 5);
+
+    // A run that ended: its row goes at the next decision, whoever takes it.
+    let live = seen.iter().find(|slot| slot.node.is_some()).unwrap().ticket.run.clone();
+    let mut run = new_run(now_ms());
+    run.id = RunId::parse(&live).unwrap();
+    run.state = RunState::Succeeded;
+    nodes[1].0.create_run(run).await.unwrap();
+    nodes[2]
+        .1
+        .admission(&mut |ledger: &[Slot]| {
+            seen = ledger.to_vec();
+            Vec::new()
+        })
+        .await
+        .unwrap();
+    assert_eq!(seen.len(), 23);
+    assert!(seen.iter().all(|slot| slot.ticket.run != live), "{seen:?}");
+}
