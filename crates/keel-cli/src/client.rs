@@ -82,11 +82,16 @@ fn http_client() -> reqwest::Client {
 }
 
 impl Client {
-    /// A client for the kernel at `base`, if one answers there.
+    /// A client for the kernel at `base`, if one answers there. Nothing listening is
+    /// known at once (the connection is refused, or not made within `PROBE_CONNECT`); a
+    /// kernel that accepted the connection is given `PROBE_ANSWER` to answer, since a busy
+    /// one (its health includes a read of the store) is still the kernel to talk to.
     async fn probe(base: String, token: String) -> Option<Client> {
+        const PROBE_CONNECT: Duration = Duration::from_secs(2);
+        const PROBE_ANSWER: Duration = Duration::from_secs(30);
         let http = http_client();
-        let response =
-            http.get(format!("{base}/v1/health")).timeout(Duration::from_secs(2)).send().await.ok()?;
+        let probe = reqwest::Client::builder().no_proxy().connect_timeout(PROBE_CONNECT).build().ok()?;
+        let response = probe.get(format!("{base}/v1/health")).timeout(PROBE_ANSWER).send().await.ok()?;
         response.json::<HealthView>().await.ok()?;
         Some(Client { http, base, token, embedded: None })
     }

@@ -64,6 +64,13 @@ pub const DEFAULT_POOL_SIZE: usize = 32;
 /// How long opening a connection may take before the database counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long the server lets a connection sit in an open transaction without a word from
+/// it before it ends the session (`idle_in_transaction_session_timeout`). Keel's
+/// transactions are a few pipelined round trips; a node paused or cut off inside one
+/// would otherwise hold its row locks (a run's lease row, taken `FOR SHARE`) for as long
+/// as it is gone, and no other node could claim that run.
+const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long a call waits for a free connection before the store counts as unreachable
 /// (every connection stuck on a server that stopped answering).
 const POOL_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -122,6 +129,13 @@ impl PgStore {
         })?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        // After the URL's own options (a `search_path`, say), unless it sets this one.
+        let options = config.get_options().unwrap_or_default().to_owned();
+        if !options.contains("idle_in_transaction_session_timeout") {
+            let timeout =
+                format!("-c idle_in_transaction_session_timeout={}", IDLE_IN_TRANSACTION_TIMEOUT.as_millis());
+            config.options(if options.is_empty() { timeout } else { format!("{options} {timeout}") });
         }
         // `NoTls`: Keel talks to a database on the same host or a private network today; a
         // TLS connector (and `sslmode` in the URL) comes with the first deployment that

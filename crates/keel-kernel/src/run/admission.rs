@@ -124,27 +124,40 @@ impl Kernel {
         matches!(self.inner.admissions.lock().resume(ticket, now_ms()), Admission::Start)
     }
 
-    /// Recovery: a run already live keeps its slot; a queued one queues again.
-    pub(crate) async fn restore_slot(&self, record: &RunRecord, live: bool) -> bool {
+    /// Recovery: a queued run queues again (`true`: it may start now).
+    pub(crate) async fn restore_slot(&self, record: &RunRecord) -> bool {
         let ticket = record_ticket(record, record.created_at_ms);
         if self.inner.admissions.shared().is_some() {
-            if !live {
-                return self.decide_on_ledger(ticket, false).await;
-            }
-            if let Err(err) =
-                self.on_ledger(false, |p, _, node| Ok(p.restore_live(node, ticket.clone()))).await
-            {
-                // It runs anyway (it was live); the next decision that reads the ledger
-                // may then start one run too many until this one ends.
-                tracing::warn!(run = %record.id, "could not count the recovered run's slot: {err}");
-            }
-            return true;
+            return self.decide_on_ledger(ticket, false).await;
         }
-        if live {
-            self.inner.admissions.lock().restore_live(ticket);
-            true
-        } else {
-            matches!(self.inner.admissions.lock().submit(ticket, now_ms()), Admission::Start)
+        matches!(self.inner.admissions.lock().submit(ticket, now_ms()), Admission::Start)
+    }
+
+    /// Recovery: runs that were live keep their slots (here, now), over the caps if need
+    /// be. Among several nodes, one decision on the ledger for all of them.
+    pub(crate) async fn restore_live_slots(&self, records: &[&RunRecord]) {
+        let tickets: Vec<Ticket> = records.iter().map(|r| record_ticket(r, r.created_at_ms)).collect();
+        if self.inner.admissions.shared().is_none() {
+            let mut admitter = self.inner.admissions.lock();
+            for ticket in tickets {
+                admitter.restore_live(ticket);
+            }
+            return;
+        }
+        if tickets.is_empty() {
+            return;
+        }
+        let restored = self
+            .on_ledger(false, |p, _, node| {
+                let changes =
+                    tickets.iter().flat_map(|ticket| p.restore_live(node, ticket.clone()).changes).collect();
+                Ok(Decision { changes, start_here: Vec::new() })
+            })
+            .await;
+        if let Err(err) = restored {
+            // They run anyway (they were live); until they end, the next decisions may
+            // start that many runs too many.
+            tracing::warn!("could not count {} recovered runs' slots: {err}", tickets.len());
         }
     }
 

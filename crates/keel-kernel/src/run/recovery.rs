@@ -45,9 +45,9 @@ impl Kernel {
         }
         let runs = resident;
         // Runs that were live keep their slots; queued ones queue again (in `recover`).
-        for run in runs.iter().filter(|r| !matches!(r.state, RunState::Created | RunState::Queued)) {
-            self.restore_slot(run, true).await;
-        }
+        let live: Vec<&RunRecord> =
+            runs.iter().filter(|r| !matches!(r.state, RunState::Created | RunState::Queued)).collect();
+        self.restore_live_slots(&live).await;
         // Agents of the previous kernel die with it (PDEATHSIG), but descendants that
         // escaped may linger; they must not race the relaunched agents. One scan of /proc
         // serves every run. Runs taken over from another node are that node's to kill:
@@ -88,7 +88,7 @@ impl Kernel {
                 } else {
                     run
                 };
-                if !self.restore_slot(&run, false).await {
+                if !self.restore_slot(&run).await {
                     // Still waiting for a live slot. Among several nodes, the node with
                     // room starts it: a lease taken to recover it here is given up.
                     self.give_up_lease(&run.id).await;
