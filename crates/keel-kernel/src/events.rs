@@ -86,7 +86,20 @@ async fn write_loop(
             }
         }
         for (run, events) in per_run {
-            match store.append_events(&run, events).await {
+            // A store that is away (a database restarting) is waited for, the events kept;
+            // any other refusal (a run another node took over) drops them.
+            let mut backoff = Duration::from_millis(100);
+            let appended = loop {
+                match store.append_events(&run, events.clone()).await {
+                    Err(keel_store::Error::Unavailable { .. }) => {
+                        tracing::warn!(run = %run, "the store is unreachable; run events wait for it");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                    other => break other,
+                }
+            };
+            match appended {
                 Ok(last) => {
                     let heads = heads.lock().unwrap_or_else(|p| p.into_inner());
                     if let Some(head) = heads.get(&run) {

@@ -77,6 +77,17 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The connection was lost while the write committed (a database restarting under
+    /// it): it may or may not have taken effect. Not `Unavailable`, whose retry is always
+    /// safe: the caller must find out (read back) before writing again.
+    #[error(
+        "the store connection was lost while {step}, so whether the write took effect is unknown: {source}"
+    )]
+    OutcomeUnknown {
+        step: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A write for a run whose lease this node no longer holds: another node took the run
     /// (its epoch is past `epoch`, the one this node held). Nothing was written; the caller
     /// must stop acting for the run at once.

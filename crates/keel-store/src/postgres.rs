@@ -316,11 +316,7 @@ async fn commit(transaction: Transaction<'_>) -> Result<()> {
 /// but a `Backend` error saying so.
 fn outcome_unknown(error: Error) -> Error {
     match error {
-        Error::Unavailable { step, source } => Error::Backend {
-            step,
-            source: format!("the connection was lost, so whether the write committed is unknown: {source}")
-                .into(),
-        },
+        Error::Unavailable { step, source } => Error::OutcomeUnknown { step, source },
         other => other,
     }
 }

@@ -129,7 +129,7 @@ impl Kernel {
         let still_here =
             || !self.inner.shutting_down.load(Ordering::SeqCst) && !live.lost.load(Ordering::SeqCst);
         let ended = self
-            .while_unavailable(&live.id, still_here, || self.transition(&live.id, command, patch.clone()))
+            .retry_while(&live.id, still_here, true, || self.transition(&live.id, command, patch.clone()))
             .await;
         if let Err(err) = ended {
             tracing::warn!(run = %live.id, "could not record the end of the run: {err}");

@@ -386,9 +386,11 @@ impl Kernel {
                 let patch = RunPatch { output: Some(Some(output)), ..RunPatch::default() };
                 // Written while the agent waits for the reply, so a store outage now must
                 // delay the exit, not lose the run's output.
-                self.while_current(live, || self.store().update_run(&live.id, None, patch.clone()))
-                    .await
-                    .map_err(internal)?;
+                self.while_current_idempotent(live, || {
+                    self.store().update_run(&live.id, None, patch.clone())
+                })
+                .await
+                .map_err(internal)?;
                 Ok(json!({}))
             }
             Call::Checkpoint => {

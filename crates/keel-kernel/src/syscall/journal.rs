@@ -5,9 +5,11 @@
 //! journal entries for them, so no family can get the order wrong.
 //!
 //! A store that cannot be reached (a Postgres server restarting) makes these writes wait
-//! and retry with backoff ([`Kernel::while_unavailable`]) rather than fail the call: the
+//! and retry with backoff ([`Kernel::retry_while`]) rather than fail the call: the
 //! store promises that an `Unavailable` write wrote nothing, so trying again cannot
 //! journal twice, and the agent sees a slow syscall instead of an error it cannot act on.
+//! A commit cut off by the outage (`OutcomeUnknown`) is resolved by reading back: an
+//! append found in the journal, or a completion found done, is not written again.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -29,20 +31,30 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// A store failure that wrote nothing because the store could not be reached, so the
-/// same write may be tried again (see `Kernel::while_unavailable`).
+/// same write may be tried again (see `Kernel::retry_while`).
 pub(crate) trait Unreachable {
     fn unreachable(&self) -> bool;
+    /// The write may or may not have taken effect (`keel_store::Error::OutcomeUnknown`).
+    fn outcome_unknown(&self) -> bool;
 }
 
 impl Unreachable for keel_store::Error {
     fn unreachable(&self) -> bool {
         matches!(self, keel_store::Error::Unavailable { .. })
     }
+
+    fn outcome_unknown(&self) -> bool {
+        matches!(self, keel_store::Error::OutcomeUnknown { .. })
+    }
 }
 
 impl Unreachable for crate::Error {
     fn unreachable(&self) -> bool {
         matches!(self, crate::Error::Store(store) if store.unreachable())
+    }
+
+    fn outcome_unknown(&self) -> bool {
+        matches!(self, crate::Error::Store(store) if store.outcome_unknown())
     }
 }
 
@@ -182,9 +194,7 @@ impl Kernel {
         let record = record.unwrap_or_else(|| reply.clone().unwrap_or(Value::Null));
         // Entries that go with the result are submitted together with it, so the store's
         // group commit makes them durable in one go, before the reply.
-        let appends = with.into_iter().map(|entry| {
-            self.while_current(live, move || self.store().append_entry(&live.id, entry.clone()))
-        });
+        let appends = with.into_iter().map(|entry| async move { self.append(live, entry).await });
         let (appended, completed) = tokio::join!(
             futures_util::future::join_all(appends),
             self.complete(live, seq, method, &reply, record, usage, served, event)
@@ -212,10 +222,7 @@ impl Kernel {
     ) -> Result<Seq, SyscallError> {
         let entry = completed_entry(live.attempt, method, params, hash, outcome, usage);
         let status = entry.status;
-        let seq = self
-            .while_current(live, || self.store().append_entry(&live.id, entry.clone()))
-            .await
-            .map_err(internal)?;
+        let seq = self.append(live, entry).await.map_err(internal)?;
         self.emit_syscall(live, seq, method, status, extra);
         Ok(seq)
     }
@@ -240,9 +247,32 @@ impl Kernel {
             finished_at_ms: None,
             usage: Usage::default(),
         };
-        self.while_current(live, || self.store().append_entry(&live.id, entry.clone()))
-            .await
-            .map_err(internal)
+        self.append(live, entry).await.map_err(internal)
+    }
+
+    /// Appends `entry` to `live`'s journal, waiting out a store outage. A commit whose
+    /// outcome is unknown (the connection lost under it) is resolved by reading the
+    /// journal back: the entry is there (this attempt's, same method, params and start
+    /// time), or the append is made again; never twice.
+    async fn append(&self, live: &Arc<LiveRun>, entry: NewEntry) -> keel_store::Result<Seq> {
+        loop {
+            match self.while_current(live, || self.store().append_entry(&live.id, entry.clone())).await {
+                Err(keel_store::Error::OutcomeUnknown { .. }) if self.is_current(live) => {
+                    let journal = self.while_current(live, || self.store().journal(&live.id, 0)).await?;
+                    let landed = journal.iter().rev().find(|e| {
+                        e.attempt == entry.attempt
+                            && e.method == entry.method
+                            && e.params_hash == entry.params_hash
+                            && e.started_at_ms == entry.started_at_ms
+                    });
+                    if let Some(landed) = landed {
+                        return Ok(landed.seq);
+                    }
+                    tracing::info!(run = %live.id, "a journal append whose commit was cut off did not land; writing it again");
+                }
+                outcome => return outcome,
+            }
+        }
     }
 
     /// Records the outcome of a pending entry and reports it as a `syscall` event.
@@ -266,15 +296,31 @@ impl Kernel {
         };
         let completion =
             Completion { status, result, error, finished_at_ms: now_ms(), usage, provider_served: served };
-        self.while_current(live, || self.store().complete_entry(&live.id, seq, completion.clone()))
-            .await
-            .map_err(internal)?;
+        loop {
+            match self
+                .while_current(live, || self.store().complete_entry(&live.id, seq, completion.clone()))
+                .await
+            {
+                // Cut off while committing: done if the entry is no longer pending.
+                Err(keel_store::Error::OutcomeUnknown { .. }) if self.is_current(live) => {
+                    let entries = self.while_current(live, || self.store().journal(&live.id, seq - 1)).await;
+                    let entries = entries.map_err(internal)?;
+                    if entries.first().is_some_and(|e| e.seq == seq && e.status != EntryStatus::Pending) {
+                        break;
+                    }
+                }
+                outcome => {
+                    outcome.map_err(internal)?;
+                    break;
+                }
+            }
+        }
         self.emit_syscall(live, seq, method, status, extra);
         Ok(())
     }
 
     /// Runs the journal write `write` for `live` until the store can be reached (see
-    /// [`Kernel::while_unavailable`]), for as long as `live` is the run's current attempt
+    /// [`Kernel::retry_while`]), for as long as `live` is the run's current attempt
     /// here: a stopped, ended or lost run's call does not wait forever.
     pub(crate) async fn while_current<T, F, Fut>(
         &self,
@@ -286,7 +332,23 @@ impl Kernel {
         Fut: Future<Output = keel_store::Result<T>>,
     {
         let current = || self.is_current(live) && !live.lost.load(std::sync::atomic::Ordering::SeqCst);
-        self.while_unavailable(&live.id, current, write).await
+        self.retry_while(&live.id, current, false, write).await
+    }
+
+    /// [`Kernel::while_current`] for a write that may safely be made twice (a patch of
+    /// fields, a compare-and-set of the state): one whose commit was cut off is simply
+    /// made again.
+    pub(crate) async fn while_current_idempotent<T, F, Fut>(
+        &self,
+        live: &Arc<LiveRun>,
+        write: F,
+    ) -> keel_store::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = keel_store::Result<T>>,
+    {
+        let current = || self.is_current(live) && !live.lost.load(std::sync::atomic::Ordering::SeqCst);
+        self.retry_while(&live.id, current, true, write).await
     }
 
     /// Runs the store write `write` for `run` until the store can be reached: while it
@@ -294,10 +356,13 @@ impl Kernel {
     /// `still_wanted()`, it waits with exponential backoff and tries again. Any other
     /// outcome is returned, as is the last failure once the write is no longer wanted.
     /// The one place kernel writes wait out a store outage.
-    pub(crate) async fn while_unavailable<T, E, F, Fut>(
+    /// With `idempotent`, a write whose commit was cut off (outcome unknown) is made again
+    /// too: only for writes that may safely be made twice.
+    pub(crate) async fn retry_while<T, E, F, Fut>(
         &self,
         run: &keel_types::RunId,
         still_wanted: impl Fn() -> bool,
+        idempotent: bool,
         mut write: F,
     ) -> Result<T, E>
     where
@@ -309,7 +374,9 @@ impl Kernel {
         let mut warned = false;
         loop {
             match write().await {
-                Err(err) if err.unreachable() && still_wanted() => {
+                Err(err)
+                    if (err.unreachable() || (idempotent && err.outcome_unknown())) && still_wanted() =>
+                {
                     if !warned {
                         tracing::warn!(run = %run, "{err}; the write waits until the store answers");
                         warned = true;
