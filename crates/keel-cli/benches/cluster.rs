@@ -6,19 +6,34 @@
 //!   to each of its runs taken over (relaunched by another node: `attempt` increased) and
 //!   live (its agent replayed the journal and journaled a new step: state `running`
 //!   again), reported against the TTL: a dead node is noticed only once its heartbeat
-//!   lapses, so T is the floor.
+//!   lapses, which is between T minus one heartbeat period (T / 3) and T after the kill
+//!   (the lease left at the kill, read from the database, is reported too), and then at
+//!   the next claim of another node (every T / 3).
 //! - Recovery: one node with N runs parked in `ipc.recv`, SIGKILLed and started again
 //!   with the same `--node-id`; time until every run is back (relaunched, replayed, and
 //!   waiting in `ipc.recv` again). The peer in the same run: the same N runs on a daemon
-//!   with the default SQLite store, killed and restarted the same way.
+//!   with the default SQLite store, killed and restarted the same way. Both run with
+//!   `--swap-after 0`: a swapped-out run stays swapped out across a restart (nothing to
+//!   relaunch), and parking 1,000 runs takes longer than the default 60 s.
+//! - Throughput: R runs of an agent journaling steps back to back (`sys.now`), created
+//!   on one node, then on three nodes (a third each) of a fresh database, then on one
+//!   daemon with the default SQLite store (read with the `sqlite3` tool); journal rows
+//!   counted in the store over a window once every run is under way, with the CPU the
+//!   nodes, their agents, Postgres and the whole machine used meanwhile.
 //!
 //! cargo bench -p keel-cli --bench cluster
 //!
 //! Needs `KEEL_BENCH_POSTGRES_URL` (else `KEEL_TEST_POSTGRES_URL`): a server where it may
 //! create and drop databases named `keel_test_bench_*`. BENCH_TTLS (failover lease TTLs in
-//! seconds, default `2,5,10`), BENCH_FAILOVER_RUNS (default 30), BENCH_RECOVERY_RUNS
+//! seconds, default `2,5,10`), BENCH_FAILOVER_RUNS (default 30), BENCH_FAILOVER_REPEATS
+//! (kills per TTL, each on a fresh cluster whose nodes start at random moments within a
+//! heartbeat period, default 3), BENCH_RECOVERY_RUNS
 //! (default 1000), BENCH_RECOVERY_TTL (the recovery node's lease TTL, default 2),
-//! BENCH_CLIENTS (concurrent API clients creating runs, default 8).
+//! BENCH_CLIENTS (concurrent API clients creating runs, default 8), BENCH_STORE_POOL
+//! (each node's `--store-pool`, default 24: three nodes share the server's 100
+//! connections), BENCH_STEP_RUNS (throughput runs, default 100; 0 skips it),
+//! BENCH_STEP_SECS (its window, default 10), BENCH_CASES (which of `failover`,
+//! `recovery`, `steps` to run, default all).
 
 #[path = "api.rs"]
 mod api;
@@ -48,7 +63,9 @@ struct Database {
 
 impl Database {
     fn create(admin: &str, label: &str) -> Database {
-        let name = format!("keel_test_bench_{}_{label}", std::process::id());
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("keel_test_bench_{}_{n}_{label}", std::process::id());
         psql(admin, &format!("CREATE DATABASE {name}"));
         let url = match admin.rsplit_once('/') {
             Some((server, _)) => format!("{server}/{name}"),
@@ -143,12 +160,20 @@ impl Node {
         std::fs::read_to_string(self.data.path().join("serve.log")).unwrap_or_default()
     }
 
-    /// SIGKILL, as a crash.
-    fn kill(&mut self) {
+    /// SIGKILL, as a crash; returns how long the process took to be gone (reaped): its
+    /// exit takes its sandboxed agents down with it, which with many runs takes the OS
+    /// seconds.
+    fn kill(&mut self) -> Duration {
+        let started = Instant::now();
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
+        started.elapsed()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
     }
 
     fn api(&self) -> api::Api {
@@ -240,10 +265,30 @@ fn secs(duration: Duration) -> f64 {
     duration.as_secs_f64()
 }
 
+/// `keel serve` arguments of node `id` on the database at `url`.
+fn node_args(url: &str, id: &str, ttl: f64, pool: usize) -> Vec<String> {
+    ["--store", url, "--node-id", id, "--lease-ttl", &ttl.to_string(), "--store-pool", &pool.to_string()]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+/// A number in [0, 1) that differs from call to call (not for anything but spreading
+/// start times).
+fn random_fraction() -> f64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
+    );
+    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
 struct Failover {
     ttl: f64,
     runs: usize,
     moved: usize,
+    /// From the SIGKILL to the killed node's heartbeat expiring.
+    lease_left: Duration,
     first_taken: Duration,
     all_taken: Duration,
     all_live: Duration,
@@ -251,18 +296,16 @@ struct Failover {
 
 /// 3 nodes, `runs` agents spread over them, node n2 SIGKILLed once every run journaled a
 /// few steps.
-fn failover(admin: &str, ttl: f64, runs: usize, clients: usize, script: &str) -> Failover {
+fn failover(admin: &str, ttl: f64, runs: usize, clients: usize, pool: usize, script: &str) -> Failover {
     let db = Database::create(admin, &format!("failover_{}", ttl as u64));
+    // Each node beats and claims every third of the TTL from its start: started together,
+    // the survivors would claim just after the dead node's heartbeat lapses every time. A
+    // random pause before each start puts them out of step, as independent nodes are.
+    let period = ttl / 3.0;
     let mut nodes: Vec<Node> = (1..=3)
         .map(|i| {
-            Node::start(&[
-                "--store".into(),
-                db.url.clone(),
-                "--node-id".into(),
-                format!("n{i}"),
-                "--lease-ttl".into(),
-                ttl.to_string(),
-            ])
+            std::thread::sleep(Duration::from_secs_f64(period * random_fraction()));
+            Node::start(&node_args(&db.url, &format!("n{i}"), ttl, pool))
         })
         .collect();
     let apis: Vec<api::Api> = nodes.iter().map(Node::api).collect();
@@ -288,6 +331,15 @@ fn failover(admin: &str, ttl: f64, runs: usize, clients: usize, script: &str) ->
 
     let killed = Instant::now();
     nodes[1].kill();
+    // What was left of its heartbeat's lifetime at the SIGKILL (the database's clock):
+    // nobody may take its runs before that.
+    let left: f64 = psql(
+        &db.url,
+        "SELECT extract(epoch FROM expires_at - clock_timestamp()) FROM keel_nodes WHERE id = 'n2'",
+    )
+    .parse()
+    .expect("the killed node's heartbeat expiry");
+    let lease_left = Duration::from_secs_f64((left + secs(killed.elapsed())).max(0.0));
     let attempt_rose = |view: &Value| {
         let id = view["run_id"].as_str().unwrap_or_default();
         view["attempt"].as_u64().unwrap_or(0) > before.get(id).copied().unwrap_or(u64::MAX)
@@ -303,6 +355,7 @@ fn failover(admin: &str, ttl: f64, runs: usize, clients: usize, script: &str) ->
     );
     Failover {
         ttl,
+        lease_left,
         runs,
         moved: victims.len(),
         first_taken: min(&times[0]),
@@ -314,6 +367,8 @@ fn failover(admin: &str, ttl: f64, runs: usize, clients: usize, script: &str) ->
 struct Recovery {
     store: &'static str,
     runs: usize,
+    /// From the SIGKILL to the killed process reaped (its agents gone with it).
+    gone: Duration,
     /// From the SIGKILL to the restarted node's API answering.
     up: Duration,
     /// Starts refused meanwhile (the id still held by the dead node's heartbeat).
@@ -340,13 +395,171 @@ fn recovery(store: &'static str, args: &[String], runs: usize, clients: usize, s
     eprintln!("{store}: {runs} runs parked in {:.1} s", started.elapsed().as_secs_f64());
 
     let killed = Instant::now();
-    node.kill();
+    let gone = node.kill();
     let refused = node.spawn();
     let up = killed.elapsed();
     let api = node.api();
     let back = |view: &Value| view["attempt"].as_u64().unwrap_or(0) >= 2 && view["state"] == "waiting";
     let times = wait_each("runs back", &api, &ids, killed, Duration::from_millis(100), &[&back]);
-    Recovery { store, runs, up, refused, all_back: max(&times[0]) }
+    Recovery { store, runs, gone, up, refused, all_back: max(&times[0]) }
+}
+
+struct Throughput {
+    store: &'static str,
+    nodes: usize,
+    runs: usize,
+    /// Journal rows written during the window.
+    steps: u64,
+    window: Duration,
+    /// Runs each node held (by lease) at the end of the window; one node: all.
+    per_node: Vec<usize>,
+    /// Cores busy during the window: the nodes, Postgres, the agents and their sandboxes,
+    /// the whole machine.
+    cpu: Cpu,
+}
+
+/// Clock ticks of CPU used, by who.
+#[derive(Default, Clone, Copy)]
+struct Cpu {
+    nodes: f64,
+    postgres: f64,
+    agents: f64,
+    machine: f64,
+}
+
+/// Linux's `USER_HZ`, the unit of `/proc`'s CPU times (100 on every architecture Keel
+/// runs on).
+const TICKS_PER_SEC: f64 = 100.0;
+
+/// CPU ticks so far of the `keel serve` processes `nodes`, of the processes under them
+/// (sandboxes and agents), of every `postgres` process, and of the whole machine (busy,
+/// not idle). Processes that exited are not counted, so a window should see few exits.
+fn cpu_ticks(nodes: &[u32]) -> Cpu {
+    // pid: (parent, ticks, is postgres)
+    let mut procs: HashMap<u32, (u32, f64, bool)> = HashMap::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((head, rest)) = stat.rsplit_once(')') else { continue };
+        let comm = head.split_once('(').map_or("", |(_, c)| c);
+        // After the command: state, ppid, ... utime is the 14th field, stime the 15th.
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let parent = fields.get(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        let ticks: f64 =
+            fields.get(11..13).map_or(0.0, |t| t.iter().filter_map(|v| v.parse::<f64>().ok()).sum());
+        procs.insert(pid, (parent, ticks, comm == "postgres"));
+    }
+    let under_a_node = |mut pid: u32| {
+        for _ in 0..64 {
+            match procs.get(&pid) {
+                Some(&(parent, _, _)) if nodes.contains(&parent) => return true,
+                Some(&(parent, _, _)) if parent > 1 => pid = parent,
+                _ => return false,
+            }
+        }
+        false
+    };
+    let mut cpu = Cpu::default();
+    for (&pid, &(_, ticks, postgres)) in &procs {
+        if nodes.contains(&pid) {
+            cpu.nodes += ticks;
+        } else if postgres {
+            cpu.postgres += ticks;
+        } else if under_a_node(pid) {
+            cpu.agents += ticks;
+        }
+    }
+    let machine = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    if let Some(line) = machine.lines().next() {
+        // user nice system idle iowait irq softirq steal ...
+        let v: Vec<f64> = line.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+        cpu.machine = [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| v.get(i)).sum();
+    }
+    cpu
+}
+
+/// Journal rows in the node's store: the Postgres database, or the data directory's
+/// SQLite file.
+fn journal_rows(db: Option<&Database>, node: &Node) -> u64 {
+    let out = match db {
+        Some(db) => psql(&db.url, "SELECT count(*) FROM journal"),
+        None => {
+            let file = node.data.path().join("keel.db");
+            let out = Command::new("sqlite3")
+                .args([&file.display().to_string(), "SELECT count(*) FROM journal"])
+                .output()
+                .expect("sqlite3 runs (the SQLite peer of the throughput case needs the sqlite3 tool)");
+            assert!(out.status.success(), "sqlite3: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        }
+    };
+    out.parse().expect("a count of journal rows")
+}
+
+/// `runs` agents journaling steps back to back, spread over `nodes` nodes of a fresh
+/// Postgres database (`admin` given) or on one node with the default SQLite store; the
+/// steps journaled during `window` once every run is under way.
+fn throughput(
+    admin: Option<&str>,
+    nodes: usize,
+    runs: usize,
+    clients: usize,
+    pool: usize,
+    window: Duration,
+    script: &str,
+) -> Throughput {
+    let db = admin.map(|admin| Database::create(admin, &format!("steps_{nodes}")));
+    // The default TTL: the nodes are loaded, and a false takeover is not what this measures.
+    let started: Vec<Node> = match &db {
+        Some(db) => {
+            (1..=nodes).map(|i| Node::start(&node_args(&db.url, &format!("s{i}"), 10.0, pool))).collect()
+        }
+        None => vec![Node::start(&[])],
+    };
+    let apis: Vec<api::Api> = started.iter().map(Node::api).collect();
+    let pids: Vec<u32> = started.iter().map(Node::pid).collect();
+    let targets: Vec<api::Api> = (0..runs).map(|i| apis[i % apis.len()].clone()).collect();
+    let created = Instant::now();
+    let ids = create_runs(&targets, script, clients);
+    wait_each(
+        "runs stepping",
+        &apis[0],
+        &ids,
+        created,
+        Duration::from_millis(250),
+        &[&|view: &Value| view["state"] == "running"],
+    );
+    eprintln!("{nodes} node(s): {runs} runs under way in {:.1} s", created.elapsed().as_secs_f64());
+    // Past the last agents' start (a Python start each, competing for the same cores).
+    std::thread::sleep(Duration::from_secs(2));
+    let (before, cpu0, t0) = (journal_rows(db.as_ref(), &started[0]), cpu_ticks(&pids), Instant::now());
+    std::thread::sleep(window);
+    let (after, cpu1, t1) = (journal_rows(db.as_ref(), &started[0]), cpu_ticks(&pids), Instant::now());
+    let seconds = secs(t1 - t0);
+    let cores = |a: f64, b: f64| (b - a) / TICKS_PER_SEC / seconds;
+    let cpu = Cpu {
+        nodes: cores(cpu0.nodes, cpu1.nodes),
+        postgres: cores(cpu0.postgres, cpu1.postgres),
+        agents: cores(cpu0.agents, cpu1.agents),
+        machine: cores(cpu0.machine, cpu1.machine),
+    };
+    let per_node = match &db {
+        Some(db) => {
+            let leases = db.leases();
+            (1..=nodes).map(|i| leases.get(&format!("s{i}")).map_or(0, Vec::len)).collect()
+        }
+        None => vec![runs],
+    };
+    drop(started);
+    Throughput {
+        store: if db.is_some() { "Postgres" } else { "SQLite" },
+        nodes,
+        runs,
+        steps: after - before,
+        window: t1 - t0,
+        per_node,
+        cpu,
+    }
 }
 
 fn main() {
@@ -365,62 +578,149 @@ fn main() {
         .map(|t| t.trim().parse().expect("BENCH_TTLS: seconds, separated by commas"))
         .collect();
     let failover_runs = env_usize("BENCH_FAILOVER_RUNS", 30);
+    let failover_repeats = env_usize("BENCH_FAILOVER_REPEATS", 3);
     let recovery_runs = env_usize("BENCH_RECOVERY_RUNS", 1000);
     let recovery_ttl = env_usize("BENCH_RECOVERY_TTL", 2);
     let clients = env_usize("BENCH_CLIENTS", 8);
+    let pool = env_usize("BENCH_STORE_POOL", 24);
+    let step_runs = env_usize("BENCH_STEP_RUNS", 100);
+    let step_window = Duration::from_secs(env_usize("BENCH_STEP_SECS", 10) as u64);
+    let cases = std::env::var("BENCH_CASES").unwrap_or_else(|_| "failover,recovery,steps".into());
+    let case = |name: &str| cases.split(',').any(|c| c.trim() == name);
     let failover_agent = common::bench_dir().join("bench_cluster.py").display().to_string();
     let parked_agent = common::bench_dir().join("bench_parked.py").display().to_string();
+    let steps_agent = common::bench_dir().join("bench_cluster_steps.py").display().to_string();
 
-    let failovers: Vec<Failover> =
-        ttls.iter().map(|&ttl| failover(&admin, ttl, failover_runs, clients, &failover_agent)).collect();
+    let mut failovers: Vec<Failover> = Vec::new();
+    if case("failover") {
+        for &ttl in &ttls {
+            for _ in 0..failover_repeats {
+                let f = failover(&admin, ttl, failover_runs, clients, pool, &failover_agent);
+                eprintln!(
+                    "failover, TTL {ttl} s: {} runs moved, lease left {:.2} s, first {:.2} s, all taken {:.2} s, \
+                     all live {:.2} s",
+                    f.moved,
+                    secs(f.lease_left),
+                    secs(f.first_taken),
+                    secs(f.all_taken),
+                    secs(f.all_live)
+                );
+                failovers.push(f);
+            }
+        }
+    }
 
-    let db = Database::create(&admin, "recovery");
-    let postgres_args = [
-        "--store".to_owned(),
-        db.url.clone(),
-        "--node-id".to_owned(),
-        "r1".to_owned(),
-        "--lease-ttl".to_owned(),
-        recovery_ttl.to_string(),
-    ];
-    let recoveries = [
-        recovery("SQLite (default store)", &[], recovery_runs, clients, &parked_agent),
-        recovery("Postgres, one node", &postgres_args, recovery_runs, clients, &parked_agent),
-    ];
+    let mut recoveries: Vec<Recovery> = Vec::new();
+    if case("recovery") {
+        let db = Database::create(&admin, "recovery");
+        let mut postgres_args = node_args(&db.url, "r1", recovery_ttl as f64, pool);
+        postgres_args.extend(["--swap-after".to_owned(), "0".to_owned()]);
+        let sqlite_args = ["--swap-after".to_owned(), "0".to_owned()];
+        for (store, args) in
+            [("SQLite (default store)", &sqlite_args[..]), ("Postgres, one node", &postgres_args[..])]
+        {
+            let r = recovery(store, args, recovery_runs, clients, &parked_agent);
+            eprintln!(
+                "recovery, {store}: {} runs, answering after {:.2} s, all back {:.2} s",
+                r.runs,
+                secs(r.up),
+                secs(r.all_back)
+            );
+            recoveries.push(r);
+        }
+    }
+
+    let mut throughputs: Vec<Throughput> = Vec::new();
+    if case("steps") && step_runs > 0 {
+        for (store, nodes) in [(Some(admin.as_str()), 1), (Some(admin.as_str()), 3), (None, 1)] {
+            let t = throughput(store, nodes, step_runs, clients, pool, step_window, &steps_agent);
+            eprintln!(
+                "steps, {} {nodes} node(s): {} steps in {:.2} s = {:.0}/s",
+                t.store,
+                t.steps,
+                secs(t.window),
+                t.steps as f64 / secs(t.window)
+            );
+            throughputs.push(t);
+        }
+    }
 
     println!("cargo bench -p keel-cli --bench cluster\n");
     println!(
-        "{} CPUs; Postgres {}\n",
+        "{} CPUs; Postgres {}; each node --store-pool {pool}\n",
         std::thread::available_parallelism().map_or(1, usize::from),
-        psql(&db.url, "SHOW server_version")
+        psql(&admin, "SHOW server_version")
     );
-    println!("Failover: 3 nodes, {failover_runs} runs of a multi-step agent, one node SIGKILLed\n");
-    println!("| lease TTL | runs moved | first taken over | all taken over | all live again | = TTL + |");
-    println!("|---:|---:|---:|---:|---:|---:|");
-    for f in &failovers {
+    if !failovers.is_empty() {
         println!(
-            "| {:.0} s | {} of {} | {:.2} s | {:.2} s | {:.2} s | {:.2} s |",
-            f.ttl,
-            f.moved,
-            f.runs,
-            secs(f.first_taken),
-            secs(f.all_taken),
-            secs(f.all_live),
-            secs(f.all_live) - f.ttl,
+            "Failover: 3 nodes, {failover_runs} runs of a multi-step agent, one node SIGKILLed; \
+             {failover_repeats} times per TTL, each on a fresh database\n"
         );
+        println!(
+            "| lease TTL | runs moved | lease left at kill | first taken over | after expiry | all taken over \
+             | all live again | = TTL + |"
+        );
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for f in &failovers {
+            println!(
+                "| {:.0} s | {} of {} | {:.2} s | {:.2} s | {:.2} s | {:.2} s | {:.2} s | {:.2} s |",
+                f.ttl,
+                f.moved,
+                f.runs,
+                secs(f.lease_left),
+                secs(f.first_taken),
+                secs(f.first_taken) - secs(f.lease_left),
+                secs(f.all_taken),
+                secs(f.all_live),
+                secs(f.all_live) - f.ttl,
+            );
+        }
+        println!();
     }
-    println!("\nRecovery: one node, runs parked in `ipc.recv`, SIGKILLed and restarted\n");
-    println!("| store | runs | restarted node answering | starts refused | all runs back | per run |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    for r in &recoveries {
+    if !recoveries.is_empty() {
+        println!("Recovery: one node, runs parked in `ipc.recv`, SIGKILLed and restarted\n");
         println!(
-            "| {} | {} | {:.2} s | {} | {:.2} s | {:.1} ms |",
-            r.store,
-            r.runs,
-            secs(r.up),
-            r.refused,
-            secs(r.all_back),
-            secs(r.all_back) * 1e3 / r.runs as f64,
+            "| store | runs | killed process gone | restarted node answering | starts refused | all runs back | \
+             per run |"
         );
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+        for r in &recoveries {
+            println!(
+                "| {} | {} | {:.2} s | {:.2} s | {} | {:.2} s | {:.1} ms |",
+                r.store,
+                r.runs,
+                secs(r.gone),
+                secs(r.up),
+                r.refused,
+                secs(r.all_back),
+                secs(r.all_back) * 1e3 / r.runs as f64,
+            );
+        }
+        println!();
+    }
+    if !throughputs.is_empty() {
+        println!("Throughput: {step_runs} runs journaling `sys.now` steps back to back\n");
+        println!(
+            "| store | nodes | runs per node | window | steps | steps/s | steps/s per run | cores: nodes | \
+             postgres | agents, sandboxes | machine |"
+        );
+        println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for t in &throughputs {
+            let rate = t.steps as f64 / secs(t.window);
+            println!(
+                "| {} | {} | {} | {:.1} s | {} | {:.0} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                t.store,
+                t.nodes,
+                t.per_node.iter().map(usize::to_string).collect::<Vec<_>>().join(" / "),
+                secs(t.window),
+                t.steps,
+                rate,
+                rate / t.runs as f64,
+                t.cpu.nodes,
+                t.cpu.postgres,
+                t.cpu.agents,
+                t.cpu.machine,
+            );
+        }
     }
 }
