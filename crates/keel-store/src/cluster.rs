@@ -105,6 +105,10 @@ pub trait Cluster: Send + Sync + 'static {
     /// writing through are skipped (`FOR UPDATE SKIP LOCKED`), never waited for.
     async fn claim_orphans(&self, limit: usize) -> Result<Vec<RunId>>;
 
+    /// How long until the next heartbeat of another live node lapses (by the database's
+    /// clock), if any is live: when a claim of its runs could first succeed.
+    async fn next_lapse(&self) -> Result<Option<Duration>>;
+
     /// Who holds the run's lease, if anyone.
     async fn owner(&self, run: &RunId) -> Result<Option<Lease>>;
 

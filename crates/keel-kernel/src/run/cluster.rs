@@ -19,6 +19,10 @@ use crate::{Kernel, Result};
 /// claim comes back full.
 const CLAIM_BATCH: usize = 32;
 
+/// How long after a heartbeat's expiry (by the database's clock) a claim looks: enough
+/// for the expiry to have passed when the claim's query runs.
+const LAPSE_MARGIN: Duration = Duration::from_millis(20);
+
 impl Kernel {
     /// Takes the run's lease before its agent starts: whether this node may run it (no
     /// cluster: always). `false` means a live node already holds it.
@@ -127,7 +131,12 @@ impl Kernel {
                     kernel.recover_claimed(claimed).await;
                 }
                 if !full {
-                    tokio::time::sleep(every).await;
+                    // Look again when the next live node's heartbeat would lapse, if that
+                    // comes sooner than the next round: a dead node's runs are taken the
+                    // moment its lease allows, not up to a third of a ttl later.
+                    let lapse = member.cluster.next_lapse().await.ok().flatten();
+                    let wait = lapse.map_or(every, |lapse| (lapse + LAPSE_MARGIN).min(every));
+                    tokio::time::sleep(wait).await;
                 }
             }
         });

@@ -364,6 +364,19 @@ impl Cluster for PgNode {
         Ok(claimed)
     }
 
+    async fn next_lapse(&self) -> Result<Option<Duration>> {
+        let client = self.store.client("reading when the next heartbeat lapses").await?;
+        let row = client
+            .query_one(
+                "SELECT (extract(epoch FROM min(expires_at) - now()) * 1000)::bigint
+                 FROM keel_nodes WHERE id <> $1 AND expires_at > now()",
+                &[&self.id],
+            )
+            .await
+            .map_err(pg_error("reading when the next heartbeat lapses"))?;
+        Ok(row.get::<_, Option<i64>>(0).map(|ms| Duration::from_millis(ms.max(0) as u64)))
+    }
+
     async fn owner(&self, run: &RunId) -> Result<Option<Lease>> {
         let client = self.store.client("reading a run's lease").await?;
         let row = client

@@ -293,3 +293,17 @@ async fn admission_decisions_are_serialized_across_nodes() {
     assert_eq!(seen.len(), 23);
     assert!(seen.iter().all(|slot| slot.ticket.run != live), "{seen:?}");
 }
+
+/// `next_lapse`: when the next other live node's heartbeat runs out, by the database's
+/// clock; none once no other node is live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_lapse_is_the_soonest_other_heartbeats_expiry() {
+    let db = TestDatabase::create().await;
+    let (_a, a) = node(&db, "a").await;
+    assert_eq!(a.next_lapse().await.unwrap(), None, "alone: nobody else's heartbeat to wait for");
+    let (_b, b) = node(&db, "b").await;
+    let lapse = a.next_lapse().await.unwrap().expect("b is live");
+    assert!(lapse <= TTL, "{lapse:?}");
+    b.leave().await.unwrap();
+    assert_eq!(a.next_lapse().await.unwrap(), None, "b left");
+}
