@@ -93,7 +93,22 @@ impl Kernel {
             // lines of output) must be in the store first, or they would be dropped.
             self.inner.events.flush().await;
         }
-        let updated = self.inner.store.update_run(run, Some(current.state), patch).await?;
+        let stamp = patch.updated_at_ms;
+        let updated = match self.inner.store.update_run(run, Some(current.state), patch).await {
+            // Cut off while committing: read back. Under the run's lock nothing else
+            // changes its state, so the run found in `next` with this change's time is this
+            // write, landed, and must still be announced (the end of a run releases its
+            // slot, wakes its parent and its waiters). Otherwise the caller may try again:
+            // a retry that found the write landed would be refused (`next` is no longer
+            // `current`) and nothing would ever announce the change.
+            Err(err @ keel_store::Error::OutcomeUnknown { .. }) => {
+                match self.inner.store.get_run(run).await {
+                    Ok(Some(found)) if found.state == next && Some(found.updated_at_ms) == stamp => found,
+                    _ => return Err(err.into()),
+                }
+            }
+            outcome => outcome?,
+        };
         if next.is_terminal() {
             lock(&self.inner.transitions).remove(run); // An ended run never changes again.
             self.inner.run_ended.notify_waiters();

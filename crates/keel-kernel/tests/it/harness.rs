@@ -40,6 +40,8 @@ pub struct Setup {
     /// Start interpreter workers for `code.exec` in python and javascript (this crate's
     /// test worker binary); off, only `cpython` runs.
     pub interp: bool,
+    /// Run the kernel on a store whose writes this plan may cut off (`faults.rs`).
+    pub faults: Option<Arc<crate::faults::Faults>>,
 }
 
 pub struct TestKernel {
@@ -96,10 +98,15 @@ impl TestKernel {
             .expect("the test's keel.toml is valid");
         let dir = self.data_dir();
         let locked = dir.lock().expect("the data directory is free");
-        let store = keel_store::SqliteStore::open(&dir.database()).expect("the store opens");
+        let store: Arc<dyn Store> =
+            Arc::new(keel_store::SqliteStore::open(&dir.database()).expect("the store opens"));
+        let store: Arc<dyn Store> = match &self.setup.faults {
+            Some(faults) => Arc::new(crate::faults::Faulty::new(store, faults.clone())),
+            None => store,
+        };
         let options = KernelOptions {
             data_dir: locked,
-            store: Arc::new(store),
+            store,
             sandbox: Arc::new(keel_sandbox::NoSandbox),
             default_stop_grace: Duration::from_secs(1),
             default_llm_script: None,

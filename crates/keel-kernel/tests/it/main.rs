@@ -6,6 +6,7 @@
 mod approvals;
 mod budgets;
 mod exec_llm;
+mod faults;
 mod gateway;
 mod governance;
 mod harness;

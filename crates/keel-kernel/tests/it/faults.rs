@@ -1,0 +1,252 @@
+//! Writes whose commit is cut off (`keel_store::Error::OutcomeUnknown`: the connection was
+//! lost while the write committed, so it may or may not have landed), made deterministic:
+//! a [`Faulty`] store wraps the kernel's and, on the test's [`Faults`] plan, answers the
+//! next journal appends, completions or run updates with `OutcomeUnknown`, after making
+//! the write ("landed") or without making it ("lost"). The kernel must come out the same
+//! either way: every call answered, every entry journaled once, the run ended with its
+//! output (see `syscall/journal.rs`). Before this, only a Postgres restart under load
+//! reached these paths, by chance.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use keel_sdk::user;
+use keel_store::{
+    ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, DumpItem, Error,
+    EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch,
+    NewEntry, NewEvent, NewMessage, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats,
+    TenantRecord, ThreadMessage,
+};
+use keel_types::{EntryStatus, RunId, RunState};
+use serde_json::{Value, json};
+
+use crate::harness::{Setup, TestKernel};
+
+/// A store write the plan can cut off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Write {
+    AppendEntry,
+    CompleteEntry,
+    /// `update_run` without an expected state: a patch of fields (`run.exit`'s output).
+    PatchRun,
+    /// `update_run` with an expected state: a lifecycle transition's compare-and-set.
+    Transition,
+}
+
+/// How a planned write is cut off: both answer `OutcomeUnknown`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// The write is made, then the answer is lost.
+    Landed,
+    /// The write is not made.
+    Lost,
+}
+
+/// The test's plan, shared with the store: per kind of write, how its next calls are cut.
+#[derive(Default)]
+pub struct Faults {
+    planned: Mutex<HashMap<Write, VecDeque<Cut>>>,
+}
+
+impl Faults {
+    /// The next `cuts.len()` calls of `write` are cut off, in order, as `cuts` says.
+    pub fn cut_next(&self, write: Write, cuts: &[Cut]) {
+        self.planned.lock().unwrap().entry(write).or_default().extend(cuts);
+    }
+
+    /// How many planned cuts no call has met yet.
+    pub fn left(&self) -> usize {
+        self.planned.lock().unwrap().values().map(VecDeque::len).sum()
+    }
+
+    fn take(&self, write: Write) -> Option<Cut> {
+        self.planned.lock().unwrap().get_mut(&write)?.pop_front()
+    }
+}
+
+/// A [`Store`] that delegates everything to `inner`, except the writes `faults` cuts off.
+pub struct Faulty {
+    inner: Arc<dyn Store>,
+    faults: Arc<Faults>,
+}
+
+impl Faulty {
+    pub fn new(inner: Arc<dyn Store>, faults: Arc<Faults>) -> Faulty {
+        Faulty { inner, faults }
+    }
+
+    /// `real` (the inner store's write, not yet started), unless the plan cuts it off.
+    async fn write<T>(&self, write: Write, real: impl Future<Output = Result<T>>) -> Result<T> {
+        let lost = || Error::OutcomeUnknown {
+            step: "committing (cut off by the test)",
+            source: format!("the test cut off this {write:?}").into(),
+        };
+        match self.faults.take(write) {
+            None => real.await,
+            Some(Cut::Landed) => real.await.and_then(|_| Err(lost())),
+            Some(Cut::Lost) => Err(lost()),
+        }
+    }
+}
+
+/// The `Store` impl of [`Faulty`]: the methods in `special` as written, and every one in
+/// `delegate` passed on to the inner store unchanged.
+macro_rules! faulty_store {
+    (
+        special { $($special:tt)* }
+        delegate { $( fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty; )* }
+    ) => {
+        #[async_trait::async_trait]
+        impl Store for Faulty {
+            $($special)*
+            $( async fn $name(&self $(, $arg: $ty)*) -> $ret { self.inner.$name($($arg),*).await } )*
+        }
+    };
+}
+
+faulty_store! {
+    special {
+        async fn append_entry(&self, run: &RunId, entry: NewEntry) -> Result<Seq> {
+            self.write(Write::AppendEntry, self.inner.append_entry(run, entry)).await
+        }
+        async fn complete_entry(&self, run: &RunId, seq: Seq, completion: Completion) -> Result<()> {
+            self.write(Write::CompleteEntry, self.inner.complete_entry(run, seq, completion)).await
+        }
+        async fn update_run(&self, id: &RunId, expected: Option<RunState>, patch: RunPatch) -> Result<RunRecord> {
+            let write = if expected.is_some() { Write::Transition } else { Write::PatchRun };
+            self.write(write, self.inner.update_run(id, expected, patch)).await
+        }
+    }
+    delegate {
+        fn create_run(&self, run: NewRun) -> Result<RunRecord>;
+        fn get_run(&self, id: &RunId) -> Result<Option<RunRecord>>;
+        fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>>;
+        fn abandon_entries(&self, run: &RunId, seqs: &[Seq]) -> Result<()>;
+        fn journal(&self, run: &RunId, after: Seq) -> Result<Vec<JournalEntry>>;
+        fn latest_entry(&self, run: &RunId, method: &str) -> Result<Option<JournalEntry>>;
+        fn append_events(&self, run: &RunId, events: Vec<NewEvent>) -> Result<Seq>;
+        fn events(&self, run: &RunId, after: Seq, limit: usize) -> Result<Vec<EventRecord>>;
+        fn kv_get(&self, scope: &str, key: &str) -> Result<Option<Value>>;
+        fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()>;
+        fn thread_append(&self, tenant: &str, thread: &str, message: Value, idempotency_key: Option<&str>,
+            appended_at_ms: u64) -> Result<u64>;
+        fn thread_read(&self, tenant: &str, thread: &str, last: Option<usize>) -> Result<Vec<ThreadMessage>>;
+        fn mem_put(&self, tenant: &str, namespace: &str, key: &str, value: Value, text: String,
+            embedding: Option<MemoryEmbedding>, updated_at_ms: u64) -> Result<()>;
+        fn mem_get(&self, tenant: &str, namespace: &str, key: &str) -> Result<Option<MemoryRecord>>;
+        fn mem_delete(&self, tenant: &str, namespace: &str, key: &str, idempotency_key: Option<&str>)
+            -> Result<bool>;
+        fn mem_search(&self, tenant: &str, namespace: &str, search: &MemorySearch, limit: usize)
+            -> Result<Vec<MemoryHit>>;
+        fn mailbox_send(&self, to: &RunId, message: NewMessage) -> Result<Seq>;
+        fn mailbox_receive(&self, run: &RunId, idempotency_key: Option<&str>) -> Result<Option<MailboxMessage>>;
+        fn mailbox_len(&self, run: &RunId) -> Result<u64>;
+        fn topic_subscribe(&self, tenant: &str, topic: &str, run: &RunId, subscribe: bool) -> Result<()>;
+        fn topic_publish(&self, topic: &str, message: NewMessage) -> Result<Vec<(RunId, Seq)>>;
+        fn audit_append(&self, records: Vec<AuditRecord>) -> Result<Vec<Seq>>;
+        fn audit_list(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>>;
+        fn audit_verify(&self) -> Result<AuditVerify>;
+        fn tenant_create(&self, tenant: TenantRecord) -> Result<()>;
+        fn tenant_get(&self, name: &str) -> Result<Option<TenantRecord>>;
+        fn tenant_list(&self) -> Result<Vec<TenantRecord>>;
+        fn token_create(&self, token: ApiTokenRecord) -> Result<()>;
+        fn token_lookup(&self, hash: &str) -> Result<Option<ApiTokenRecord>>;
+        fn token_list(&self, tenant: &str) -> Result<Vec<ApiTokenRecord>>;
+        fn token_revoke(&self, tenant: &str, prefix: &str) -> Result<u64>;
+        fn stats(&self) -> Result<StoreStats>;
+        fn dump(&self, sink: tokio::sync::mpsc::Sender<Vec<DumpItem>>) -> Result<()>;
+        fn restore(&self, items: Vec<DumpItem>) -> Result<()>;
+        fn is_empty(&self) -> Result<bool>;
+    }
+}
+
+/// A kernel on a [`Faulty`] store, a running puppet run (with one scripted LLM reply)
+/// and its agent; the plan starts empty.
+fn faulty_run() -> (TestKernel, Arc<Faults>, RunId, keel_sdk::Client) {
+    let faults = Arc::new(Faults::default());
+    let plan = faults.clone();
+    let test = TestKernel::start_with(|_| Setup { faults: Some(plan), ..Setup::default() });
+    let run = test.create_run(json!({"llm_script": {"responses": [{"content": "one"}]}}));
+    let agent = test.agent(&run);
+    test.wait_state(&run, RunState::Running);
+    (test, faults, run, agent)
+}
+
+/// Ends the run through `run.exit` and the agent's exit; the run must succeed with
+/// `output`, announced by its `state` event.
+fn finish(test: &TestKernel, run: &RunId, agent: &mut keel_sdk::Client, output: Value) {
+    agent.exit(&output).expect("run.exit is answered");
+    let pid = test.get(run).pid.expect("the agent's pid");
+    std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    let ended = test.wait_state(run, RunState::Succeeded);
+    assert_eq!(ended.output, Some(output));
+    test.wait_event(run, "state", json!({"state": "succeeded"}));
+}
+
+/// The journal's methods and statuses, and no seq twice.
+fn journaled(test: &TestKernel, run: &RunId) -> Vec<(String, EntryStatus)> {
+    let journal = test.journal(run);
+    let seqs: Vec<Seq> = journal.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=journal.len() as Seq).collect::<Vec<_>>(), "{journal:#?}");
+    journal.into_iter().map(|e| (e.method, e.status)).collect()
+}
+
+#[test]
+fn an_append_cut_off_is_read_back_and_journaled_once() {
+    for cut in [Cut::Landed, Cut::Lost] {
+        let (test, faults, run, mut agent) = faulty_run();
+        // An entry appended complete (`sys.now`), then the intent of a call with an
+        // outside effect (`kv.put`, a tool that writes), each cut off.
+        faults.cut_next(Write::AppendEntry, &[cut]);
+        agent.now_ms().unwrap_or_else(|err| panic!("{cut:?}: sys.now answers: {err}"));
+        assert_eq!(faults.left(), 0, "{cut:?}: the append was cut off");
+        faults.cut_next(Write::AppendEntry, &[cut]);
+        let put = agent.tool("kv.put", json!({"key": "k", "value": 1}));
+        assert_eq!(put.unwrap_or_else(|err| panic!("{cut:?}: tool.call answers: {err}")), json!(true));
+        assert_eq!(faults.left(), 0, "{cut:?}: the intent's append was cut off");
+
+        let ok = EntryStatus::Ok;
+        assert_eq!(journaled(&test, &run), [("sys.now".into(), ok), ("tool.call".into(), ok)], "{cut:?}");
+        assert_eq!(test.journal(&run)[1].result, Some(json!({"result": true})), "{cut:?}");
+        finish(&test, &run, &mut agent, json!({"cut": format!("{cut:?}")}));
+        assert_eq!(journaled(&test, &run).len(), 3, "{cut:?}: and run.exit");
+    }
+}
+
+#[test]
+fn a_completion_cut_off_is_read_back_and_made_once() {
+    for cut in [Cut::Landed, Cut::Lost] {
+        let (test, faults, run, mut agent) = faulty_run();
+        faults.cut_next(Write::CompleteEntry, &[cut]);
+        let put = agent.tool("kv.put", json!({"key": "k", "value": 2}));
+        assert_eq!(put.unwrap_or_else(|err| panic!("{cut:?}: tool.call answers: {err}")), json!(true));
+        assert_eq!(faults.left(), 0, "{cut:?}: the completion was cut off");
+        faults.cut_next(Write::CompleteEntry, &[cut]);
+        let reply = agent.llm_chat(&[user("hi")]);
+        let reply = reply.unwrap_or_else(|err| panic!("{cut:?}: llm.chat answers: {err}"));
+        assert_eq!(reply.message.content.as_deref(), Some("one"), "{cut:?}");
+        assert_eq!(faults.left(), 0, "{cut:?}: the completion was cut off");
+
+        let ok = EntryStatus::Ok;
+        assert_eq!(journaled(&test, &run), [("tool.call".into(), ok), ("llm.chat".into(), ok)], "{cut:?}");
+        let journal = test.journal(&run);
+        assert_eq!(journal[0].result, Some(json!({"result": true})), "{cut:?}");
+        assert!(journal[1].result.as_ref().is_some_and(|r| r.to_string().contains("\"one\"")), "{cut:?}");
+        assert_eq!(test.get(&run).provider_calls, 1, "{cut:?}: the model call is counted once");
+        finish(&test, &run, &mut agent, json!({"cut": format!("{cut:?}")}));
+    }
+}
+
+#[test]
+fn run_exit_and_the_end_of_the_run_cut_off_still_end_it_succeeded() {
+    for cut in [Cut::Landed, Cut::Lost] {
+        let (test, faults, run, mut agent) = faulty_run();
+        // `run.exit`'s output patch, then the transition that ends the run.
+        faults.cut_next(Write::PatchRun, &[cut]);
+        faults.cut_next(Write::Transition, &[cut]);
+        finish(&test, &run, &mut agent, json!({"cut": format!("{cut:?}")}));
+        assert_eq!(faults.left(), 0, "{cut:?}: both updates were cut off");
+        assert_eq!(journaled(&test, &run), [("run.exit".into(), EntryStatus::Ok)], "{cut:?}");
+    }
+}
