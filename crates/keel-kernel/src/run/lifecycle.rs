@@ -102,7 +102,8 @@ impl Kernel {
             // a retry that found the write landed would be refused (`next` is no longer
             // `current`) and nothing would ever announce the change.
             Err(err @ keel_store::Error::OutcomeUnknown { .. }) => {
-                match self.inner.store.get_run(run).await {
+                let still_wanted = || !self.inner.shutting_down.load(std::sync::atomic::Ordering::SeqCst);
+                match self.retry_while(run, still_wanted, false, || self.inner.store.get_run(run)).await {
                     Ok(Some(found)) if found.state == next && Some(found.updated_at_ms) == stamp => found,
                     _ => return Err(err.into()),
                 }
