@@ -10,18 +10,7 @@ use crate::harness::{Keel, agent, wait_for};
 
 /// A detached run of the process-tree test agent on `node`.
 fn run(node: &Keel, priority: &str, plan: Value) -> String {
-    let input = plan.to_string();
-    node.detach(&[
-        "--sandbox",
-        "none",
-        "--priority",
-        priority,
-        "--input",
-        &input,
-        "--",
-        "python3",
-        &agent("proc_agent.py"),
-    ])
+    crate::scheduler::run(node, priority, plan).expect("the run is accepted")
 }
 
 /// The runs in each state, from one node's `keel ps` (every node lists every run).

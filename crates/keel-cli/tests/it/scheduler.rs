@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::gateway::mock_upstream;
 use crate::harness::{Keel, agent, wait_for};
 
-fn run(keel: &Keel, priority: &str, plan: Value) -> Result<String, String> {
+pub(crate) fn run(keel: &Keel, priority: &str, plan: Value) -> Result<String, String> {
     let input = plan.to_string();
     let out = keel.run(&[
         "run",

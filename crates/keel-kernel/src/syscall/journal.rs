@@ -331,8 +331,7 @@ impl Kernel {
         F: FnMut() -> Fut,
         Fut: Future<Output = keel_store::Result<T>>,
     {
-        let current = || self.is_current(live) && !live.lost.load(std::sync::atomic::Ordering::SeqCst);
-        self.retry_while(&live.id, current, false, write).await
+        self.retry_current(live, false, write).await
     }
 
     /// [`Kernel::while_current`] for a write that may safely be made twice (a patch of
@@ -347,8 +346,21 @@ impl Kernel {
         F: FnMut() -> Fut,
         Fut: Future<Output = keel_store::Result<T>>,
     {
+        self.retry_current(live, true, write).await
+    }
+
+    async fn retry_current<T, F, Fut>(
+        &self,
+        live: &Arc<LiveRun>,
+        idempotent: bool,
+        write: F,
+    ) -> keel_store::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = keel_store::Result<T>>,
+    {
         let current = || self.is_current(live) && !live.lost.load(std::sync::atomic::Ordering::SeqCst);
-        self.retry_while(&live.id, current, true, write).await
+        self.retry_while(&live.id, current, idempotent, write).await
     }
 
     /// Runs the store write `write` for `run` until the store can be reached: while it
