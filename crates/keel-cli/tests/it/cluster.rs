@@ -288,7 +288,7 @@ fn any_node_answers_for_any_run_and_a_drained_node_hands_its_runs_over() {
     let db = TestDatabase::new();
     let probe = Keel::new();
     let (_upstream, port, counts) = upstream(&probe);
-    let nodes = nodes(&db, 2, port);
+    let nodes = nodes(&db, 3, port);
     // Stop through the node that does not run it.
     let stopped = start_agent(&nodes[1], 50, 200);
     wait_for("the run to start", || {
@@ -307,10 +307,21 @@ fn any_node_answers_for_any_run_and_a_drained_node_hands_its_runs_over() {
     });
     let out = nodes[1].run(&["drain"]);
     assert!(out.status.success(), "keel drain: {}", String::from_utf8_lossy(&out.stderr));
-    for run in &drained {
+    // SIGTERM drains a node the same way.
+    let terminated: Vec<String> = (0..2).map(|_| start_agent(&nodes[2], 6, 300)).collect();
+    wait_for("the runs on n3 to start", || {
+        terminated
+            .iter()
+            .all(|run| crate::harness::journaled_llm_calls(&nodes[0].inspect(run)) >= 1)
+            .then_some(())
+    });
+    let n3 = nodes[2].daemon_pid();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(n3 as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    for run in drained.iter().chain(&terminated) {
         let view = nodes[0].wait_state(run, &["succeeded", "failed", "cancelled"]);
         assert_eq!(view["state"], "succeeded", "{view}");
     }
+    wait_for("n3 to exit after handing its runs over", || (!alive(n3)).then_some(()));
     let counts = read_counts(&counts);
     let served: Vec<u64> =
         counts["counts"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).collect();
@@ -346,6 +357,18 @@ fn a_second_node_with_a_live_nodes_id_is_refused_and_bad_settings_are_named() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("keel:***@127.0.0.1:1/keel") && !stderr.contains("hunter2"), "{stderr}");
+    // A node whose clock is a minute ahead of the database's (libfaketime shifts this
+    // process's wall clock only) is refused, saying so.
+    let out = Command::new("faketime")
+        .args(["-f", "+60s", env!("CARGO_BIN_EXE_keel"), "serve", "--listen", "127.0.0.1:0"])
+        .args(["--store", &db.url, "--node-id", "skewed"])
+        .env("KEEL_DATA_DIR", twin.data.path())
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .output()
+        .expect("faketime runs (apt install faketime; .ci/run installs it)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("s ahead of the database's") && stderr.contains("NTP"), "{stderr}");
     // The embedded kernel of a command does not serve a shared store.
     let out = twin.cmd().env("KEEL_STORE_URL", &db.url).args(["ps"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
