@@ -90,7 +90,7 @@ async fn write_loop(
             // any other refusal (a run another node took over) drops them.
             let mut backoff = Duration::from_millis(100);
             let appended = loop {
-                match store.append_events(&run, events.clone()).await {
+                match store.append_events(&run, &events).await {
                     Err(keel_store::Error::Unavailable { .. }) => {
                         tracing::warn!(run = %run, "the store is unreachable; run events wait for it");
                         tokio::time::sleep(backoff).await;

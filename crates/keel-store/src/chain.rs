@@ -197,9 +197,7 @@ impl EncodedEntry {
             usage: entry.usage,
         }
     }
-}
 
-impl EncodedEntry {
     /// A recorded entry encoded as `append_entry` stores it (for `restore`).
     pub(crate) fn of_recorded(entry: &crate::JournalEntry) -> EncodedEntry {
         EncodedEntry::of(crate::NewEntry {

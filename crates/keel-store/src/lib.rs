@@ -6,7 +6,9 @@
 //! trait reads and writes, re-exported here), and the pure parts every backend shares:
 //! `chain` (content-addressed payloads and the message chain), `search` (fusion,
 //! cosine similarity, embedding encoding), `audit` (verifying the audit chain) and
-//! `mailbox` (who may reach a run, room, delivery markers). `conformance` holds the suite that proves a
+//! `mailbox` (who may reach a run, room, delivery markers), `dump` (a backend-neutral copy
+//! of a whole store, for `keel migrate`) and `cluster` (the `Cluster` trait of nodes
+//! sharing a store). `conformance` holds the suite that proves a
 //! backend (with the `conformance` feature); `sqlite` is the embedded backend, `postgres`
 //! the server one (several kernels sharing a database).
 //!
@@ -198,7 +200,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Appends events to the run's log in order; returns the seq of the last one (with
     /// no events, the current last seq: 0 for an empty log). Durable on return.
-    async fn append_events(&self, run: &RunId, events: Vec<NewEvent>) -> Result<Seq>;
+    async fn append_events(&self, run: &RunId, events: &[NewEvent]) -> Result<Seq>;
 
     /// Up to `limit` events with seq greater than `after`, in order.
     async fn events(&self, run: &RunId, after: Seq, limit: usize) -> Result<Vec<EventRecord>>;

@@ -14,13 +14,14 @@
 //!
 //! Errors: a database that cannot be reached, or a connection lost before a write
 //! commits, is `Unavailable` (nothing was written; the call may succeed later); a
-//! connection lost while a write commits is a `Backend` error saying the outcome is
-//! unknown, since retrying it could write twice; any other SQL failure is `Backend`
-//! naming the step.
+//! connection lost while a write commits is `OutcomeUnknown`, since retrying it blindly
+//! could write twice; any other SQL failure is `Backend` naming the step.
 //!
 //! Modules: `schema` (migrations and the durability check), `writes` (the write half),
 //! `queries` (reads and row decoders), `audit`, `tenants`, `dump` (dump, restore,
-//! is_empty) and `fence` (the hook where run leases will fence writes).
+//! is_empty), `cluster` (`PgNode`: membership, leases, claims, the admission ledger),
+//! `fence` (the lease check every write for a run makes) and `listen` (wake-ups over
+//! `LISTEN/NOTIFY`).
 
 mod audit;
 mod cluster;
@@ -313,7 +314,7 @@ async fn commit(transaction: Transaction<'_>) -> Result<()> {
 /// For a statement that commits (a `COMMIT`, or a write outside a transaction): a
 /// connection lost meanwhile leaves the outcome unknown, so it is not `Unavailable` (which
 /// promises that nothing was written and invites a retry, which could then write twice)
-/// but a `Backend` error saying so.
+/// but `OutcomeUnknown`.
 fn outcome_unknown(error: Error) -> Error {
     match error {
         Error::Unavailable { step, source } => Error::OutcomeUnknown { step, source },
@@ -401,11 +402,11 @@ impl Store for PgStore {
         queries::latest_entry(&client, run, method).await
     }
 
-    async fn append_events(&self, run: &RunId, events: Vec<NewEvent>) -> Result<Seq> {
+    async fn append_events(&self, run: &RunId, events: &[NewEvent]) -> Result<Seq> {
         let mut client = self.client("appending events").await?;
         let transaction = begin(&mut client).await?;
         self.fences.check(&transaction, run).await?;
-        let last = writes::append_events(&transaction, run, &events).await?;
+        let last = writes::append_events(&transaction, run, events).await?;
         commit(transaction).await?;
         Ok(last)
     }

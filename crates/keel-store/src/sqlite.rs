@@ -306,10 +306,14 @@ impl Store for SqliteStore {
         self.read(move |connection| queries::latest_entry(connection, &run, &method)).await
     }
 
-    async fn append_events(&self, run: &RunId, events: Vec<NewEvent>) -> Result<Seq> {
+    async fn append_events(&self, run: &RunId, events: &[NewEvent]) -> Result<Seq> {
         let events = events
-            .into_iter()
-            .map(|event| EncodedEvent { ts_ms: event.ts_ms, kind: event.kind, data: event.data.to_string() })
+            .iter()
+            .map(|event| EncodedEvent {
+                ts_ms: event.ts_ms,
+                kind: event.kind.clone(),
+                data: event.data.to_string(),
+            })
             .collect();
         let run = run.clone();
         self.write(|reply| WriteCommand::AppendEvents { run, events, reply }).await

@@ -125,7 +125,7 @@ faulty_store! {
         fn abandon_entries(&self, run: &RunId, seqs: &[Seq]) -> Result<()>;
         fn journal(&self, run: &RunId, after: Seq) -> Result<Vec<JournalEntry>>;
         fn latest_entry(&self, run: &RunId, method: &str) -> Result<Option<JournalEntry>>;
-        fn append_events(&self, run: &RunId, events: Vec<NewEvent>) -> Result<Seq>;
+        fn append_events(&self, run: &RunId, events: &[NewEvent]) -> Result<Seq>;
         fn events(&self, run: &RunId, after: Seq, limit: usize) -> Result<Vec<EventRecord>>;
         fn kv_get(&self, scope: &str, key: &str) -> Result<Option<Value>>;
         fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()>;

@@ -181,14 +181,14 @@ async fn fill(store: &dyn Store) -> Filled {
         .await
         .must("append_entry");
 
-    let events = (0..3)
+    let events: Vec<NewEvent> = (0..3)
         .map(|i| NewEvent {
             ts_ms: created_at_ms + i,
             kind: "stdout".to_owned(),
             data: json!(format!("line {i}")),
         })
         .collect();
-    store.append_events(&run, events).await.must("append_events");
+    store.append_events(&run, &events).await.must("append_events");
 
     // A mailbox with a message delivered under a key, one delivered without one, and one
     // waiting; a send with a key; a published message through a subscription.

@@ -331,7 +331,7 @@ pub async fn concurrent_appends_to_many_runs(store: Arc<dyn Store>) {
                         .must("concurrent complete_entry");
                     let event = NewEvent { ts_ms: step, kind: "stdout".to_owned(), data: json!(step) };
                     let event_seq =
-                        store.append_events(&run, vec![event]).await.must("concurrent append_events");
+                        store.append_events(&run, &[event]).await.must("concurrent append_events");
                     assert_eq!(event_seq, step, "run {run}: event seqs must be dense");
                 }
                 run

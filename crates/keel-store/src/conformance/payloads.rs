@@ -128,11 +128,7 @@ pub async fn blobs_store_each_payload_once(store: &dyn Store) {
 pub async fn events_append_and_page(store: &dyn Store) {
     let run = fresh_run(store).await;
     let other = fresh_run(store).await;
-    assert_eq!(
-        store.append_events(&run, vec![]).await.must("append_events"),
-        0,
-        "an empty log's last seq is 0"
-    );
+    assert_eq!(store.append_events(&run, &[]).await.must("append_events"), 0, "an empty log's last seq is 0");
     let events: Vec<NewEvent> = (1..=5)
         .map(|n| NewEvent {
             ts_ms: 1_000 + n,
@@ -140,15 +136,15 @@ pub async fn events_append_and_page(store: &dyn Store) {
             data: json!({"line": format!("line {n}"), "n": n}),
         })
         .collect();
-    assert_eq!(store.append_events(&run, events[..3].to_vec()).await.must("append_events"), 3);
-    assert_eq!(store.append_events(&run, events[3..].to_vec()).await.must("append_events"), 5);
+    assert_eq!(store.append_events(&run, &events[..3]).await.must("append_events"), 3);
+    assert_eq!(store.append_events(&run, &events[3..]).await.must("append_events"), 5);
     assert_eq!(
-        store.append_events(&run, vec![]).await.must("append_events"),
+        store.append_events(&run, &[]).await.must("append_events"),
         5,
         "appending no events must return the current last seq"
     );
     assert_eq!(
-        store.append_events(&other, events[..1].to_vec()).await.must("append_events"),
+        store.append_events(&other, &events[..1]).await.must("append_events"),
         1,
         "event seqs must be per run"
     );

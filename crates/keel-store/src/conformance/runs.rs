@@ -244,7 +244,7 @@ pub async fn unknown_runs_are_errors(store: &dyn Store) {
         "latest_entry of an unknown run"
     );
     expect_error!(
-        store.append_events(&ghost, vec![]).await,
+        store.append_events(&ghost, &[]).await,
         Error::RunNotFound(id) if is_ghost(&id),
         "append_events to an unknown run"
     );

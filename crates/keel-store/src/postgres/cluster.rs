@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use keel_types::RunId;
 
-use super::fence::Fences;
+use super::fence::{Fences, LeaseLock, LeaseRow, lease_row};
 use super::{PgStore, pg_error};
 use crate::cluster::{Cluster, Lease, MAX_CLOCK_SKEW, NodeInfo, NodeRecord};
 use crate::{Error, Result};
@@ -61,25 +61,15 @@ impl PgNode {
     /// (a relaunch); any other (a dead node's, this node's previous life's) is bumped.
     async fn take(
         &self,
-        tx: &tokio_postgres::Transaction<'_>,
+        tx: &deadpool_postgres::Transaction<'_>,
         run: &RunId,
         wait: Wait,
     ) -> Result<Option<u64>> {
         let lock = match wait {
-            Wait::ForLocks => "FOR UPDATE OF l",
-            Wait::SkipLocked => "FOR UPDATE OF l SKIP LOCKED",
+            Wait::ForLocks => LeaseLock::Update,
+            Wait::SkipLocked => LeaseLock::UpdateSkipLocked,
         };
-        let row = tx
-            .query_opt(
-                &format!(
-                    "SELECT l.node, l.epoch, COALESCE(n.expires_at > now(), false)
-                     FROM run_leases l LEFT JOIN keel_nodes n ON n.id = l.node
-                     WHERE l.run_id = $1 {lock}"
-                ),
-                &[&run.as_str()],
-            )
-            .await
-            .map_err(pg_error("reading a run's lease"))?;
+        let row = lease_row(tx, run, lock).await?;
         let Some(row) = row else {
             // No row, or (skipping) a locked one: the insert tells them apart.
             let inserted = tx
@@ -92,13 +82,14 @@ impl PgNode {
                 .map_err(pg_error("taking a run's lease"))?;
             return Ok((inserted == 1).then_some(1));
         };
-        let (owner, epoch, live): (String, i64, bool) = (row.get(0), row.get(1), row.get(2));
+        let LeaseRow { node: owner, epoch, live } = row;
         if owner != self.id && live {
             return Ok(None);
         }
-        if owner == self.id && self.fences.held(run) == Some(epoch as u64) {
-            return Ok(Some(epoch as u64));
+        if owner == self.id && self.fences.held(run) == Some(epoch) {
+            return Ok(Some(epoch));
         }
+        let epoch = epoch as i64;
         tx.execute(
             "UPDATE run_leases SET node = $2, epoch = $3, acquired_at = now() WHERE run_id = $1",
             &[&run.as_str(), &self.id, &(epoch + 1)],
@@ -154,10 +145,6 @@ fn clock_refusal(skew_ms: i64) -> Option<String> {
     })
 }
 
-fn ttl_interval(ttl: Duration) -> f64 {
-    ttl.as_secs_f64()
-}
-
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as i64)
 }
@@ -199,7 +186,7 @@ impl Cluster for PgNode {
                      key_hash = $5
                  WHERE keel_nodes.expires_at < now() OR keel_nodes.key_hash = $5
                  RETURNING id",
-                &[&info.id, &info.addr, &info.version, &ttl_interval(ttl), &key_hash(key)],
+                &[&info.id, &info.addr, &info.version, &ttl.as_secs_f64(), &key_hash(key)],
             )
             .await
             .map_err(pg_error("registering the node"))?;
@@ -239,7 +226,7 @@ impl Cluster for PgNode {
             .execute(
                 "UPDATE keel_nodes SET heartbeat_at = now(), expires_at = now() + make_interval(secs => $2)
                  WHERE id = $1",
-                &[&self.id, &ttl_interval(ttl)],
+                &[&self.id, &ttl.as_secs_f64()],
             )
             .await
             .map_err(pg_error("renewing the heartbeat"))?;

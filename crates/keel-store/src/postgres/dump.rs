@@ -15,9 +15,9 @@ use tokio_postgres::{IsolationLevel, Row};
 use super::audit::{self, AuditColumns};
 use super::queries::{self, column, execute, json_column, query_opt, query_rows};
 use super::tenants::{self, TENANT_COLUMNS, TOKEN_COLUMNS};
-use super::writes::put_blobs;
+use super::writes::{put_blobs, put_chain};
 use super::{int, pg_error};
-use crate::chain::{self, Blob};
+use crate::chain::{Blob, EncodedEntry};
 use crate::dump::DUMP_BATCH;
 use crate::{DumpItem, Error, JournalEntry, MemoryEmbedding, Result, RunRecord, search};
 
@@ -496,26 +496,13 @@ async fn restore_run(transaction: &Transaction<'_>, run: &RunRecord) -> Result<(
 /// into the message chain), its seq, status and usage as given; the run's totals are not
 /// touched (the run item carries them).
 async fn restore_entry(transaction: &Transaction<'_>, run: &RunId, entry: &JournalEntry) -> Result<()> {
-    let (params, links) = chain::split_params(&entry.params);
-    let result = entry.result.as_ref().map(Blob::of);
-    let error = entry.error.as_ref().map(Blob::of);
-    let mut blobs: Vec<&Blob> = vec![&params];
-    blobs.extend(links.iter().map(|link| &link.message));
-    blobs.extend(result.iter().chain(&error));
+    let encoded = EncodedEntry::of_recorded(entry);
+    let (params, result, error) = (&encoded.params, &encoded.result, &encoded.error);
+    let mut blobs: Vec<&Blob> = vec![params];
+    blobs.extend(encoded.params_chain.iter().map(|link| &link.message));
+    blobs.extend(result.iter().chain(error));
     put_blobs(transaction, &blobs).await?;
-    if !links.is_empty() {
-        let hashes: Vec<&str> = links.iter().map(|link| link.hash.as_str()).collect();
-        let prevs: Vec<Option<&str>> = links.iter().map(|link| link.prev.as_deref()).collect();
-        let messages: Vec<&str> = links.iter().map(|link| link.message.hash.as_str()).collect();
-        execute(
-            transaction,
-            "restoring message chain nodes",
-            "INSERT INTO message_chain (hash, prev, message_blob) \
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) ON CONFLICT (hash) DO NOTHING",
-            &[&hashes, &prevs, &messages],
-        )
-        .await?;
-    }
+    put_chain(transaction, &encoded.params_chain).await?;
     let usage = &entry.usage;
     execute(
         transaction,

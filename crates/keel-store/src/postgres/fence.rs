@@ -11,7 +11,10 @@ use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use keel_types::RunId;
 use tokio::sync::broadcast;
 
+use deadpool_postgres::Transaction;
+
 use super::pg_error;
+use super::queries::query_opt;
 use crate::{Error, Result};
 
 /// How many lost-run notices wait for the kernel before the oldest are dropped (it then
@@ -39,8 +42,8 @@ impl Fences {
     /// at the epoch the lease row names, or holds none and no other live node does. Locks
     /// the lease row `FOR SHARE` until the transaction ends, so a claim (which takes it
     /// `FOR UPDATE SKIP LOCKED`) cannot overtake the write.
-    pub(crate) async fn check(&self, tx: &tokio_postgres::Transaction<'_>, run: &RunId) -> Result<()> {
-        self.check_locking(tx, run, "FOR SHARE OF l").await
+    pub(crate) async fn check(&self, tx: &Transaction<'_>, run: &RunId) -> Result<()> {
+        self.check_locking(tx, run, LeaseLock::Share).await
     }
 
     /// `check` for a write that may end the run, and so delete the lease row (`end`):
@@ -48,45 +51,28 @@ impl Fences {
     /// delete deadlocks with a concurrent write for the same run (events, the journal),
     /// which holds the lease row shared and then waits for the run's row this
     /// transaction has locked; Postgres then aborts one of them.
-    pub(crate) async fn check_to_end(&self, tx: &tokio_postgres::Transaction<'_>, run: &RunId) -> Result<()> {
-        self.check_locking(tx, run, "FOR UPDATE OF l").await
+    pub(crate) async fn check_to_end(&self, tx: &Transaction<'_>, run: &RunId) -> Result<()> {
+        self.check_locking(tx, run, LeaseLock::Update).await
     }
 
-    async fn check_locking(
-        &self,
-        tx: &tokio_postgres::Transaction<'_>,
-        run: &RunId,
-        lock: &str,
-    ) -> Result<()> {
+    async fn check_locking(&self, tx: &Transaction<'_>, run: &RunId, lock: LeaseLock) -> Result<()> {
         let Some(node) = self.node.get() else { return Ok(()) };
-        let row = tx
-            .query_opt(
-                &format!(
-                    "SELECT l.node, l.epoch, COALESCE(n.expires_at > now(), false) AS live
-                     FROM run_leases l LEFT JOIN keel_nodes n ON n.id = l.node
-                     WHERE l.run_id = $1 {lock}"
-                ),
-                &[&run.as_str()],
-            )
-            .await
-            .map_err(pg_error("checking the run's lease"))?;
-        let lease =
-            row.map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1) as u64, row.get::<_, bool>(2)));
-        match (self.held(run), lease) {
-            (Some(epoch), Some((owner, current, _))) if owner == *node && current == epoch => Ok(()),
+        match (self.held(run), lease_row(tx, run, lock).await?) {
+            (Some(epoch), Some(lease)) if lease.node == *node && lease.epoch == epoch => Ok(()),
             (Some(epoch), _) => {
                 self.lose(run);
                 Err(Error::Fenced { run: run.clone(), epoch })
             }
-            (None, Some((owner, _, true))) if owner != *node => Err(Error::Refused(format!(
-                "run {run} is run by node {owner}; this node does not write for it (send the request to that node)"
+            (None, Some(lease)) if lease.live && lease.node != *node => Err(Error::Refused(format!(
+                "run {run} is run by node {}; this node does not write for it (send the request to that node)",
+                lease.node
             ))),
             (None, _) => Ok(()),
         }
     }
 
     /// Removes the lease of a run that has just ended, inside the transaction that ends it.
-    pub(crate) async fn end(&self, tx: &tokio_postgres::Transaction<'_>, run: &RunId) -> Result<()> {
+    pub(crate) async fn end(&self, tx: &Transaction<'_>, run: &RunId) -> Result<()> {
         tx.execute("DELETE FROM run_leases WHERE run_id = $1", &[&run.as_str()])
             .await
             .map_err(pg_error("ending the run's lease"))?;
@@ -134,4 +120,48 @@ impl Fences {
     pub(crate) fn lost(&self) -> broadcast::Receiver<RunId> {
         self.lost.subscribe()
     }
+}
+
+/// A run's lease row as a write or a claim reads it.
+pub(crate) struct LeaseRow {
+    pub(crate) node: String,
+    pub(crate) epoch: u64,
+    /// Whether its node's heartbeat is current (by the database's clock).
+    pub(crate) live: bool,
+}
+
+/// How a lease row is locked while it is read.
+#[derive(Clone, Copy)]
+pub(crate) enum LeaseLock {
+    /// A write for the run: a claim must not overtake it.
+    Share,
+    /// A write that may delete the row, or `acquire`: waits for the row's other holders.
+    Update,
+    /// A claim: a row another transaction holds is skipped (read as absent).
+    UpdateSkipLocked,
+}
+
+/// Reads (and locks) the run's lease row; one prepared statement per lock, cached on the
+/// connection, since every write for a run in a cluster does this.
+pub(crate) async fn lease_row(
+    tx: &Transaction<'_>,
+    run: &RunId,
+    lock: LeaseLock,
+) -> Result<Option<LeaseRow>> {
+    macro_rules! select {
+        ($lock:literal) => {
+            concat!(
+                "SELECT l.node, l.epoch, COALESCE(n.expires_at > now(), false) ",
+                "FROM run_leases l LEFT JOIN keel_nodes n ON n.id = l.node WHERE l.run_id = $1 ",
+                $lock
+            )
+        };
+    }
+    let sql = match lock {
+        LeaseLock::Share => select!("FOR SHARE OF l"),
+        LeaseLock::Update => select!("FOR UPDATE OF l"),
+        LeaseLock::UpdateSkipLocked => select!("FOR UPDATE OF l SKIP LOCKED"),
+    };
+    let row = query_opt(tx, "reading the run's lease", sql, &[&run.as_str()]).await?;
+    Ok(row.map(|row| LeaseRow { node: row.get(0), epoch: row.get::<_, i64>(1) as u64, live: row.get(2) }))
 }

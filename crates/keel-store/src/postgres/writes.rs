@@ -733,7 +733,7 @@ const PUT_BLOBS: &str = "INSERT INTO blobs (hash, size, bytes) \
 /// Stores message chain nodes (their message blobs are in the same transaction's
 /// `put_blobs`). Content-addressed: a node another transaction stores at the same time is
 /// the same node, so a conflict is nothing to do.
-async fn put_chain(transaction: &Transaction<'_>, links: &[ChainLink]) -> Result<()> {
+pub(super) async fn put_chain(transaction: &Transaction<'_>, links: &[ChainLink]) -> Result<()> {
     if links.is_empty() {
         return Ok(());
     }

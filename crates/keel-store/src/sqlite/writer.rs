@@ -894,7 +894,7 @@ fn mailbox_receive(
 
 /// Stores the nodes of a message chain that are not stored yet (see
 /// `chain::unstored_links`): a call that re-sends a history writes only the new messages.
-pub(super) fn put_chain(connection: &Connection, links: &[ChainLink]) -> Result<()> {
+fn put_chain(connection: &Connection, links: &[ChainLink]) -> Result<()> {
     let unstored = chain::unstored_links(links, |link| {
         let found = queries::query_first(
             connection,

@@ -75,9 +75,9 @@ async fn a_lease_moves_only_after_its_heartbeat_lapses_and_the_old_owner_is_fenc
     // Held by a live node: b may neither take it nor write for it.
     assert_eq!(b.acquire(&run).await.unwrap(), None);
     assert!(b.claim_orphans(10).await.unwrap().is_empty());
-    let refused = b_store.append_events(&run, vec![event("from b")]).await;
+    let refused = b_store.append_events(&run, &[event("from b")]).await;
     assert!(matches!(&refused, Err(Error::Refused(why)) if why.contains("node a")), "{refused:?}");
-    a_store.append_events(&run, vec![event("from a")]).await.expect("the owner writes");
+    a_store.append_events(&run, &[event("from a")]).await.expect("the owner writes");
     // a keeps its lease alive past several ttls by its heartbeat alone...
     for _ in 0..3 {
         tokio::time::sleep(TTL / 4).await;
@@ -93,7 +93,7 @@ async fn a_lease_moves_only_after_its_heartbeat_lapses_and_the_old_owner_is_fenc
     assert_eq!((lease.node.as_str(), lease.epoch, lease.live), ("b", 2, true));
     // a's late writes are refused and write nothing; a hears it lost the run.
     let before = events(&a_store, &run).await.len();
-    let fenced = a_store.append_events(&run, vec![event("late")]).await;
+    let fenced = a_store.append_events(&run, &[event("late")]).await;
     assert!(matches!(&fenced, Err(Error::Fenced { epoch: 1, .. })), "{fenced:?}");
     let patched = a_store
         .update_run(&run, None, RunPatch { state: Some(RunState::Failed), ..RunPatch::default() })
@@ -102,7 +102,7 @@ async fn a_lease_moves_only_after_its_heartbeat_lapses_and_the_old_owner_is_fenc
     assert_eq!(events(&a_store, &run).await.len(), before);
     assert_eq!(a_lost.recv().await.unwrap(), run);
     assert!(!a.holds(&run));
-    b_store.append_events(&run, vec![event("from b")]).await.expect("the new owner writes");
+    b_store.append_events(&run, &[event("from b")]).await.expect("the new owner writes");
     // b ends the run and gives the lease up; nobody claims an ended run.
     b_store
         .update_run(&run, None, RunPatch { state: Some(RunState::Succeeded), ..RunPatch::default() })
@@ -212,7 +212,7 @@ async fn a_restarted_node_takes_its_own_runs_back_and_never_a_lease_it_is_taking
     );
     assert_eq!(second_life.owner(&run).await.unwrap().unwrap().epoch, 2);
     assert!(second_life.claim_orphans(10).await.unwrap().is_empty());
-    store.append_events(&fresh, vec![event("still ours")]).await.expect("the lease it took stays its own");
+    store.append_events(&fresh, &[event("still ours")]).await.expect("the lease it took stays its own");
 }
 
 /// The admission ledger: decisions from several nodes at once are serialized (a cap of

@@ -72,7 +72,7 @@ async fn a_new_connection_sees_everything_and_seqs_continue() {
         .await
         .unwrap();
     let event = NewEvent { ts_ms: 1_003, kind: "stdout".to_owned(), data: json!("line") };
-    store.append_events(&run, vec![event]).await.unwrap();
+    store.append_events(&run, &[event]).await.unwrap();
     store.kv_put("scope", "key", json!({"v": 1})).await.unwrap();
     let run_before = store.get_run(&run).await.unwrap();
     let stats_before = store.stats().await.unwrap();
@@ -82,7 +82,7 @@ async fn a_new_connection_sees_everything_and_seqs_continue() {
     assert_eq!(store.get_run(&run).await.unwrap(), run_before);
     assert_eq!(store.stats().await.unwrap(), stats_before);
     assert_eq!(store.kv_get("scope", "key").await.unwrap(), Some(json!({"v": 1})));
-    assert_eq!(store.append_events(&run, vec![]).await.unwrap(), 1, "seqs continue after a reconnect");
+    assert_eq!(store.append_events(&run, &[]).await.unwrap(), 1, "seqs continue after a reconnect");
 }
 
 /// A store that did not write a conversation's start (another node, or before a restart)

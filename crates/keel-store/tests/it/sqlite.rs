@@ -180,7 +180,7 @@ async fn reopened_store_keeps_everything() {
         .await
         .unwrap();
     let event = NewEvent { ts_ms: 1_003, kind: "stdout".to_owned(), data: json!("line") };
-    store.append_events(&run, vec![event]).await.unwrap();
+    store.append_events(&run, &[event]).await.unwrap();
     store.kv_put("scope", "key", json!({"v": 1})).await.unwrap();
 
     let run_before = store.get_run(&run).await.unwrap();
@@ -199,7 +199,7 @@ async fn reopened_store_keeps_everything() {
     assert_eq!(reopened_run.usage, usage);
     assert_eq!(reopened_run.provider_calls, 1);
     // Seqs continue after a reopen instead of starting over.
-    assert_eq!(store.append_events(&run, vec![]).await.unwrap(), 1);
+    assert_eq!(store.append_events(&run, &[]).await.unwrap(), 1);
 }
 
 #[tokio::test]
