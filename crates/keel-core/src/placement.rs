@@ -55,18 +55,13 @@ impl Placement {
     /// The admitter the ledger describes: live rows count against the caps, waiting rows
     /// queue in submission order.
     pub fn admitter(&self, ledger: &[Slot]) -> Admitter {
-        let mut admitter = Admitter::new(self.caps, self.weights.clone(), self.aging_ms);
-        for slot in ledger.iter().filter(|slot| slot.node.is_some()) {
-            admitter.restore_live(slot.ticket.clone());
-        }
+        let live = ledger.iter().filter(|slot| slot.node.is_some()).map(|slot| slot.ticket.clone());
         let mut waiting: Vec<&Slot> = ledger.iter().filter(|slot| slot.node.is_none()).collect();
         waiting.sort_by(|a, b| {
             (a.ticket.submitted_ms, &a.ticket.run).cmp(&(b.ticket.submitted_ms, &b.ticket.run))
         });
-        for slot in waiting {
-            admitter.restore_queued(slot.ticket.clone());
-        }
-        admitter
+        let waiting = waiting.into_iter().map(|slot| slot.ticket.clone());
+        Admitter::restored(self.caps, self.weights.clone(), self.aging_ms, live, waiting)
     }
 
     /// Free live slots of `node`'s own (`usize::MAX` without a cap).
@@ -184,9 +179,9 @@ impl Placement {
     }
 
     /// A waiting run that could start under the caps now on a node with room for it (to
-    /// tell the other nodes, when this one cannot take it).
-    pub fn startable_elsewhere(&self, ledger: &[Slot]) -> Option<String> {
-        let admitter = self.admitter(ledger);
+    /// tell the other nodes, when this one cannot take it). `admitter` is this ledger's
+    /// (`Placement::admitter`).
+    pub fn startable_elsewhere(&self, ledger: &[Slot], admitter: &Admitter) -> Option<String> {
         ledger
             .iter()
             .find(|slot| {
@@ -284,7 +279,7 @@ mod tests {
         // n1 is full: these wait although no cluster cap holds them.
         assert_eq!(submit(&p, &mut ledger, "n1", ticket("low", "t", Priority::Low, 2)), Ok(false));
         assert_eq!(submit(&p, &mut ledger, "n1", ticket("high", "t", Priority::High, 3)), Ok(false));
-        assert_eq!(p.startable_elsewhere(&ledger), Some("low".to_owned()));
+        assert_eq!(p.startable_elsewhere(&ledger, &p.admitter(&ledger)), Some("low".to_owned()));
         // n2 has room for one: it takes the high-priority run.
         let decision = p.pull(&ledger, "n2", 4);
         assert_eq!(decision.start_here, vec!["high".to_owned()]);

@@ -274,13 +274,7 @@ impl Admitter {
                 return Vec::new();
             }
         }
-        let mut started = Vec::new();
-        while let Some(index) = self.pick_startable(now_ms) {
-            let WaitingRun { ticket, .. } = self.waiting.remove(index);
-            self.go_live(&ticket.run, &ticket.tenant, &ticket.agent, Some(now_ms));
-            started.push(ticket.run);
-        }
-        started
+        self.start_ready(now_ms, usize::MAX, |_| true)
     }
 
     /// A queued run was stopped before it started. Returns whether it was queued.
@@ -305,16 +299,25 @@ impl Admitter {
         }
     }
 
-    /// Rebuilding the admitter from a ledger shared by several nodes: `ticket`'s run waits
-    /// in the queue whatever the caps say (restore the live runs first, then the queued
-    /// ones in submission order). Never rejected; a run already live or queued is left as
-    /// it is.
-    pub fn restore_queued(&mut self, ticket: Ticket) {
-        if self.live.contains_key(&ticket.run) || self.waiting.iter().any(|w| w.ticket.run == ticket.run) {
-            return;
+    /// An admitter rebuilt from a ledger shared by several nodes: `live` runs count
+    /// against the caps (over them if need be), `waiting` ones queue in the order given
+    /// (submission order), whatever the caps say. Each run appears once in all.
+    pub fn restored(
+        caps: Caps,
+        weights: Weights,
+        aging_ms: u64,
+        live: impl IntoIterator<Item = Ticket>,
+        waiting: impl IntoIterator<Item = Ticket>,
+    ) -> Admitter {
+        let mut admitter = Admitter::new(caps, weights, aging_ms);
+        for ticket in live {
+            admitter.go_live(&ticket.run, &ticket.tenant, &ticket.agent, None);
         }
-        self.waiting.push(WaitingRun { ticket, seq: self.next_seq });
-        self.next_seq += 1;
+        for ticket in waiting {
+            admitter.waiting.push(WaitingRun { ticket, seq: admitter.next_seq });
+            admitter.next_seq += 1;
+        }
+        admitter
     }
 
     /// Starts the queued runs the caps allow now, best first, at most `limit` of them and
@@ -331,7 +334,7 @@ impl Admitter {
     ) -> Vec<String> {
         let mut started = Vec::new();
         while started.len() < limit
-            && let Some(index) = self.pick_startable_where(now_ms, &eligible)
+            && let Some(index) = self.pick_startable(now_ms, &eligible)
         {
             let WaitingRun { ticket, .. } = self.waiting.remove(index);
             self.go_live(&ticket.run, &ticket.tenant, &ticket.agent, Some(now_ms));
@@ -396,13 +399,9 @@ impl Admitter {
         None
     }
 
-    /// The index in `waiting` of the run to start next, among those the caps allow.
-    fn pick_startable(&self, now_ms: u64) -> Option<usize> {
-        self.pick_startable_where(now_ms, &|_| true)
-    }
-
-    /// [`Admitter::pick_startable`] among the runs `eligible` accepts.
-    fn pick_startable_where(&self, now_ms: u64, eligible: &dyn Fn(&Ticket) -> bool) -> Option<usize> {
+    /// The index in `waiting` of the run to start next, among those the caps allow and
+    /// `eligible` accepts.
+    fn pick_startable(&self, now_ms: u64, eligible: &dyn Fn(&Ticket) -> bool) -> Option<usize> {
         let tenant_live = |tenant: &str| u64::from(self.live_per_tenant.get(tenant).copied().unwrap_or(0));
         (0..self.waiting.len())
             .filter(|&index| {

@@ -88,17 +88,8 @@ async fn write_loop(
         for (run, events) in per_run {
             // A store that is away (a database restarting) is waited for, the events kept;
             // any other refusal (a run another node took over) drops them.
-            let mut backoff = Duration::from_millis(100);
-            let appended = loop {
-                match store.append_events(&run, &events).await {
-                    Err(keel_store::Error::Unavailable { .. }) => {
-                        tracing::warn!(run = %run, "the store is unreachable; run events wait for it");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
-                    }
-                    other => break other,
-                }
-            };
+            let appended =
+                crate::outage::retry_while(&run, || true, false, || store.append_events(&run, &events)).await;
             match appended {
                 Ok(last) => {
                     let heads = heads.lock().unwrap_or_else(|p| p.into_inner());

@@ -154,7 +154,7 @@ impl Kernel {
         let interrupted = self.interrupted_runs().await?;
         let kernel = self.clone();
         tokio::spawn(async move {
-            if let Err(err) = kernel.recover_all(interrupted, true).await {
+            if let Err(err) = kernel.recover_all(interrupted).await {
                 tracing::error!("recovery of interrupted runs stopped: {err}");
             }
         });

@@ -16,6 +16,7 @@ mod events;
 mod kernel;
 mod llmqueue;
 mod mailboxes;
+mod outage;
 mod paths;
 mod run;
 mod sandboxing;

@@ -1,6 +1,8 @@
 //! Admission of runs to live slots: a run asks for a slot before its record exists (a
 //! full queue is a 429 with Retry-After), waits in `queued` otherwise, and gives its
-//! slot back when it ends or swaps out. The policy is `keel_core::sched::Admitter`.
+//! slot back when it ends or swaps out. The policy is `keel_core::sched::Admitter`, in
+//! this kernel's memory, or among several nodes with caps `keel_core::placement`, on the
+//! cluster's ledger in the store.
 
 use crate::now_ms;
 use crate::run::RunSpec;
@@ -44,32 +46,18 @@ impl Kernel {
     /// Asks for a live slot for a new run: `Ok(true)` start now, `Ok(false)` wait in
     /// `queued`, `Err` a full queue (HTTP 429 with Retry-After).
     pub(crate) async fn admit(&self, ticket: Ticket) -> Result<bool> {
-        let answer = if self.inner.admissions.shared().is_some() {
-            let run = ticket.run.clone();
-            match self
-                .on_ledger(true, |p, ledger, node| {
-                    p.submit(ledger, node, ticket.clone(), now_ms(), true, false)
-                })
-                .await?
-            {
-                Ok(decision) => Ok(decision.start_here.contains(&run)),
-                Err(rejected) => Err(rejected),
-            }
-        } else {
-            match self.inner.admissions.lock().submit(ticket, now_ms()) {
+        if self.inner.admissions.shared().is_none() {
+            return match self.inner.admissions.lock().submit(ticket, now_ms()) {
                 Admission::Start => Ok(true),
                 Admission::Queued { .. } => Ok(false),
-                rejected => Err(rejected),
-            }
-        };
-        match answer {
-            Ok(start) => Ok(start),
-            Err(Admission::Rejected { retry_after_ms, reason }) => Err(Error::QuotaExceeded {
-                message: format!("the run queue is full: {reason}; try again later"),
-                retry_after_secs: retry_after_ms.div_ceil(1000),
-            }),
-            Err(_) => Ok(false),
+                rejected => Err(queue_full(rejected)),
+            };
         }
+        let run = ticket.run.clone();
+        let decided = self
+            .on_ledger(true, |p, ledger, node| p.submit(ledger, node, ticket.clone(), now_ms(), true, false))
+            .await?;
+        Ok(decided.map_err(queue_full)?.start_here.contains(&run))
     }
 
     /// A run ended (or was stopped while queued, or swapped out): its slot goes to the
@@ -200,7 +188,7 @@ impl Kernel {
     }
 
     /// One decision on the cluster's admission ledger (see `keel_core::placement`), by
-    /// `decide`; the ledger as it then stands is kept for queue positions. With `nudge`,
+    /// `decide`; the ledger as it then stands is kept for queue positions. With `nudge_others`,
     /// when a waiting run could start on a node with room, the other nodes are told (a
     /// pull never nudges, or nodes without room would wake each other forever).
     async fn on_ledger(
@@ -221,8 +209,9 @@ impl Kernel {
                 let decided = decide(placement, ledger, &node);
                 let changes = decided.as_ref().map(|d| d.changes.clone()).unwrap_or_default();
                 let after = placement::apply(ledger, &changes);
-                nudge = if nudge_others { placement.startable_elsewhere(&after) } else { None };
-                seen = Some(placement.admitter(&after));
+                let admitter = placement.admitter(&after);
+                nudge = if nudge_others { placement.startable_elsewhere(&after, &admitter) } else { None };
+                seen = Some(admitter);
                 outcome = Some(decided);
                 changes
             })
@@ -231,12 +220,7 @@ impl Kernel {
             *self.inner.admissions.lock() = admitter;
         }
         if let Some(run) = nudge.and_then(|run| RunId::parse(&run).ok()) {
-            let cluster = std::sync::Arc::clone(&member.cluster);
-            tokio::spawn(async move {
-                if let Err(err) = cluster.wake(&run).await {
-                    tracing::debug!("could not tell the other nodes a run may start: {err}");
-                }
-            });
+            self.tell_cluster(&run);
         }
         Ok(outcome.unwrap_or_else(|| Ok(Decision::default())))
     }
@@ -252,5 +236,18 @@ impl Kernel {
             queued.len(),
             admitter.live_count()
         ))
+    }
+}
+
+/// A full queue's refusal (`Admission::Rejected`) as the error a caller sees: HTTP 429
+/// with Retry-After.
+fn queue_full(rejected: Admission) -> Error {
+    let (retry_after_ms, reason) = match rejected {
+        Admission::Rejected { retry_after_ms, reason } => (retry_after_ms, reason),
+        other => (keel_core::sched::MIN_RETRY_AFTER_MS, format!("{other:?}")),
+    };
+    Error::QuotaExceeded {
+        message: format!("the run queue is full: {reason}; try again later"),
+        retry_after_secs: retry_after_ms.div_ceil(1000),
     }
 }

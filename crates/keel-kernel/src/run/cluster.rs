@@ -41,12 +41,14 @@ impl Kernel {
             || self.inner.cluster.as_ref().is_some_and(|member| !member.cluster.holds(&live.id))
     }
 
-    /// Gives up the lease of a run claimed just as it ended.
+    /// Gives up the lease of a run this node claimed but does not run: it ended just as
+    /// it was claimed, or it goes on waiting for a live slot (which the node with room
+    /// takes).
     pub(crate) async fn give_up_lease(&self, run: &RunId) {
         let Some(member) = &self.inner.cluster else { return };
         if let Err(err) = member.cluster.release(run).await {
-            // The lease names a run that ended: nobody claims an ended run, so a lease
-            // left behind costs a row, never a second agent.
+            // For an ended run the row is harmless; a queued run's waits until this node's
+            // heartbeat lapses before another node can start it.
             tracing::warn!(run = %run, "could not give up the run's lease: {err}");
         }
     }
@@ -156,7 +158,7 @@ impl Kernel {
         // In the background: a claim must not wait for relaunches, or a large takeover
         // would hold back the next claim.
         tokio::spawn(async move {
-            if let Err(err) = kernel.recover_all(runs, false).await {
+            if let Err(err) = kernel.recover_all(runs).await {
                 tracing::error!("recovery of claimed runs stopped: {err}");
             }
         });

@@ -128,9 +128,10 @@ impl Kernel {
         // stopping (the next one recovers the run) or the run went to another node.
         let still_here =
             || !self.inner.shutting_down.load(Ordering::SeqCst) && !live.lost.load(Ordering::SeqCst);
-        let ended = self
-            .retry_while(&live.id, still_here, true, || self.transition(&live.id, command, patch.clone()))
-            .await;
+        let ended = crate::outage::retry_while(&live.id, still_here, true, || {
+            self.transition(&live.id, command, patch.clone())
+        })
+        .await;
         if let Err(err) = ended {
             tracing::warn!(run = %live.id, "could not record the end of the run: {err}");
         }

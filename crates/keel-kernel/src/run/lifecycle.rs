@@ -103,7 +103,9 @@ impl Kernel {
             // `current`) and nothing would ever announce the change.
             Err(err @ keel_store::Error::OutcomeUnknown { .. }) => {
                 let still_wanted = || !self.inner.shutting_down.load(std::sync::atomic::Ordering::SeqCst);
-                match self.retry_while(run, still_wanted, false, || self.inner.store.get_run(run)).await {
+                match crate::outage::retry_while(run, still_wanted, false, || self.inner.store.get_run(run))
+                    .await
+                {
                     Ok(Some(found)) if found.state == next && Some(found.updated_at_ms) == stamp => found,
                     _ => return Err(err.into()),
                 }

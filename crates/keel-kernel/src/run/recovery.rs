@@ -30,11 +30,13 @@ impl Kernel {
         Ok(runs)
     }
 
-    /// Brings back the runs `interrupted_runs` listed, several at a time so that their
-    /// journal writes share commits. `own` says they were this kernel's own runs before
-    /// it restarted (not runs taken over from another node, whose recorded pids mean
-    /// nothing on this host).
-    pub(crate) async fn recover_all(&self, runs: Vec<RunRecord>, own: bool) -> Result<()> {
+    /// Brings back interrupted runs (listed at start, or claimed from other nodes),
+    /// several at a time so that their journal writes share commits.
+    pub(crate) async fn recover_all(&self, runs: Vec<RunRecord>) -> Result<()> {
+        // A kernel alone recovers its own runs from before a restart, whose recorded pids
+        // are on this host; a node recovers what it claimed, possibly from another host
+        // (its own previous life's included, whose leftovers died with it by PDEATHSIG).
+        let own = self.inner.cluster.is_none();
         // Swapped-out runs stay swapped out until what they wait for happens, and hold no
         // live slot meanwhile.
         let mut resident = Vec::with_capacity(runs.len());

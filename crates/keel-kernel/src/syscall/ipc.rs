@@ -302,8 +302,10 @@ impl Kernel {
                 parked = true;
             }
             if let Some(message) = received {
+                // Senders waiting for room here wake now; one on another node finds the
+                // room at its next poll (a notice per message received would cost a
+                // database round trip on every receive).
                 self.inner.mailboxes.taken(&live.id);
-                self.tell_cluster(&live.id); // Senders waiting for room may be elsewhere.
                 let message = IpcMessage {
                     from: message.from.map(|id| id.as_str().to_owned()),
                     seq: message.seq,

@@ -5,7 +5,7 @@
 //! journal entries for them, so no family can get the order wrong.
 //!
 //! A store that cannot be reached (a Postgres server restarting) makes these writes wait
-//! and retry with backoff ([`Kernel::retry_while`]) rather than fail the call: the
+//! and retry with backoff ([`crate::outage::retry_while`]) rather than fail the call: the
 //! store promises that an `Unavailable` write wrote nothing, so trying again cannot
 //! journal twice, and the agent sees a slow syscall instead of an error it cannot act on.
 //! A commit cut off by the outage (`OutcomeUnknown`) is resolved by reading back: an
@@ -13,7 +13,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use keel_protocol::EventKind;
 use keel_store::{Completion, NewEntry, Seq};
@@ -23,40 +22,6 @@ use serde_json::{Value, json};
 use super::{Reply, SyscallError, internal};
 use crate::run::LiveRun;
 use crate::{Kernel, now_ms};
-
-/// The first wait before a journal write that found the store unreachable is tried
-/// again; each further wait doubles, up to `MAX_BACKOFF`, so a long outage costs a retry
-/// every few seconds per waiting call rather than a busy loop.
-const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
-
-/// A store failure that wrote nothing because the store could not be reached, so the
-/// same write may be tried again (see `Kernel::retry_while`).
-pub(crate) trait Unreachable {
-    fn unreachable(&self) -> bool;
-    /// The write may or may not have taken effect (`keel_store::Error::OutcomeUnknown`).
-    fn outcome_unknown(&self) -> bool;
-}
-
-impl Unreachable for keel_store::Error {
-    fn unreachable(&self) -> bool {
-        matches!(self, keel_store::Error::Unavailable { .. })
-    }
-
-    fn outcome_unknown(&self) -> bool {
-        matches!(self, keel_store::Error::OutcomeUnknown { .. })
-    }
-}
-
-impl Unreachable for crate::Error {
-    fn unreachable(&self) -> bool {
-        matches!(self, crate::Error::Store(store) if store.unreachable())
-    }
-
-    fn outcome_unknown(&self) -> bool {
-        matches!(self, crate::Error::Store(store) if store.outcome_unknown())
-    }
-}
 
 /// How a call is journaled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -320,7 +285,7 @@ impl Kernel {
     }
 
     /// Runs the journal write `write` for `live` until the store can be reached (see
-    /// [`Kernel::retry_while`]), for as long as `live` is the run's current attempt
+    /// [`crate::outage::retry_while`]), for as long as `live` is the run's current attempt
     /// here: a stopped, ended or lost run's call does not wait forever.
     pub(crate) async fn while_current<T, F, Fut>(
         &self,
@@ -360,50 +325,7 @@ impl Kernel {
         Fut: Future<Output = keel_store::Result<T>>,
     {
         let current = || self.is_current(live) && !live.lost.load(std::sync::atomic::Ordering::SeqCst);
-        self.retry_while(&live.id, current, idempotent, write).await
-    }
-
-    /// Runs the store write `write` for `run` until the store can be reached: while it
-    /// fails because the store is unreachable (which promises nothing was written) and
-    /// `still_wanted()`, it waits with exponential backoff and tries again. Any other
-    /// outcome is returned, as is the last failure once the write is no longer wanted.
-    /// The one place kernel writes wait out a store outage.
-    /// With `idempotent`, a write whose commit was cut off (outcome unknown) is made again
-    /// too: only for writes that may safely be made twice.
-    pub(crate) async fn retry_while<T, E, F, Fut>(
-        &self,
-        run: &keel_types::RunId,
-        still_wanted: impl Fn() -> bool,
-        idempotent: bool,
-        mut write: F,
-    ) -> Result<T, E>
-    where
-        E: Unreachable + std::fmt::Display,
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-    {
-        let mut backoff = FIRST_BACKOFF;
-        let mut warned = false;
-        loop {
-            match write().await {
-                Err(err)
-                    if (err.unreachable() || (idempotent && err.outcome_unknown())) && still_wanted() =>
-                {
-                    if !warned {
-                        tracing::warn!(run = %run, "{err}; the write waits until the store answers");
-                        warned = true;
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-                outcome => {
-                    if warned && outcome.is_ok() {
-                        tracing::info!(run = %run, "the store answers again; the waiting write went through");
-                    }
-                    return outcome;
-                }
-            }
-        }
+        crate::outage::retry_while(&live.id, current, idempotent, write).await
     }
 
     fn emit_syscall(&self, live: &LiveRun, seq: Seq, method: &str, status: EntryStatus, extra: Value) {
