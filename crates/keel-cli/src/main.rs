@@ -134,8 +134,8 @@ enum Command {
     /// its runs to the other nodes (they continue by replay) and exits.
     #[command(after_help = "Example:\n  keel drain --addr 10.0.0.2:7777")]
     Drain(nodes::DrainArgs),
-    /// Copy a store into another (a new SQLite file; Postgres when built with the
-    /// Postgres store) and verify the copy item by item before it may be used.
+    /// Copy a store into another (a new SQLite file, or Postgres) and verify the copy
+    /// item by item before it may be used.
     #[command(
         after_help = "Examples:\n  keel migrate --from sqlite:$HOME/.local/share/keel/keel.db --to sqlite:/srv/keel/keel.db\n  keel migrate --from sqlite:/srv/keel/keel.db --to postgres://keel@db.internal/keel\n\nStop the kernel using the source first. The target must be empty. A copy that does not\nverify is marked so, and a kernel refuses to start on it."
     )]

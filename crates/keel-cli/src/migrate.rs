@@ -1,5 +1,5 @@
 //! `keel migrate`: copy a store into another (an SQLite file into a new file, or into
-//! Postgres when built with the Postgres store) and prove the copy whole before anything
+//! Postgres) and prove the copy whole before anything
 //! may use it.
 //!
 //! The steps, each refusing with what to do: the source must be a keel database no kernel
@@ -14,7 +14,6 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -33,7 +32,6 @@ pub struct MigrateArgs {
     #[arg(long, value_name = "sqlite:PATH")]
     from: String,
     /// The empty store to copy into: sqlite:PATH (created if missing), or postgres://...
-    /// when keel is built with the Postgres store.
     #[arg(long, value_name = "URL")]
     to: String,
 }
@@ -127,7 +125,7 @@ pub async fn migrate(args: MigrateArgs) -> Result<ExitCode> {
         );
     }
 
-    let started_at_ms = now_ms();
+    let started_at_ms = crate::render::now_ms();
     let mark = |state: &str, extra: serde_json::Value| {
         let mut marker = json!({"state": state, "from": from.to_string(), "started_at_ms": started_at_ms});
         if let (Some(marker), serde_json::Value::Object(extra)) = (marker.as_object_mut(), extra) {
@@ -159,7 +157,7 @@ pub async fn migrate(args: MigrateArgs) -> Result<ExitCode> {
         "items": counts.total(),
         "audit_entries": audit.entries,
         "audit_head": audit.head_hash,
-        "verified_at_ms": now_ms(),
+        "verified_at_ms": crate::render::now_ms(),
     });
     target
         .kv_put(dump::MIGRATION_SCOPE, dump::MIGRATION_KEY, mark(dump::MIGRATION_VERIFIED, verified))
@@ -278,10 +276,6 @@ fn same_file(existing: &Path, other: &Path) -> bool {
         Some(directory_of(path).canonicalize().ok()?.join(path.file_name()?))
     };
     matches!((resolve(existing), resolve(other)), (Some(a), Some(b)) if a == b)
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as u64)
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ pub async fn nodes(ctx: Context, args: NodesArgs) -> Result<ExitCode> {
     if args.json {
         crate::outln!("{}", serde_json::to_string_pretty(&view)?)?;
     } else {
-        crate::out!("{}", render(&view, now_ms()))?;
+        crate::out!("{}", render(&view, crate::render::now_ms()))?;
     }
     client.close().await;
     Ok(ExitCode::SUCCESS)
@@ -58,10 +58,6 @@ pub async fn drain(ctx: Context, args: DrainArgs) -> Result<ExitCode> {
         eprintln!("keel: node {} drained and stopped", drained.node);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn render(view: &NodesView, now_ms: u64) -> String {

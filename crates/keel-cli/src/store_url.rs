@@ -67,15 +67,7 @@ impl fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreUrl::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
-            StoreUrl::Postgres(url) => match reqwest::Url::parse(url) {
-                Ok(mut parsed) if parsed.password().is_some() => {
-                    // Setting a password fails only for URLs that cannot have one, and
-                    // this one has one.
-                    let _ = parsed.set_password(Some("***"));
-                    write!(f, "{parsed}")
-                }
-                _ => f.write_str(url),
-            },
+            StoreUrl::Postgres(url) => f.write_str(&keel_store::postgres::redact_url(url)),
         }
     }
 }

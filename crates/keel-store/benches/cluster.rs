@@ -281,7 +281,6 @@ async fn create_runs(store: &PgStore, count: usize) -> Vec<RunId> {
     ids
 }
 
-/// A plain driver connection, its connection task spawned.
 /// CPU seconds (user + system) spent so far by every process named `postgres` on this
 /// machine: the server's backends, and its background workers.
 fn server_cpu() -> f64 {

@@ -8,8 +8,6 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use serde_json::Value;
-
 use crate::gateway::{Upstream, mock_upstream, read_counts};
 use crate::harness::{Keel, agent, alive, wait_for};
 
@@ -88,10 +86,7 @@ pub(crate) fn node_with(
     extra: &[&str],
 ) -> Keel {
     let mut node = Keel::new();
-    node.daemon_env = vec![
-        ("OPENAI_API_KEY".into(), "sk-upstream-test".into()),
-        ("OPENAI_BASE_URL".into(), format!("http://127.0.0.1:{port}/v1")),
-    ];
+    crate::gateway::use_upstream(&mut node, port, false);
     prepare(&node);
     // Several nodes of several tests share the server's 100 connections.
     node.start_daemon_with(
@@ -121,7 +116,7 @@ pub(crate) fn upstream(node: &Keel) -> (Upstream, u16, std::path::PathBuf) {
     mock_upstream(node, &agent("echo_script.json"))
 }
 
-/// Which node holds each run's lease, from any node's `keel nodes`-backed view.
+/// Which node holds each run's lease, from the database's `run_leases`.
 pub(crate) fn owners(db: &TestDatabase) -> BTreeMap<String, String> {
     psql(&db.url, "SELECT run_id || ' ' || node FROM run_leases")
         .lines()
@@ -272,13 +267,11 @@ fn a_paused_node_past_its_lease_is_fenced_and_its_agents_die() {
         let total = seqs.len();
         seqs.dedup();
         assert_eq!(seqs.len(), total, "no journal entry written twice: {view}");
-        let calls: Vec<&Value> = view["journal"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["method"] == "llm.chat" && e["status"] == "ok")
-            .collect();
-        assert_eq!(calls.len(), steps, "one journaled answer per step: {view}");
+        assert_eq!(
+            crate::harness::journaled_llm_calls(&view),
+            steps,
+            "one journaled answer per step: {view}"
+        );
     }
 }
 
