@@ -41,6 +41,7 @@ macro_rules! expect_error {
 
 // Declared after `expect_error!`, so that the macro is in scope in each of them.
 mod audit;
+mod console;
 mod dump;
 mod journal;
 mod mailboxes;
@@ -48,8 +49,10 @@ mod memory;
 mod payloads;
 mod runs;
 mod tenants;
+mod triggers;
 
 pub use audit::*;
+pub use console::*;
 pub use dump::*;
 pub use journal::*;
 pub use mailboxes::*;
@@ -57,6 +60,7 @@ pub use memory::*;
 pub use payloads::*;
 pub use runs::*;
 pub use tenants::*;
+pub use triggers::*;
 
 /// Runs every check of one store, one after the other, against `store`. The check of
 /// two stores, `dump_and_restore`, is run apart: it needs an empty target.
@@ -91,6 +95,11 @@ pub async fn run_all(store: Arc<dyn Store>) {
     tenants_create_get_list(&*store).await;
     tokens_create_lookup_list_revoke(&*store).await;
     runs_list_by_tenant(&*store).await;
+    triggers_create_list_pause_delete(&*store).await;
+    trigger_fires_are_recorded_once(Arc::clone(&store)).await;
+    runs_list_sorted_searched_and_paged(&*store).await;
+    costs_summed_by_bucket_tenant_and_model(&*store).await;
+    runs_counted_by_tenant_and_state(&*store).await;
     concurrent_thread_appends(Arc::clone(&store)).await;
     concurrent_mailbox_receives(Arc::clone(&store)).await;
     concurrent_appends_to_one_run(Arc::clone(&store)).await;

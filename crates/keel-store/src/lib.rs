@@ -28,6 +28,7 @@ pub mod postgres;
 mod records;
 pub mod search;
 pub mod sqlite;
+mod triggers;
 
 use async_trait::async_trait;
 use keel_types::{RunId, RunState};
@@ -37,11 +38,13 @@ pub use dump::DumpItem;
 
 pub use postgres::{PgNode, PgStore};
 pub use records::{
-    ApiTokenRecord, AuditBreak, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, EventRecord,
-    JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent,
-    NewMessage, NewRun, RunFilter, RunPatch, RunRecord, SearchMode, StoreStats, TenantRecord, ThreadMessage,
+    ApiTokenRecord, AuditBreak, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, CostBucket,
+    CostFilter, EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord,
+    MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, RunCount, RunFilter, RunOrder, RunPatch, RunRecord,
+    SearchMode, StoreStats, TenantRecord, ThreadMessage,
 };
 pub use sqlite::SqliteStore;
+pub use triggers::{FireRecord, TriggerRecord};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -112,6 +115,8 @@ pub enum Error {
     TenantExists(String),
     #[error("tenant {0} does not exist")]
     TenantNotFound(String),
+    #[error("a {kind} named {name} already exists")]
+    TriggerExists { kind: String, name: String },
 }
 
 /// Errors every backend words alike, so callers and tests see one message whatever the
@@ -168,8 +173,20 @@ pub trait Store: Send + Sync + 'static {
 
     async fn get_run(&self, id: &RunId) -> Result<Option<RunRecord>>;
 
-    /// Runs matching `filter`, newest (by creation) first.
+    /// Runs matching `filter`, in its order (newest first by default), from its offset.
+    /// Filtering, ordering and paging happen in the store's query, so a page of a large
+    /// store costs what its rows cost.
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>>;
+
+    /// The usage of completed `llm.chat` entries summed per (time bucket, tenant, model),
+    /// ordered by bucket, tenant and model. Aggregated in the store's query.
+    async fn cost_summary(&self, filter: &CostFilter) -> Result<Vec<CostBucket>>;
+
+    /// How many runs there are of each tenant, state, wait reason and presence of a
+    /// process, in one grouped read (no run is loaded): every combination that has at
+    /// least one run, in no particular order. For metrics scrapes, so it must stay cheap
+    /// with many runs.
+    async fn count_runs(&self) -> Result<Vec<RunCount>>;
 
     /// Applies `patch` to the run. When `expected` is given, the update happens only if
     /// the run is currently in that state, else `StateConflict` and nothing changes.
@@ -348,6 +365,45 @@ pub trait Store: Send + Sync + 'static {
     /// revoked before (0 when none matched). A revoked token stays revoked. Durable on
     /// return.
     async fn token_revoke(&self, tenant: &str, prefix: &str) -> Result<u64>;
+
+    /// Creates a trigger. Fails with `TriggerExists` when its (kind, name) is taken.
+    /// Durable on return.
+    async fn trigger_create(&self, trigger: TriggerRecord) -> Result<()>;
+
+    async fn trigger_get(&self, kind: &str, name: &str) -> Result<Option<TriggerRecord>>;
+
+    /// The triggers of a kind (of one tenant, or all), by name.
+    async fn trigger_list(&self, kind: &str, tenant: Option<&str>) -> Result<Vec<TriggerRecord>>;
+
+    /// Pauses or resumes a trigger, setting `since_ms`; whether it exists. Durable on
+    /// return.
+    async fn trigger_set_paused(&self, kind: &str, name: &str, paused: bool, since_ms: u64) -> Result<bool>;
+
+    /// Deletes a trigger and its fires; whether it existed. Durable on return.
+    async fn trigger_delete(&self, kind: &str, name: &str) -> Result<bool>;
+
+    /// Records a fire unless its (kind, trigger, occasion) is already recorded: returns
+    /// the stored fire (the earlier one when there was one, with its run id) and whether
+    /// this call wrote it. Durable on return.
+    async fn trigger_fire(&self, fire: FireRecord) -> Result<(FireRecord, bool)>;
+
+    /// Sets a recorded fire's outcome (`failed` with why, when its run could not be
+    /// created). Durable on return.
+    async fn trigger_fire_settle(
+        &self,
+        kind: &str,
+        trigger: &str,
+        occasion: &str,
+        outcome: &str,
+        detail: Option<&str>,
+    ) -> Result<()>;
+
+    /// A trigger's newest fires (by `at_ms`, newest first), at most `limit`.
+    async fn trigger_fires(&self, kind: &str, trigger: &str, limit: usize) -> Result<Vec<FireRecord>>;
+
+    /// Fires of a kind recorded as `fired` whose run does not exist (the kernel died
+    /// between recording the fire and creating its run), oldest first.
+    async fn trigger_fires_unstarted(&self, kind: &str) -> Result<Vec<FireRecord>>;
 
     async fn stats(&self) -> Result<StoreStats>;
 

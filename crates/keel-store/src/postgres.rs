@@ -31,6 +31,7 @@ mod listen;
 mod queries;
 mod schema;
 mod tenants;
+mod triggers;
 mod writes;
 
 use std::sync::Arc;
@@ -46,10 +47,10 @@ use serde_json::Value;
 use crate::chain::Blob;
 use crate::chain::{EncodedCompletion, EncodedEntry};
 use crate::{
-    ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, DumpItem, Error,
-    EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch,
-    NewEntry, NewEvent, NewMessage, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats,
-    TenantRecord, ThreadMessage,
+    ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, CostBucket, CostFilter,
+    DumpItem, Error, EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord,
+    MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, Result, RunCount, RunFilter, RunPatch, RunRecord,
+    Seq, Store, StoreStats, TenantRecord, ThreadMessage,
 };
 pub use cluster::PgNode;
 use fence::Fences;
@@ -339,6 +340,16 @@ impl Store for PgStore {
         queries::list_runs(&client, filter).await
     }
 
+    async fn cost_summary(&self, filter: &CostFilter) -> Result<Vec<CostBucket>> {
+        let client = self.client("summing costs").await?;
+        queries::cost_summary(&client, filter).await
+    }
+
+    async fn count_runs(&self) -> Result<Vec<RunCount>> {
+        let client = self.client("counting runs").await?;
+        queries::count_runs(&client).await
+    }
+
     async fn update_run(&self, id: &RunId, expected: Option<RunState>, patch: RunPatch) -> Result<RunRecord> {
         let mut client = self.client("updating a run").await?;
         let transaction = begin(&mut client).await?;
@@ -583,6 +594,58 @@ impl Store for PgStore {
     async fn tenant_list(&self) -> Result<Vec<TenantRecord>> {
         let client = self.client("listing tenants").await?;
         tenants::list_tenants(&client).await
+    }
+
+    async fn trigger_create(&self, trigger: crate::TriggerRecord) -> Result<()> {
+        let client = self.client("creating a trigger").await?;
+        triggers::create(&client, &trigger).await.map_err(outcome_unknown)
+    }
+
+    async fn trigger_get(&self, kind: &str, name: &str) -> Result<Option<crate::TriggerRecord>> {
+        let client = self.client("reading a trigger").await?;
+        triggers::get(&client, kind, name).await
+    }
+
+    async fn trigger_list(&self, kind: &str, tenant: Option<&str>) -> Result<Vec<crate::TriggerRecord>> {
+        let client = self.client("listing triggers").await?;
+        triggers::list(&client, kind, tenant).await
+    }
+
+    async fn trigger_set_paused(&self, kind: &str, name: &str, paused: bool, since_ms: u64) -> Result<bool> {
+        let client = self.client("pausing or resuming a trigger").await?;
+        triggers::set_paused(&client, kind, name, paused, since_ms).await.map_err(outcome_unknown)
+    }
+
+    async fn trigger_delete(&self, kind: &str, name: &str) -> Result<bool> {
+        let client = self.client("deleting a trigger").await?;
+        triggers::delete(&client, kind, name).await.map_err(outcome_unknown)
+    }
+
+    async fn trigger_fire(&self, fire: crate::FireRecord) -> Result<(crate::FireRecord, bool)> {
+        let client = self.client("recording a trigger's fire").await?;
+        triggers::fire(&client, fire).await.map_err(outcome_unknown)
+    }
+
+    async fn trigger_fire_settle(
+        &self,
+        kind: &str,
+        trigger: &str,
+        occasion: &str,
+        outcome: &str,
+        detail: Option<&str>,
+    ) -> Result<()> {
+        let client = self.client("settling a trigger's fire").await?;
+        triggers::settle(&client, kind, trigger, occasion, outcome, detail).await.map_err(outcome_unknown)
+    }
+
+    async fn trigger_fires(&self, kind: &str, trigger: &str, limit: usize) -> Result<Vec<crate::FireRecord>> {
+        let client = self.client("listing a trigger's fires").await?;
+        triggers::fires(&client, kind, trigger, limit).await
+    }
+
+    async fn trigger_fires_unstarted(&self, kind: &str) -> Result<Vec<crate::FireRecord>> {
+        let client = self.client("listing fires whose run was never created").await?;
+        triggers::unstarted(&client, kind).await
     }
 
     async fn token_create(&self, token: ApiTokenRecord) -> Result<()> {

@@ -115,7 +115,7 @@ impl RunPatch {
     }
 }
 
-/// Which runs `list_runs` returns, newest first.
+/// Which runs `list_runs` returns, and in which order (newest first by default).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunFilter {
     /// Only runs in one of these states (all runs when empty).
@@ -124,6 +124,70 @@ pub struct RunFilter {
     pub limit: Option<usize>,
     /// Only runs of this tenant (every tenant's when `None`).
     pub tenant: Option<String>,
+    /// Only runs whose id, tenant or command (the `command` member of the spec, the one
+    /// member of the opaque spec a store reads) contains this text, ASCII letters matched
+    /// without regard to case. Matched as typed: `%` and `_` are not wildcards.
+    pub text: Option<String>,
+    /// The order of the listing; ties are broken by id, in the same direction.
+    pub order: RunOrder,
+    /// Skip this many matching runs first (a page further down the same order).
+    pub offset: usize,
+}
+
+/// The order `list_runs` returns runs in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RunOrder {
+    /// By creation time, newest first.
+    #[default]
+    NewestFirst,
+    /// By creation time, oldest first.
+    OldestFirst,
+    /// By cost (`usage.cost_micro_usd`), costliest first; equal costs newest first.
+    CostliestFirst,
+    /// By cost, cheapest first; equal costs oldest first.
+    CheapestFirst,
+}
+
+impl RunOrder {
+    /// The SQL `ORDER BY` list for this order (the same text serves SQLite and Postgres;
+    /// the indexes `runs_by_creation` and `runs_by_cost` serve it).
+    pub(crate) fn order_by(self) -> &'static str {
+        match self {
+            RunOrder::NewestFirst => "created_at_ms DESC, id DESC",
+            RunOrder::OldestFirst => "created_at_ms ASC, id ASC",
+            RunOrder::CostliestFirst => "cost_micro_usd DESC, created_at_ms DESC, id DESC",
+            RunOrder::CheapestFirst => "cost_micro_usd ASC, created_at_ms ASC, id ASC",
+        }
+    }
+}
+
+/// What `cost_summary` sums: the usage of completed `llm.chat` journal entries started at
+/// or after `since_ms`, in buckets of `bucket_ms` (bucket `k` holds entries started in
+/// `[k * bucket_ms, (k + 1) * bucket_ms)`, Unix milliseconds).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostFilter {
+    pub since_ms: u64,
+    /// At least 1.
+    pub bucket_ms: u64,
+    /// Only this tenant's runs (every tenant's when `None`).
+    pub tenant: Option<String>,
+}
+
+/// One bucket of `cost_summary`: the sums for one (time bucket, tenant, model).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CostBucket {
+    /// The bucket's start, Unix milliseconds (a multiple of the filter's `bucket_ms`).
+    pub bucket_start_ms: u64,
+    pub tenant: String,
+    /// The model that answered (the result's `response.model`, as the kernel journals an
+    /// `llm.chat`, or its top-level `model`), else the one asked for (params), else
+    /// `unknown`.
+    pub model: String,
+    /// How many entries were summed (replayed calls are one entry, never two).
+    pub calls: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_micro_usd: u64,
 }
 
 /// A journal entry as first appended: an intent (`Pending`) or, for a syscall that has
@@ -202,6 +266,19 @@ pub struct StoreStats {
     /// Bytes of stored payloads, including whatever links a backend keeps to share parts
     /// of payloads (SQLite: 128 per message-chain node).
     pub blob_bytes: u64,
+}
+
+/// How many runs share one tenant, state, wait reason and whether they have a process
+/// (`Store::count_runs`): what a metrics scrape shows without reading every run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunCount {
+    pub tenant: String,
+    pub state: RunState,
+    /// Set only for `waiting` runs (why they wait).
+    pub wait_reason: Option<WaitReason>,
+    /// Whether the run has a recorded process (a `waiting` run without one is swapped out).
+    pub has_pid: bool,
+    pub count: u64,
 }
 
 /// A message of a conversation thread as stored.

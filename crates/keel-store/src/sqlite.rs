@@ -13,6 +13,7 @@ mod dump;
 mod queries;
 mod schema;
 mod tenants;
+mod triggers;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -28,11 +29,12 @@ use tokio::sync::{mpsc, oneshot};
 use crate::chain::Blob;
 use crate::chain::{EncodedCompletion, EncodedEntry};
 use crate::{
-    ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, DumpItem, Error,
-    EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch,
-    NewEntry, NewEvent, NewMessage, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats,
-    TenantRecord, ThreadMessage,
+    ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, CostBucket, CostFilter,
+    DumpItem, Error, EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord,
+    MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, Result, RunCount, RunFilter, RunPatch, RunRecord,
+    Seq, Store, StoreStats, TenantRecord, ThreadMessage,
 };
+use crate::{FireRecord, TriggerRecord};
 use writer::{EncodedEvent, WriteCommand};
 
 /// How many write commands may wait for the writer before callers are held back. Large
@@ -268,6 +270,15 @@ impl Store for SqliteStore {
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
         let filter = filter.clone();
         self.read(move |connection| queries::list_runs(connection, &filter)).await
+    }
+
+    async fn cost_summary(&self, filter: &CostFilter) -> Result<Vec<CostBucket>> {
+        let filter = filter.clone();
+        self.read(move |connection| queries::cost_summary(connection, &filter)).await
+    }
+
+    async fn count_runs(&self) -> Result<Vec<RunCount>> {
+        self.read(queries::count_runs).await
     }
 
     async fn update_run(&self, id: &RunId, expected: Option<RunState>, patch: RunPatch) -> Result<RunRecord> {
@@ -509,6 +520,66 @@ impl Store for SqliteStore {
     async fn token_list(&self, tenant: &str) -> Result<Vec<ApiTokenRecord>> {
         let tenant = tenant.to_owned();
         self.read(move |connection| tenants::list_tokens(connection, &tenant)).await
+    }
+
+    async fn trigger_create(&self, trigger: TriggerRecord) -> Result<()> {
+        self.write(|reply| writer::in_own_savepoint(reply, move |c| triggers::create(c, &trigger))).await
+    }
+
+    async fn trigger_get(&self, kind: &str, name: &str) -> Result<Option<TriggerRecord>> {
+        let (kind, name) = (kind.to_owned(), name.to_owned());
+        self.read(move |connection| triggers::get(connection, &kind, &name)).await
+    }
+
+    async fn trigger_list(&self, kind: &str, tenant: Option<&str>) -> Result<Vec<TriggerRecord>> {
+        let (kind, tenant) = (kind.to_owned(), tenant.map(str::to_owned));
+        self.read(move |connection| triggers::list(connection, &kind, tenant.as_deref())).await
+    }
+
+    async fn trigger_set_paused(&self, kind: &str, name: &str, paused: bool, since_ms: u64) -> Result<bool> {
+        let (kind, name) = (kind.to_owned(), name.to_owned());
+        self.write(|reply| {
+            writer::in_own_savepoint(reply, move |c| triggers::set_paused(c, &kind, &name, paused, since_ms))
+        })
+        .await
+    }
+
+    async fn trigger_delete(&self, kind: &str, name: &str) -> Result<bool> {
+        let (kind, name) = (kind.to_owned(), name.to_owned());
+        self.write(|reply| writer::in_own_savepoint(reply, move |c| triggers::delete(c, &kind, &name))).await
+    }
+
+    async fn trigger_fire(&self, fire: FireRecord) -> Result<(FireRecord, bool)> {
+        self.write(|reply| writer::in_own_savepoint(reply, move |c| triggers::fire(c, fire))).await
+    }
+
+    async fn trigger_fire_settle(
+        &self,
+        kind: &str,
+        trigger: &str,
+        occasion: &str,
+        outcome: &str,
+        detail: Option<&str>,
+    ) -> Result<()> {
+        let owned = (kind.to_owned(), trigger.to_owned(), occasion.to_owned(), outcome.to_owned());
+        let detail = detail.map(str::to_owned);
+        self.write(|reply| {
+            writer::in_own_savepoint(reply, move |c| {
+                let (kind, trigger, occasion, outcome) = &owned;
+                triggers::settle(c, kind, trigger, occasion, outcome, detail.as_deref())
+            })
+        })
+        .await
+    }
+
+    async fn trigger_fires(&self, kind: &str, trigger: &str, limit: usize) -> Result<Vec<FireRecord>> {
+        let (kind, trigger) = (kind.to_owned(), trigger.to_owned());
+        self.read(move |connection| triggers::fires(connection, &kind, &trigger, limit)).await
+    }
+
+    async fn trigger_fires_unstarted(&self, kind: &str) -> Result<Vec<FireRecord>> {
+        let kind = kind.to_owned();
+        self.read(move |connection| triggers::unstarted(connection, &kind)).await
     }
 
     async fn token_revoke(&self, tenant: &str, prefix: &str) -> Result<u64> {

@@ -5,7 +5,7 @@ use keel_types::{RunId, RunState, Usage, WaitReason};
 use serde_json::json;
 
 use super::{ExpectRun, Must, fresh_run, new_run, now_ms, ok_completion, pending_entry};
-use crate::{Error, NewRun, RunFilter, RunPatch, RunRecord, Store};
+use crate::{Error, NewRun, RunCount, RunFilter, RunPatch, RunRecord, Store};
 
 /// Creating a run returns it as stored (with the documented defaults), `get_run` reads it
 /// back, and `list_runs` filters by state, limits, and orders newest first.
@@ -65,7 +65,7 @@ pub async fn runs_create_get_list(store: &dyn Store) {
     assert!(list_ids(store, &[], Some(0)).await.is_empty(), "list_runs with limit 0 must return nothing");
 
     let paused = store
-        .list_runs(&RunFilter { states: vec![RunState::Paused], limit: None, tenant: None })
+        .list_runs(&RunFilter { states: vec![RunState::Paused], ..RunFilter::default() })
         .await
         .must("list_runs of paused runs");
     assert!(paused.iter().any(|run| &run.id == c), "list_runs must include every paused run");
@@ -270,7 +270,12 @@ pub async fn runs_list_by_tenant(store: &dyn Store) {
     let listed: Vec<RunId> =
         store.list_runs(&filter).await.must("list_runs by tenant").into_iter().map(|r| r.id).collect();
     assert_eq!(listed, vec![mine[2].clone(), mine[1].clone(), mine[0].clone()]);
-    let running = RunFilter { states: vec![RunState::Running], limit: Some(1), tenant: Some(tenant) };
+    let running = RunFilter {
+        states: vec![RunState::Running],
+        limit: Some(1),
+        tenant: Some(tenant),
+        ..RunFilter::default()
+    };
     let listed: Vec<RunId> = store
         .list_runs(&running)
         .await
@@ -282,7 +287,7 @@ pub async fn runs_list_by_tenant(store: &dyn Store) {
 }
 
 async fn list_ids(store: &dyn Store, states: &[RunState], limit: Option<usize>) -> Vec<RunId> {
-    let filter = RunFilter { states: states.to_vec(), limit, tenant: None };
+    let filter = RunFilter { states: states.to_vec(), limit, ..RunFilter::default() };
     store.list_runs(&filter).await.must("list_runs").into_iter().map(|run| run.id).collect()
 }
 
@@ -298,4 +303,79 @@ fn assert_newest_first(runs: &[RunRecord]) {
             pair[1].created_at_ms
         );
     }
+}
+
+/// `count_runs` groups runs by tenant, state, wait reason and whether they have a process,
+/// counts every run once, and follows state changes; tenants are counted apart.
+pub async fn runs_counted_by_tenant_and_state(store: &dyn Store) {
+    let tenant = format!("counts-{}", RunId::generate(now_ms()));
+    let other = format!("counts-other-{}", RunId::generate(now_ms()));
+    let start = now_ms();
+    let mut ids = Vec::new();
+    let states =
+        [RunState::Running, RunState::Running, RunState::Queued, RunState::Waiting, RunState::Waiting];
+    for (i, state) in states.into_iter().enumerate() {
+        let run = NewRun { tenant: tenant.clone(), ..new_run(start + i as u64, state) };
+        ids.push(store.create_run(run).await.must("create_run").id);
+    }
+    let run = NewRun { tenant: other.clone(), ..new_run(start, RunState::Running) };
+    store.create_run(run).await.must("create_run (another tenant)");
+    // Two runs wait for a human: one with its process (resident), one without (swapped).
+    let resident =
+        RunPatch { wait_reason: Some(Some(WaitReason::Human)), pid: Some(Some(4242)), ..RunPatch::default() };
+    store.update_run(&ids[3], None, resident).await.must("update_run (resident wait)");
+    let swapped = RunPatch { wait_reason: Some(Some(WaitReason::Human)), ..RunPatch::default() };
+    store.update_run(&ids[4], None, swapped).await.must("update_run (swapped wait)");
+    // A running run with a process, to tell `has_pid` apart within one state.
+    store
+        .update_run(&ids[1], None, RunPatch { pid: Some(Some(77)), ..RunPatch::default() })
+        .await
+        .must("update_run (pid)");
+
+    let counts = |all: Vec<RunCount>, tenant: &str| {
+        let mut mine: Vec<(RunState, Option<WaitReason>, bool, u64)> = all
+            .into_iter()
+            .filter(|count| count.tenant == tenant)
+            .map(|count| (count.state, count.wait_reason, count.has_pid, count.count))
+            .collect();
+        mine.sort_by_key(|(state, reason, pid, _)| (state.as_str(), reason.map(WaitReason::as_str), *pid));
+        mine
+    };
+    let all = store.count_runs().await.must("count_runs");
+    let pairs: Vec<_> = all.iter().map(|c| (&c.tenant, c.state, c.wait_reason, c.has_pid)).collect();
+    let mut unique = pairs.clone();
+    unique.sort_by_key(|(tenant, state, reason, pid)| {
+        ((*tenant).clone(), state.as_str(), reason.map(WaitReason::as_str), *pid)
+    });
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        pairs.len(),
+        "store conformance: count_runs must return each group once: {all:?}"
+    );
+    assert!(all.iter().all(|c| c.count > 0), "store conformance: count_runs must not return empty groups");
+    assert_eq!(
+        counts(all.clone(), &tenant),
+        vec![
+            (RunState::Queued, None, false, 1),
+            (RunState::Running, None, false, 1),
+            (RunState::Running, None, true, 1),
+            (RunState::Waiting, Some(WaitReason::Human), false, 1),
+            (RunState::Waiting, Some(WaitReason::Human), true, 1),
+        ],
+        "store conformance: count_runs must group by state, wait reason and process"
+    );
+    assert_eq!(counts(all, &other), vec![(RunState::Running, None, false, 1)]);
+
+    // A state change moves the run from one group to another.
+    let done = RunPatch { state: Some(RunState::Succeeded), ..RunPatch::default() };
+    store.update_run(&ids[2], None, done).await.must("update_run (end)");
+    let after = counts(store.count_runs().await.must("count_runs after a change"), &tenant);
+    assert!(after.contains(&(RunState::Succeeded, None, false, 1)), "{after:?}");
+    assert!(
+        !after.iter().any(|(state, ..)| *state == RunState::Queued),
+        "store conformance: count_runs must follow a state change: {after:?}"
+    );
+    let total: u64 = after.iter().map(|(.., count)| count).sum();
+    assert_eq!(total, 5, "store conformance: count_runs must count each run once");
 }

@@ -16,8 +16,8 @@ use super::{int, pg_error};
 use crate::chain::{self, ChainCache, ChainNode};
 use crate::search::{self, BestHits, CosineQuery};
 use crate::{
-    Error, EventRecord, JournalEntry, MailboxMessage, MemoryHit, MemoryRecord, MemorySearch, Result,
-    RunFilter, RunRecord, SearchMode, Seq, StoreStats, ThreadMessage,
+    CostBucket, CostFilter, Error, EventRecord, JournalEntry, MailboxMessage, MemoryHit, MemoryRecord,
+    MemorySearch, Result, RunCount, RunFilter, RunRecord, SearchMode, Seq, StoreStats, ThreadMessage,
 };
 
 /// The columns `decode_run` reads, in `SELECT` form.
@@ -90,12 +90,88 @@ pub(super) async fn list_runs(client: &impl GenericClient, filter: &RunFilter) -
         (!filter.states.is_empty()).then(|| filter.states.iter().map(|state| state.as_str()).collect());
     // `LIMIT NULL` is no limit.
     let limit = filter.limit.map(|limit| int(limit as u64));
+    let offset = int(filter.offset as u64);
+    let text = filter.text.as_deref().filter(|text| !text.is_empty());
+    // `strpos`, not LIKE: the text is matched as typed, `%` and `_` included. `lower` of
+    // both sides, as SQLite's (ASCII) `lower`; the spec is always a JSON text.
     let sql = format!(
         "SELECT {RUN_COLUMNS} FROM runs WHERE ($1::text[] IS NULL OR state = ANY($1)) \
-         AND ($2::text IS NULL OR tenant = $2) ORDER BY created_at_ms DESC, id DESC LIMIT $3"
+         AND ($2::text IS NULL OR tenant = $2) \
+         AND ($5::text IS NULL OR strpos(lower(id || ' ' || tenant || ' ' || \
+              COALESCE((spec::jsonb -> 'command')::text, '')), lower($5)) > 0) \
+         ORDER BY {} LIMIT $3 OFFSET $4",
+        filter.order.order_by()
     );
-    let rows = query_rows(client, "listing runs", &sql, &[&states, &filter.tenant, &limit]).await?;
+    let rows =
+        query_rows(client, "listing runs", &sql, &[&states, &filter.tenant, &limit, &offset, &text]).await?;
     rows.iter().map(decode_run).collect()
+}
+
+/// The usage of completed `llm.chat` entries per (time bucket, tenant, model); see
+/// `Store::cost_summary`. The model is read from the entry's result (the kernel's
+/// `response.model`, or a top-level `model`), else its params.
+pub(super) async fn cost_summary(
+    client: &impl GenericClient,
+    filter: &CostFilter,
+) -> Result<Vec<CostBucket>> {
+    let bucket = int(filter.bucket_ms.max(1));
+    let since = int(filter.since_ms);
+    let sql = "SELECT (j.started_at_ms / $1) * $1 AS bucket_start_ms, r.tenant AS tenant, \
+         COALESCE(convert_from(res.bytes, 'UTF8')::jsonb #>> '{response,model}', \
+                  convert_from(res.bytes, 'UTF8')::jsonb ->> 'model', \
+                  convert_from(par.bytes, 'UTF8')::jsonb ->> 'model', 'unknown') AS model, \
+         COUNT(*)::bigint AS calls, SUM(j.input_tokens)::bigint AS input_tokens, \
+         SUM(j.output_tokens)::bigint AS output_tokens, SUM(j.cost_micro_usd)::bigint AS cost_micro_usd \
+         FROM journal j \
+         JOIN runs r ON r.id = j.run_id \
+         LEFT JOIN blobs par ON par.hash = j.params_blob \
+         LEFT JOIN blobs res ON res.hash = j.result_blob \
+         WHERE j.method = 'llm.chat' AND j.status = 'ok' AND j.started_at_ms >= $2 \
+           AND ($3::text IS NULL OR r.tenant = $3) \
+         GROUP BY 1, 2, 3 ORDER BY 1, 2, 3";
+    let rows = query_rows(client, "summing costs", sql, &[&bucket, &since, &filter.tenant]).await?;
+    rows.iter()
+        .map(|row| {
+            let place = "a cost bucket";
+            let number = |name: &str| -> Result<u64> {
+                let value: i64 = column(row, name, place)?;
+                Ok(u64::try_from(value).unwrap_or(0))
+            };
+            Ok(CostBucket {
+                bucket_start_ms: number("bucket_start_ms")?,
+                tenant: column(row, "tenant", place)?,
+                model: column(row, "model", place)?,
+                calls: number("calls")?,
+                input_tokens: number("input_tokens")?,
+                output_tokens: number("output_tokens")?,
+                cost_micro_usd: number("cost_micro_usd")?,
+            })
+        })
+        .collect()
+}
+
+/// Runs per tenant, state, wait reason and presence of a process, in one grouped read.
+pub(super) async fn count_runs(client: &impl GenericClient) -> Result<Vec<RunCount>> {
+    let rows = query_rows(
+        client,
+        "counting runs",
+        "SELECT tenant, state, wait_reason, pid IS NOT NULL AS has_pid, COUNT(*) AS runs \
+         FROM runs GROUP BY tenant, state, wait_reason, pid IS NOT NULL",
+        &[],
+    )
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let place = "the run counts";
+            Ok(RunCount {
+                tenant: column(row, "tenant", place)?,
+                state: parsed_column(row, "state", place)?,
+                wait_reason: optional_parsed_column(row, "wait_reason", place)?,
+                has_pid: column(row, "has_pid", place)?,
+                count: count(row, "runs", place)?,
+            })
+        })
+        .collect()
 }
 
 /// The run's tenant, `None` when there is no such run.

@@ -38,6 +38,10 @@
 //!   epoch it took it at; a lease is live while its node's heartbeat is, so one heartbeat
 //!   write renews all of a node's leases. `keel_cluster`: the one row holding the secret
 //!   nodes authenticate forwarded requests with.
+//! - **3**: `run_slots`, the cluster's admission ledger.
+//! - **4**: the console's indexes, as SQLite's 7: `runs_by_cost`, `runs_by_tenant_cost`,
+//!   `journal_by_time`.
+//! - **5**: triggers and their fires, as SQLite's 8 (`crate::triggers`).
 //!
 //! Where the tables live: the first schema of the connection's `search_path` (`public`
 //! unless the URL says otherwise, e.g. `?options=-csearch_path%3Dkeel`), so several
@@ -50,7 +54,7 @@ use crate::{Error, Result};
 
 /// Migration `i` brings a database from version `i` to version `i + 1`. Append only:
 /// a released migration never changes.
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// The schema this build writes and reads.
 pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
@@ -59,6 +63,41 @@ pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
 /// starting at once migrate one after the other (the second finds nothing left to do).
 /// Any fixed number works; this one is "keel" in ASCII.
 const MIGRATION_LOCK: i64 = 0x6b65_656c;
+
+/// Version 5: triggers and their fires, as SQLite's version 8.
+const V5: &str = r#"
+CREATE TABLE triggers (
+    kind          TEXT COLLATE "C" NOT NULL,
+    name          TEXT COLLATE "C" NOT NULL,
+    tenant        TEXT COLLATE "C" NOT NULL,
+    spec          TEXT NOT NULL,
+    paused        BOOLEAN NOT NULL,
+    since_ms      BIGINT NOT NULL,
+    created_at_ms BIGINT NOT NULL,
+    PRIMARY KEY (kind, name)
+);
+CREATE TABLE trigger_fires (
+    kind        TEXT COLLATE "C" NOT NULL,
+    trigger     TEXT COLLATE "C" NOT NULL,
+    occasion    TEXT COLLATE "C" NOT NULL,
+    tenant      TEXT COLLATE "C" NOT NULL,
+    at_ms       BIGINT NOT NULL,
+    run_id      TEXT COLLATE "C",
+    outcome     TEXT NOT NULL,
+    detail      TEXT,
+    fired_at_ms BIGINT NOT NULL,
+    PRIMARY KEY (kind, trigger, occasion)
+);
+CREATE INDEX fires_by_time ON trigger_fires (kind, trigger, at_ms);
+"#;
+
+/// Version 4: indexes for the console's listings, as SQLite's version 7: runs by cost
+/// (all, and per tenant) and journal entries by method and start time (`cost_summary`).
+const V4: &str = r#"
+CREATE INDEX runs_by_cost ON runs (cost_micro_usd, created_at_ms, id);
+CREATE INDEX runs_by_tenant_cost ON runs (tenant, cost_micro_usd, created_at_ms, id);
+CREATE INDEX journal_by_time ON journal (method, started_at_ms);
+"#;
 
 /// Version 2: nodes, run leases and the cluster's secret; see the module doc.
 /// Version 3: the cluster's admission ledger (`keel_core::placement`): a row per run that

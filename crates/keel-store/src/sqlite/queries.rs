@@ -13,8 +13,8 @@ use super::writer::sql_error;
 use crate::chain::{ChainCache, ChainNode};
 use crate::search::{self, BestHits, CosineQuery};
 use crate::{
-    Error, EventRecord, JournalEntry, MailboxMessage, MemoryHit, MemoryRecord, MemorySearch, Result,
-    RunFilter, RunRecord, SearchMode, Seq, StoreStats, ThreadMessage,
+    CostBucket, CostFilter, Error, EventRecord, JournalEntry, MailboxMessage, MemoryHit, MemoryRecord,
+    MemorySearch, Result, RunCount, RunFilter, RunRecord, SearchMode, Seq, StoreStats, ThreadMessage,
 };
 
 /// The columns `decode_run` reads, in `SELECT` form.
@@ -48,28 +48,95 @@ pub(super) fn load_run(connection: &Connection, id: &RunId) -> Result<Option<Run
 
 pub(super) fn list_runs(connection: &Connection, filter: &RunFilter) -> Result<Vec<RunRecord>> {
     let mut conditions = Vec::new();
+    let mut values: Vec<String> = Vec::new();
     if !filter.states.is_empty() {
         let placeholders = vec!["?"; filter.states.len()].join(", ");
         conditions.push(format!("state IN ({placeholders})"));
+        values.extend(filter.states.iter().map(|state| state.as_str().to_owned()));
     }
-    if filter.tenant.is_some() {
+    if let Some(tenant) = &filter.tenant {
         conditions.push("tenant = ?".to_owned());
+        values.push(tenant.clone());
     }
-    let states =
+    if let Some(text) = filter.text.as_deref().filter(|text| !text.is_empty()) {
+        // `instr`, not LIKE: the text is matched as typed, `%` and `_` included.
+        conditions.push(
+            "instr(lower(id || ' ' || tenant || ' ' || COALESCE(json_extract(spec, '$.command'), '')), \
+             lower(?)) > 0"
+                .to_owned(),
+        );
+        values.push(text.to_owned());
+    }
+    let matching =
         if conditions.is_empty() { String::new() } else { format!("WHERE {}", conditions.join(" AND ")) };
     // SQLite reads a negative LIMIT as "no limit".
     let limit = match filter.limit {
         Some(limit) => i64::try_from(limit).unwrap_or(i64::MAX),
         None => -1,
     };
-    let sql =
-        format!("SELECT {RUN_COLUMNS} FROM runs {states} ORDER BY created_at_ms DESC, id DESC LIMIT {limit}");
+    let offset = i64::try_from(filter.offset).unwrap_or(i64::MAX);
+    let sql = format!(
+        "SELECT {RUN_COLUMNS} FROM runs {matching} ORDER BY {} LIMIT {limit} OFFSET {offset}",
+        filter.order.order_by()
+    );
+    query_all(connection, "listing runs", &sql, params_from_iter(values.iter()), decode_run)
+}
+
+/// The usage of completed `llm.chat` entries per (time bucket, tenant, model); see
+/// `Store::cost_summary`. The model is read from the entry's result (the kernel's
+/// `response.model`, or a top-level `model`), else its params.
+pub(super) fn cost_summary(connection: &Connection, filter: &CostFilter) -> Result<Vec<CostBucket>> {
+    let bucket = i64::try_from(filter.bucket_ms.max(1)).unwrap_or(i64::MAX);
+    let since = i64::try_from(filter.since_ms).unwrap_or(i64::MAX);
+    let sql = "SELECT (j.started_at_ms / ?1) * ?1 AS bucket_start_ms, r.tenant AS tenant, \
+         COALESCE(json_extract(CAST(res.bytes AS TEXT), '$.response.model'), \
+                  json_extract(CAST(res.bytes AS TEXT), '$.model'), \
+                  json_extract(CAST(par.bytes AS TEXT), '$.model'), 'unknown') AS model, \
+         COUNT(*) AS calls, SUM(j.input_tokens) AS input_tokens, \
+         SUM(j.output_tokens) AS output_tokens, SUM(j.cost_micro_usd) AS cost_micro_usd \
+         FROM journal j \
+         JOIN runs r ON r.id = j.run_id \
+         LEFT JOIN blobs par ON par.hash = j.params_blob \
+         LEFT JOIN blobs res ON res.hash = j.result_blob \
+         WHERE j.method = 'llm.chat' AND j.status = 'ok' AND j.started_at_ms >= ?2 \
+           AND (?3 IS NULL OR r.tenant = ?3) \
+         GROUP BY bucket_start_ms, r.tenant, model ORDER BY bucket_start_ms, r.tenant, model";
+    query_all(connection, "summing costs", sql, params![bucket, since, filter.tenant.as_deref()], |row| {
+        let place = "a cost bucket";
+        let number = |name: &str| -> Result<u64> {
+            let value: i64 = column(row, name, place)?;
+            Ok(u64::try_from(value).unwrap_or(0))
+        };
+        Ok(CostBucket {
+            bucket_start_ms: number("bucket_start_ms")?,
+            tenant: column(row, "tenant", place)?,
+            model: column(row, "model", place)?,
+            calls: number("calls")?,
+            input_tokens: number("input_tokens")?,
+            output_tokens: number("output_tokens")?,
+            cost_micro_usd: number("cost_micro_usd")?,
+        })
+    })
+}
+
+/// Runs per tenant, state, wait reason and presence of a process, in one grouped read.
+pub(super) fn count_runs(connection: &Connection) -> Result<Vec<RunCount>> {
     query_all(
         connection,
-        "listing runs",
-        &sql,
-        params_from_iter(filter.states.iter().map(|state| state.as_str()).chain(filter.tenant.as_deref())),
-        decode_run,
+        "counting runs",
+        "SELECT tenant, state, wait_reason, pid IS NOT NULL AS has_pid, COUNT(*) AS runs \
+         FROM runs GROUP BY tenant, state, wait_reason, pid IS NOT NULL",
+        [],
+        |row| {
+            let place = "the run counts";
+            Ok(RunCount {
+                tenant: column(row, "tenant", place)?,
+                state: parsed_column(row, "state", place)?,
+                wait_reason: optional_parsed_column(row, "wait_reason", place)?,
+                has_pid: column(row, "has_pid", place)?,
+                count: column(row, "runs", place)?,
+            })
+        },
     )
 }
 

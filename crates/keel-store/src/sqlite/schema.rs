@@ -43,6 +43,12 @@
 //!   cosine over the namespace's vectors of the query's model and length: linear, fine up
 //!   to about 100k records a namespace; there is no ANN index) or `Hybrid` (reciprocal
 //!   rank fusion, k = 60, of both rankings, each at least 50 deep; see `crate::search`).
+//! - **7**: indexes for the console: `runs_by_cost` and `runs_by_tenant_cost` (listing by
+//!   cost, `RunOrder`), `journal_by_time` (`cost_summary`: `llm.chat` entries since a time).
+//! - **8**: triggers (`crate::triggers`). `triggers` keyed by (kind, name) with the tenant,
+//!   the spec JSON, `paused` and `since_ms`; `trigger_fires` keyed by (kind, trigger,
+//!   occasion), so an occasion (a scheduled time, a delivery id) is recorded once, with
+//!   the run id chosen before the run is created; `fires_by_time` serves the newest fires.
 
 use std::time::Duration;
 
@@ -57,7 +63,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `i` brings a database from version `i` to version `i + 1`. Append only:
 /// a released migration never changes.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
 
 /// The schema this build writes and reads.
 pub(super) const SCHEMA_VERSION: usize = MIGRATIONS.len();
@@ -312,6 +318,43 @@ CREATE TABLE memory_embeddings (
 CREATE TRIGGER memory_embedding_deleted AFTER DELETE ON memory BEGIN
     DELETE FROM memory_embeddings WHERE memory_id = old.id;
 END;
+";
+
+/// Version 7: indexes for the console's listings: runs by cost (all, and per tenant) for
+/// `RunOrder::CostliestFirst`/`CheapestFirst`, and journal entries by method and start
+/// time for `cost_summary`.
+const V7: &str = "
+CREATE INDEX runs_by_cost ON runs (cost_micro_usd, created_at_ms, id);
+CREATE INDEX runs_by_tenant_cost ON runs (tenant, cost_micro_usd, created_at_ms, id);
+CREATE INDEX journal_by_time ON journal (method, started_at_ms);
+";
+
+/// Version 8: triggers and their fires. A fire names its run without a foreign key: the
+/// fire is written first and the run after it (see `crate::triggers`).
+const V8: &str = "
+CREATE TABLE triggers (
+    kind          TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    tenant        TEXT NOT NULL,
+    spec          TEXT NOT NULL,
+    paused        INTEGER NOT NULL,
+    since_ms      INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (kind, name)
+);
+CREATE TABLE trigger_fires (
+    kind        TEXT NOT NULL,
+    trigger     TEXT NOT NULL,
+    occasion    TEXT NOT NULL,
+    tenant      TEXT NOT NULL,
+    at_ms       INTEGER NOT NULL,
+    run_id      TEXT,
+    outcome     TEXT NOT NULL,
+    detail      TEXT,
+    fired_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (kind, trigger, occasion)
+);
+CREATE INDEX fires_by_time ON trigger_fires (kind, trigger, at_ms);
 ";
 
 /// Settings of the one read-write connection. WAL lets readers run beside the writer;

@@ -19,6 +19,11 @@ use crate::{mailbox, search};
 /// batch waits, and the memory of the answers held until the commit.
 const MAX_BATCH: usize = 512;
 
+/// An `Apply` command's write: given the connection (or the error that fails its batch),
+/// it answers its caller.
+pub(super) type ApplyWrite =
+    Box<dyn FnOnce(std::result::Result<&Connection, Error>) -> Box<dyn Answer> + Send>;
+
 /// Where the writer sends a command's outcome.
 pub(super) type Reply<T> = oneshot::Sender<Result<T>>;
 
@@ -128,6 +133,11 @@ pub(super) enum WriteCommand {
     TokenCreate {
         token: crate::ApiTokenRecord,
         reply: Reply<()>,
+    },
+    /// A write whose SQL lives beside its table (`triggers.rs`), made by [`in_own_savepoint`]: it
+    /// runs in a savepoint of its own like every command, and answers its caller itself.
+    Apply {
+        write: ApplyWrite,
     },
     TokenRevoke {
         tenant: String,
@@ -306,6 +316,7 @@ fn apply(connection: &Connection, command: WriteCommand) -> Box<dyn Answer> {
         WriteCommand::Restore { items, reply } => {
             answer(reply, in_savepoint(connection, |c| super::dump::restore(c, items)))
         }
+        WriteCommand::Apply { write } => write(Ok(connection)),
     }
 }
 
@@ -335,12 +346,26 @@ impl WriteCommand {
                 answer(reply, Err(error))
             }
             WriteCommand::TokenRevoke { reply, .. } => answer(reply, Err(error)),
+            WriteCommand::Apply { write } => write(Err(error)),
         }
     }
 }
 
+/// A command that runs `write` in its own savepoint and answers `reply`.
+pub(super) fn in_own_savepoint<T: Send + 'static>(
+    reply: Reply<T>,
+    write: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+) -> WriteCommand {
+    WriteCommand::Apply {
+        write: Box::new(move |connection| match connection {
+            Ok(connection) => answer(reply, in_savepoint(connection, write)),
+            Err(error) => answer(reply, Err(error)),
+        }),
+    }
+}
+
 /// A command's outcome, held until its transaction has ended.
-trait Answer: Send {
+pub(super) trait Answer: Send {
     /// Turns a success into `error`: the transaction that made it did not commit.
     fn revoke(&mut self, error: Error);
     fn deliver(self: Box<Self>);
