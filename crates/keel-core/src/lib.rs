@@ -1,6 +1,6 @@
 //! Keel's pure decisions: the run lifecycle state machine, the replay matcher, budget
-//! accounting, scheduling policy (admission and LLM call order) and the audit log's hash
-//! chain.
+//! accounting, scheduling policy (admission and LLM call order), the audit log's hash
+//! chain and schedules (`trigger`: cron ticks in a time zone, catch-up, overlap, jitter).
 //!
 //! Nothing in this crate does IO, awaits, reads a clock or draws randomness. Every function
 //! maps (state, event) to a new state or a decision, so the kernel's effectful loop stays
@@ -12,3 +12,4 @@ pub mod lifecycle;
 pub mod placement;
 pub mod replay;
 pub mod sched;
+pub mod trigger;

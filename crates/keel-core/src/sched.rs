@@ -367,6 +367,22 @@ impl Admitter {
         self.live.len()
     }
 
+    /// Runs of `tenant` counted as live.
+    pub fn live_count_of(&self, tenant: &str) -> usize {
+        self.live_per_tenant.get(tenant).copied().unwrap_or(0) as usize
+    }
+
+    /// The caps this admitter applies.
+    pub fn caps(&self) -> Caps {
+        self.caps
+    }
+
+    /// Runs waiting in the queue (without working out their order, as [`Admitter::queued`]
+    /// does).
+    pub fn queued_count(&self) -> usize {
+        self.waiting.len()
+    }
+
     fn go_live(&mut self, run: &str, tenant: &str, agent: &str, started_ms: Option<u64>) {
         *self.live_per_tenant.entry(tenant.to_owned()).or_default() += 1;
         *self.live_per_agent.entry(agent.to_owned()).or_default() += 1;
@@ -822,6 +838,20 @@ mod tests {
 
     fn caps(global: Option<u32>, per_tenant: Option<u32>, per_agent: Option<u32>, queue: u32) -> Caps {
         Caps { global, per_tenant, per_agent, queue }
+    }
+
+    #[test]
+    fn live_counts_per_tenant_follow_starts_and_ends() {
+        let mut admitter = Admitter::new(caps(Some(2), None, None, 5), Weights::default(), 0);
+        assert_eq!(admitter.caps(), caps(Some(2), None, None, 5));
+        admitter.submit(ticket("a1", "acme", "x", Priority::Normal, 0), 0);
+        admitter.submit(ticket("g1", "globex", "x", Priority::Normal, 0), 0);
+        admitter.submit(ticket("a2", "acme", "x", Priority::Normal, 0), 0);
+        assert_eq!((admitter.live_count_of("acme"), admitter.live_count_of("globex")), (1, 1));
+        assert_eq!(admitter.live_count_of("nobody"), 0);
+        // The queued acme run takes globex's slot when it ends.
+        assert_eq!(admitter.finish("g1", 1), vec!["a2".to_owned()]);
+        assert_eq!((admitter.live_count_of("acme"), admitter.live_count_of("globex")), (2, 0));
     }
 
     #[test]
