@@ -102,6 +102,14 @@ pub trait Provider: Send + Sync {
         Vec::new()
     }
 
+    /// Each model's queue and limits now (its rate limiter's [`ratelimit::RateLimiter::status`]),
+    /// counting only `tenant`'s calls when given, for `GET /v1/status`. A provider without
+    /// a rate limiter has none.
+    fn model_status(&self, tenant: Option<&str>) -> Vec<ratelimit::ModelStatus> {
+        let _ = tenant;
+        Vec::new()
+    }
+
     /// The model names a call may ask for by name (a gateway's `GET /v1/models`): what
     /// is configured, not a provider's whole catalogue. Empty when nothing is named.
     fn models(&self) -> Vec<String> {

@@ -237,9 +237,7 @@ impl LimitState {
     /// Takes one request and `tokens` tokens if both are available now; otherwise says
     /// how long to wait (and takes nothing).
     pub fn try_acquire(&mut self, now: Instant, tokens: u64) -> Result<(), Duration> {
-        let blocked = self.blocked_until.map_or(Duration::ZERO, |until| until.saturating_duration_since(now));
-        let wait =
-            blocked.max(self.requests.wait_for(now, 1.0)).max(self.tokens.wait_for(now, tokens as f64));
+        let wait = self.wait_for(now, tokens);
         if wait > Duration::ZERO {
             return Err(wait);
         }
@@ -247,6 +245,13 @@ impl LimitState {
         self.requests.take(1.0);
         self.tokens.take(tokens as f64);
         Ok(())
+    }
+
+    /// How long until one request and `tokens` tokens are available (zero: now). Refills
+    /// the buckets to `now` but takes nothing.
+    pub fn wait_for(&mut self, now: Instant, tokens: u64) -> Duration {
+        let blocked = self.blocked_until.map_or(Duration::ZERO, |until| until.saturating_duration_since(now));
+        blocked.max(self.requests.wait_for(now, 1.0)).max(self.tokens.wait_for(now, tokens as f64))
     }
 
     /// A call that reserved `reserved` tokens used `used`: the difference goes back.
@@ -339,6 +344,23 @@ pub struct WaitingCall {
     pub blocked_by: Option<Blocker>,
 }
 
+/// One model's queue and limits at one moment, as [`RateLimiter::status`] saw them (for
+/// `GET /v1/status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelStatus {
+    /// The provider's name (the limiter is told it by its provider).
+    pub provider: String,
+    pub model: String,
+    /// Calls waiting in the model's queue (of the tenant asked about, if one was).
+    pub waiting: usize,
+    /// Calls granted capacity and not yet answered (of the tenant asked about, if one was).
+    pub in_flight: usize,
+    /// Which limit holds the next call back now, if one does.
+    pub blocked_by: Option<Blocker>,
+    /// How long until that limit lets the next call go (with `blocked_by`).
+    pub reset_in: Option<Duration>,
+}
+
 /// Who is calling, for the order in which waiting calls get the provider's capacity:
 /// the kernel sets it around each call (`CALLER.scope(...)`); calls without one are
 /// treated as tenant `default`, priority normal.
@@ -353,6 +375,13 @@ pub struct Caller {
 tokio::task_local! {
     /// The caller of the LLM call the current task is making.
     pub static CALLER: Caller;
+}
+
+tokio::task_local! {
+    /// How long the LLM calls of the current task have waited in their models' queues, in
+    /// total (every [`RateLimiter::acquire`] adds its wait, zero when it went at once):
+    /// the kernel sets it around a call for its queue-wait metric.
+    pub static QUEUE_WAIT: std::cell::Cell<Duration>;
 }
 
 /// How long a waiting call's priority takes to rise one class.
@@ -416,6 +445,34 @@ pub struct RateLimiter {
     /// Calls waiting for capacity, per model (lock order: `waiting`, then `states`).
     waiting: Mutex<HashMap<String, Waiting>>,
     next_call: std::sync::atomic::AtomicU64,
+    /// Calls sent upstream and not answered yet, per model and tenant (see
+    /// [`RateLimiter::sending`]).
+    in_flight: Mutex<HashMap<String, HashMap<String, usize>>>,
+}
+
+/// A call in flight to its provider, counted in [`RateLimiter::status`] while it lives:
+/// dropped when the call is answered, fails, or is abandoned (its future dropped).
+pub struct InFlight<'a> {
+    limiter: &'a RateLimiter,
+    model: String,
+    tenant: String,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = self.limiter.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tenants) = in_flight.get_mut(&self.model) {
+            if let Some(count) = tenants.get_mut(&self.tenant) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    tenants.remove(&self.tenant);
+                }
+            }
+            if tenants.is_empty() {
+                in_flight.remove(&self.model);
+            }
+        }
+    }
 }
 
 fn wall_ms() -> u64 {
@@ -444,6 +501,13 @@ impl RateLimiter {
     /// order (see [`CALLER`]), not to whoever polls first. Cancel-safe: a dropped call
     /// leaves the queue at once.
     pub async fn acquire(&self, model: &str, tokens: u64, max_wait: Duration) -> Result<(), Duration> {
+        let started = Instant::now();
+        let outcome = self.wait_turn(model, tokens, max_wait).await;
+        let _ = QUEUE_WAIT.try_with(|total| total.set(total.get() + started.elapsed()));
+        outcome
+    }
+
+    async fn wait_turn(&self, model: &str, tokens: u64, max_wait: Duration) -> Result<(), Duration> {
         let caller = CALLER.try_with(Clone::clone).ok();
         let mut ticket = {
             let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
@@ -575,6 +639,79 @@ impl RateLimiter {
             }
         }
         calls
+    }
+
+    /// Counts a call to `model` as in flight (for [`CALLER`]'s tenant, `default` without
+    /// one) until the returned guard is dropped. Providers hold it from the moment the
+    /// limiter granted the call until its answer is read.
+    pub fn sending(&self, model: &str) -> InFlight<'_> {
+        let tenant = CALLER.try_with(|caller| caller.tenant.clone()).unwrap_or_else(|_| "default".to_owned());
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        *in_flight.entry(model.to_owned()).or_default().entry(tenant.clone()).or_default() += 1;
+        InFlight { limiter: self, model: model.to_owned(), tenant }
+    }
+
+    /// Every model this limiter has seen (called, queued for, or configured), with its
+    /// waiting and in-flight calls (only `tenant`'s when given) and the limit that holds
+    /// its next call back, sorted by model. Takes the locks one at a time, briefly.
+    pub fn status(&self, provider: &str, tenant: Option<&str>) -> Vec<ModelStatus> {
+        let mine = |call_tenant: &str| tenant.is_none_or(|t| t == call_tenant);
+        let mut models: std::collections::BTreeMap<String, ModelStatus> = std::collections::BTreeMap::new();
+        let entry = |models: &mut std::collections::BTreeMap<String, ModelStatus>, model: &str| {
+            models.entry(model.to_owned()).or_insert_with(|| ModelStatus {
+                provider: provider.to_owned(),
+                model: model.to_owned(),
+                waiting: 0,
+                in_flight: 0,
+                blocked_by: None,
+                reset_in: None,
+            });
+        };
+        for model in self.configured.keys() {
+            entry(&mut models, model);
+        }
+        // The cost of each model's next call, for the limit check below.
+        let mut next_cost: HashMap<String, u64> = HashMap::new();
+        {
+            let waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            let now_ms = wall_ms();
+            for (model, line) in waiting.iter().filter(|(_, line)| !line.queue.is_empty()) {
+                entry(&mut models, model);
+                if let Some(call) = line.queue.peek(now_ms) {
+                    next_cost.insert(model.clone(), call.cost);
+                }
+                let mut queue = line.queue.clone();
+                let mut count = 0;
+                while let Some(call) = queue.pop(now_ms) {
+                    count += usize::from(mine(&call.tenant));
+                }
+                if let Some(status) = models.get_mut(model) {
+                    status.waiting = count;
+                }
+            }
+        }
+        {
+            let in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+            for (model, tenants) in in_flight.iter() {
+                entry(&mut models, model);
+                let count = tenants.iter().filter(|(t, _)| mine(t)).map(|(_, n)| n).sum();
+                if let Some(status) = models.get_mut(model) {
+                    status.in_flight = count;
+                }
+            }
+        }
+        let now = Instant::now();
+        let states = self.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (model, state) in states.iter() {
+            entry(&mut models, model);
+            let cost = next_cost.get(model).copied().unwrap_or(1);
+            let mut state = state.clone();
+            if let (Some(status), Some(blocker)) = (models.get_mut(model), state.blocked_by(now, cost)) {
+                status.blocked_by = Some(blocker);
+                status.reset_in = Some(state.wait_for(now, cost));
+            }
+        }
+        models.into_values().collect()
     }
 
     pub fn settle(&self, model: &str, reserved: u64, used: u64) {
@@ -946,5 +1083,62 @@ mod tests {
             let _ = task.await;
         }
         assert!(limiter.waiting("p").is_empty(), "dropped calls leave no trace");
+    }
+
+    /// `status()` counts each model's waiting and in-flight calls (per tenant when asked),
+    /// names the limit that holds its next call back and how long until it lets go, and
+    /// forgets an in-flight call when its guard is dropped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn status_counts_calls_per_tenant_and_names_the_limit() {
+        use keel_core::sched::Priority;
+        let limiter = std::sync::Arc::new(RateLimiter::new(HashMap::from([(
+            "m".to_owned(),
+            Limits { requests_per_minute: Some(1), tokens_per_minute: None },
+        )])));
+        let unused = ModelStatus {
+            provider: "p".into(),
+            model: "m".into(),
+            waiting: 0,
+            in_flight: 0,
+            blocked_by: None,
+            reset_in: None,
+        };
+        assert_eq!(limiter.status("p", None), [unused], "a configured model shows before any call");
+        let caller = |tenant: &str| Caller { tenant: tenant.into(), priority: Priority::Normal, run: None };
+        // acme's call takes the minute's one request and stays in flight.
+        let sending = CALLER
+            .scope(caller("acme"), async {
+                limiter.acquire("m", 0, Duration::ZERO).await.unwrap();
+                limiter.sending("m")
+            })
+            .await;
+        // Two globex calls wait for the next minute.
+        let mut tasks = Vec::new();
+        for _ in 0..2 {
+            let shared = limiter.clone();
+            tasks.push(tokio::spawn(CALLER.scope(caller("globex"), async move {
+                shared.acquire("m", 0, Duration::from_secs(600)).await
+            })));
+            until_waiting(&limiter, tasks.len()).await;
+        }
+        let all = limiter.status("p", None);
+        assert_eq!(all.len(), 1, "{all:?}");
+        assert_eq!((all[0].waiting, all[0].in_flight), (2, 1));
+        assert_eq!(all[0].blocked_by, Some(Blocker::Requests));
+        let reset = all[0].reset_in.expect("a reset time with the limit");
+        assert!(reset > Duration::from_secs(30) && reset <= Duration::from_secs(60), "{reset:?}");
+        let acme = &limiter.status("p", Some("acme"))[0];
+        assert_eq!((acme.waiting, acme.in_flight, acme.blocked_by), (0, 1, Some(Blocker::Requests)));
+        let globex = &limiter.status("p", Some("globex"))[0];
+        assert_eq!((globex.waiting, globex.in_flight), (2, 0));
+        drop(sending);
+        assert_eq!(limiter.status("p", Some("acme"))[0].in_flight, 0, "the answered call is not in flight");
+        for task in tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        let after = &limiter.status("p", None)[0];
+        assert_eq!((after.waiting, after.in_flight), (0, 0));
+        assert_eq!(after.blocked_by, Some(Blocker::Requests), "the minute's request is still spent");
     }
 }

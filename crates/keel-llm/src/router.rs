@@ -384,6 +384,22 @@ impl Provider for Router {
             .collect()
     }
 
+    /// Every configured provider's models with their queues and limits, named as routes
+    /// name them (see [`Router::waiting_calls`]), sorted by provider then model.
+    fn model_status(&self, tenant: Option<&str>) -> Vec<crate::ratelimit::ModelStatus> {
+        self.shared
+            .providers
+            .iter()
+            .flat_map(|(name, entry)| {
+                entry
+                    .provider
+                    .model_status(tenant)
+                    .into_iter()
+                    .map(|model| crate::ratelimit::ModelStatus { provider: name.clone(), ..model })
+            })
+            .collect()
+    }
+
     /// Serves the call from the run's script if it has one; otherwise walks the chain
     /// (see [`Router::chain`]): each model is tried up to `max_attempts` times while its
     /// failures are retryable, then the next model. A streamed call whose deltas already

@@ -2,6 +2,8 @@
 //! `{"responses":[{"match"?, "content", "tool_calls"?, "usage"?}], "price"?}`.
 //! Entries without `match` are served in order, once each; a `match` entry answers every
 //! request whose last user message contains its text (matches are tried first, in order).
+//! A streamed call sends the content as one delta, or as the entry's `chunks` (pieces
+//! that concatenate to the content), so tests can watch text arrive in parts.
 
 use std::sync::Mutex;
 
@@ -33,6 +35,9 @@ struct ScriptResponse {
     tool_calls: Option<Vec<Value>>,
     #[serde(default)]
     usage: Option<TokenUsage>,
+    /// The deltas of a streamed call: pieces that concatenate to `content`.
+    #[serde(default)]
+    chunks: Option<Vec<String>>,
 }
 
 /// USD per million tokens, so scripted runs can show what a real model would cost.
@@ -65,6 +70,13 @@ impl ScriptedProvider {
             if response.content.is_none() && response.tool_calls.is_none() {
                 return Err(Error::InvalidScript(format!(
                     "responses[{i}] has neither `content` nor `tool_calls`"
+                )));
+            }
+            if let Some(chunks) = &response.chunks
+                && response.content.as_deref() != Some(chunks.concat().as_str())
+            {
+                return Err(Error::InvalidScript(format!(
+                    "responses[{i}].chunks do not concatenate to its `content`; make them its pieces, in order"
                 )));
             }
             if response.match_text.as_deref() == Some("") {
@@ -164,9 +176,16 @@ impl Provider for ScriptedProvider {
             .or_else(|| self.script.model.clone())
             .unwrap_or_else(|| "scripted".to_owned());
         if let Some(sink) = stream {
-            // A script has no tokens to trickle: the whole reply is one delta.
-            if let Some(text) = &content {
-                let _ = sink.send(Delta::Text(text.clone()));
+            // A script has no tokens to trickle: the whole reply is one delta, unless the
+            // script cut it in chunks.
+            match (&entry.chunks, &content) {
+                (Some(chunks), _) => chunks.iter().for_each(|chunk| {
+                    let _ = sink.send(Delta::Text(chunk.clone()));
+                }),
+                (None, Some(text)) => {
+                    let _ = sink.send(Delta::Text(text.clone()));
+                }
+                (None, None) => {}
             }
             for (index, call) in entry.tool_calls.iter().flatten().enumerate() {
                 let function = call.get("function");
@@ -270,6 +289,17 @@ mod tests {
         assert_eq!(content(&fresh.chat(&ask("x"), None).await.unwrap()), "b");
     }
 
+    #[tokio::test]
+    async fn a_streamed_call_sends_its_chunks_and_returns_the_whole_content() {
+        let provider =
+            ScriptedProvider::from_text(r#"{"responses":[{"content":"Hello","chunks":["Hel","lo"]}]}"#)
+                .unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        assert_eq!(content(&provider.chat(&ask("x"), Some(&tx)).await.unwrap()), "Hello");
+        assert_eq!(rx.recv().await, Some(Delta::Text("Hel".into())));
+        assert_eq!(rx.recv().await, Some(Delta::Text("lo".into())));
+    }
+
     #[test]
     fn malformed_scripts_are_explained() {
         for (text, needle) in [
@@ -279,6 +309,7 @@ mod tests {
             (r#"{"responses":[{"content":"x","colour":1}]}"#, "colour"),
             (r#"{"reponses":[]}"#, "reponses"),
             (r#"{"responses":[{"match":"","content":"x"}]}"#, "empty `match`"),
+            (r#"{"responses":[{"content":"abc","chunks":["a","c"]}]}"#, "do not concatenate"),
         ] {
             let err = ScriptedProvider::from_text(text).unwrap_err().to_string();
             assert!(err.contains(needle), "{text}: {err}");

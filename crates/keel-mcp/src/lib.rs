@@ -1,7 +1,8 @@
 //! Keel's MCP adapter: mount Model Context Protocol servers as tool providers ([`Client`]),
 //! and serve a run's governed tools as an MCP endpoint ([`router`]).
 //!
-//! Built on the official Rust SDK, [`rmcp`]. Only the *tools* part of MCP is supported.
+//! Built on the official Rust SDK, [`rmcp`]. The client uses only the *tools* part of MCP;
+//! the server serves tools, and resources when its [`ToolHost`] offers any.
 //!
 //! # Client ([`Client`])
 //!
@@ -48,13 +49,21 @@
 //!   Because of the token, the DNS-rebinding `Host` allowlist of rmcp is switched off (the
 //!   kernel is reached under names we cannot know here, e.g. from inside a sandbox).
 //! - **Results.** `Ok(value)` becomes one text content block holding the value as JSON, plus
-//!   `structuredContent` when the value is an object. [`HostError::Failed`], `Denied` and
-//!   `NotFound` become a result with `isError: true` whose text is the error's `Display`
-//!   (`msg`, `denied: msg`, `no such tool: msg`; MCP tool errors are results, so the model
-//!   can read them). A served name that [`kernel_name`] cannot map back is `no such tool`. `Unauthorized` during a call becomes a
-//!   JSON-RPC error (the HTTP status is already sent by then).
+//!   `structuredContent` when the value is an object. [`HostError::Failed`], `Denied`,
+//!   `NotFound` and `InvalidParams` become a result with `isError: true` whose text is the
+//!   error's `Display` (`msg`, `denied: msg`, `no such tool: msg`, `invalid arguments:
+//!   msg`; MCP tool errors are results, so the model can read them). A served name that
+//!   [`kernel_name`] cannot map back is `no such tool`. `Unauthorized` during a call
+//!   becomes a JSON-RPC error (the HTTP status is already sent by then).
 //! - **Cancellation.** When the client sends `notifications/cancelled`, the future returned
 //!   by [`ToolHost::call`] is dropped.
+//! - **Resources.** A host whose [`ToolHost::resource_templates`] is not empty announces
+//!   the `resources` capability and answers `resources/list`, `resources/templates/list`
+//!   and `resources/read` (one text content). A read the host answers
+//!   [`HostError::NotFound`] is JSON-RPC `-32002` (MCP's "resource not found"),
+//!   [`HostError::InvalidParams`] `-32602`.
+//! - **Session end.** A client's `DELETE` of its session is answered `204 No Content`
+//!   (rmcp says `202`, which the spec's clients take as a failed termination).
 //! - **Limits.** No pagination of `tools/list` (one page with every tool), no
 //!   `listChanged` notifications; sessions live in memory until the client deletes them or
 //!   has been idle for 5 minutes (rmcp's default), and do not survive a kernel restart.
@@ -77,7 +86,7 @@ pub mod testing;
 
 pub use client::{Client, RemoteTool, ServerConfig, Transport};
 pub use names::{kernel_name, served_name};
-pub use server::{HostError, ToolHost, ToolInfo, router};
+pub use server::{HostError, ResourceInfo, ResourceTemplateInfo, ResourceText, ToolHost, ToolInfo, router};
 
 /// What went wrong talking to an MCP server. Every message names the server (or tool) and the
 /// step that failed.

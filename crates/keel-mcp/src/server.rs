@@ -1,4 +1,5 @@
-//! The MCP server: serve a [`ToolHost`]'s tools over streamable HTTP, behind a bearer token.
+//! The MCP server: serve a [`ToolHost`]'s tools (and resources, when it has any) over
+//! streamable HTTP, behind a bearer token.
 
 use std::sync::Arc;
 
@@ -8,8 +9,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
 use rmcp::ErrorData;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource, ResourceContents,
+    ResourceTemplate, ServerCapabilities, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -44,6 +47,38 @@ pub enum HostError {
     /// The tool ran and failed; served as a tool result with `isError: true`.
     #[error("{0}")]
     Failed(String),
+    /// The arguments do not match the tool's input schema (or a rule its description
+    /// states); served as a tool result with `isError: true`, or for a resource read as
+    /// JSON-RPC `-32602`.
+    #[error("invalid arguments: {0}")]
+    InvalidParams(String),
+}
+
+/// A concrete resource a host lists (`resources/list`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceInfo {
+    pub uri: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub mime_type: Option<String>,
+}
+
+/// A family of resources a host can read (`resources/templates/list`), as an RFC 6570 URI
+/// template such as `keel://runs/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceTemplateInfo {
+    pub uri_template: String,
+    pub name: String,
+    pub description: String,
+    pub mime_type: Option<String>,
+}
+
+/// What a resource read answers: one text content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceText {
+    pub uri: String,
+    pub mime_type: String,
+    pub text: String,
 }
 
 /// The tools one endpoint serves, looked up per bearer token (a token names a run's grant).
@@ -66,6 +101,28 @@ pub trait ToolHost: Send + Sync + 'static {
     /// Run the tool with the kernel name `name`. `args` is the call's `arguments` object
     /// (`{}` when the client sent none).
     async fn call(&self, token: &str, name: &str, args: Value) -> Result<Value, HostError>;
+
+    /// What the server tells a client in `initialize` (`instructions`): how to use it.
+    fn instructions(&self) -> Option<String> {
+        None
+    }
+
+    /// The resource templates this host reads. A host with none (the default) serves no
+    /// resources and does not announce the capability.
+    fn resource_templates(&self) -> Vec<ResourceTemplateInfo> {
+        Vec::new()
+    }
+
+    /// The concrete resources `token` may read now (`resources/list`).
+    async fn list_resources(&self, _token: &str) -> Result<Vec<ResourceInfo>, HostError> {
+        Ok(Vec::new())
+    }
+
+    /// Read the resource `uri` for `token`. [`HostError::NotFound`] is JSON-RPC `-32002`
+    /// (the spec's "resource not found"), [`HostError::InvalidParams`] `-32602`.
+    async fn read_resource(&self, _token: &str, uri: &str) -> Result<ResourceText, HostError> {
+        Err(HostError::NotFound(format!("no resource {uri:?}")))
+    }
 }
 
 /// The bearer token of the HTTP request being served, put in the request's extensions by the
@@ -75,7 +132,9 @@ struct BearerToken(String);
 
 /// An axum router serving the MCP streamable HTTP transport at `/` (the kernel nests it at
 /// `/mcp`). Requests without a bearer token that [`ToolHost::authenticate`] accepts get HTTP
-/// 401 before any MCP processing.
+/// 401 before any MCP processing. A client's `DELETE` of its session is answered `204 No
+/// Content`, as the MCP specification's clients expect (rmcp says `202`, which the Python
+/// SDK 2.x reports as "Session termination failed").
 pub fn router(host: Arc<dyn ToolHost>) -> axum::Router {
     let handler_host = host.clone();
     let service = StreamableHttpService::new(
@@ -88,7 +147,21 @@ pub fn router(host: Arc<dyn ToolHost>) -> axum::Router {
     );
     axum::Router::new()
         .route_service("/", service)
+        .layer(axum::middleware::from_fn(session_deleted_is_no_content))
         .layer(axum::middleware::from_fn_with_state(host, require_bearer_token))
+}
+
+/// rmcp answers a session `DELETE` with `202 Accepted`; the streamable HTTP transport's
+/// clients take only `200`/`204` as "terminated" (and `405` as "not allowed"), so a closed
+/// session is answered `204` with no body. Any other answer (404 for an unknown session,
+/// 400 without a session id) passes unchanged.
+async fn session_deleted_is_no_content(request: Request, next: Next) -> Response {
+    let delete = request.method() == axum::http::Method::DELETE;
+    let response = next.run(request).await;
+    if delete && response.status() == StatusCode::ACCEPTED {
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    response
 }
 
 async fn require_bearer_token(
@@ -141,9 +214,66 @@ impl HostHandler {
 
 impl rmcp::ServerHandler for HostHandler {
     fn get_info(&self) -> rmcp::model::ServerConfig {
-        let mut info = rmcp::model::ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        let capabilities = if self.host.resource_templates().is_empty() {
+            ServerCapabilities::builder().enable_tools().build()
+        } else {
+            ServerCapabilities::builder().enable_tools().enable_resources().build()
+        };
+        let mut info = rmcp::model::ServerConfig::new(capabilities);
         info.server_info = Implementation::new("keel", env!("CARGO_PKG_VERSION"));
+        info.instructions = self.host.instructions();
         info
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let token = Self::token(&context)?;
+        let resources = self.host.list_resources(&token).await.map_err(resource_error)?;
+        Ok(ListResourcesResult::with_all_items(
+            resources
+                .into_iter()
+                .map(|info| {
+                    let mut resource = Resource::new(info.uri, info.name);
+                    resource.description = info.description;
+                    resource.mime_type = info.mime_type;
+                    resource
+                })
+                .collect(),
+        ))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Self::token(&context)?;
+        Ok(ListResourceTemplatesResult::with_all_items(
+            self.host
+                .resource_templates()
+                .into_iter()
+                .map(|info| {
+                    let mut template = ResourceTemplate::new(info.uri_template, info.name)
+                        .with_description(info.description);
+                    template.mime_type = info.mime_type;
+                    template
+                })
+                .collect(),
+        ))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let token = Self::token(&context)?;
+        let read = self.host.read_resource(&token, &request.uri).await.map_err(resource_error)?;
+        let contents = ResourceContents::text(read.text, read.uri).with_mime_type(read.mime_type);
+        Ok(ReadResourceResult::new(vec![contents]).into())
     }
 
     async fn list_tools(
@@ -206,4 +336,15 @@ fn tool_error(message: String) -> CallToolResult {
 
 fn host_error_as_protocol_error(error: HostError) -> ErrorData {
     ErrorData::invalid_request(error.to_string(), None)
+}
+
+/// A failed resource request in MCP's own error shape: `-32002` for a resource that does
+/// not exist (or that the token may not see), `-32602` for a malformed URI.
+fn resource_error(error: HostError) -> ErrorData {
+    match error {
+        HostError::NotFound(message) => ErrorData::resource_not_found(message, None),
+        HostError::InvalidParams(message) => ErrorData::invalid_params(message, None),
+        HostError::Failed(message) => ErrorData::internal_error(message, None),
+        other => host_error_as_protocol_error(other),
+    }
 }

@@ -224,6 +224,11 @@ pub struct RunView {
     /// The open `human.ask` question, while the run waits for an answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub question: Option<String>,
+    /// The open question's form: the JSON schema its answer must match (answer with
+    /// `value`), when the agent asked with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub question_form: Option<Value>,
     /// The run's budget, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetView>,
@@ -236,6 +241,9 @@ pub struct RunView {
     /// The run that started this one (`proc.spawn`, or an agent called as a tool).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
+    /// What started the run by itself: `schedule:NAME`; absent when a caller did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_by: Option<String>,
     /// A waiting run whose agent process was stopped to save memory; it is relaunched by
     /// replay when what it waits for happens.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -428,11 +436,25 @@ pub struct EventsPage {
     pub complete: bool,
 }
 
-/// `POST /v1/runs/{id}/answer`.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+/// `POST /v1/runs/{id}/answer`: exactly one of `text` and `value`. A plain question
+/// takes `text`; a question with a form (`question_form`) takes `value`, valid against
+/// the form's schema, or `text` holding that value as JSON.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+// With no other fields allowed, one property exactly is "exactly one of the two".
+#[schema(min_properties = 1, max_properties = 1)]
 pub struct AnswerParams {
-    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The structured answer to a form question (`null` counts as sent).
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<serde_json::Value>)]
+    pub value: Option<Value>,
+}
+
+/// A field that was sent, even as `null`, is `Some` (absent is `None`, by `default`).
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
 }
 
 /// `POST /v1/runs/{id}/messages`: an operator's message to the run's mailbox (received by
@@ -477,6 +499,59 @@ pub struct ErrorDetail {
     pub kind: String,
     /// What went wrong and what to do about it.
     pub message: String,
+}
+
+/// `GET /v1/inbox`: everything waiting for a person, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct InboxView {
+    pub items: Vec<InboxItemView>,
+}
+
+/// One run waiting for a person, and what it waits for.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct InboxItemView {
+    /// `question` (answer it: `POST /v1/runs/{id}/answer`), `approval` (decide each call:
+    /// `POST /v1/runs/{id}/approvals/{call}`), `budget` (a limit ran out: top it up with
+    /// `POST /v1/runs/{id}/budget`) or `loop` (the loop detector parked it: `POST
+    /// /v1/runs/{id}/budget` with `continue`).
+    #[schema(pattern = "^(question|approval|budget|loop)$")]
+    pub kind: String,
+    /// Unix milliseconds: when the run began to wait (its last state change).
+    pub since: u64,
+    /// What is asked, in words: the question, the call awaiting approval, the budget
+    /// that ran out.
+    pub summary: String,
+    pub run: RunView,
+    /// The calls parked for approval (for `approval`; empty otherwise).
+    #[serde(default)]
+    pub approvals: Vec<ApprovalView>,
+}
+
+/// `GET /v1/costs`: LLM usage per time bucket, tenant and model, and the costliest runs.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CostsView {
+    /// Unix milliseconds: the calls summed started at or after this.
+    pub since: u64,
+    /// The width of a bucket, in milliseconds.
+    pub bucket_ms: u64,
+    /// Ordered by bucket, tenant and model; buckets without calls are absent.
+    pub buckets: Vec<CostBucketView>,
+    /// The costliest runs of all time (within what the token sees), costliest first.
+    pub top_runs: Vec<RunView>,
+}
+
+/// The completed `llm.chat` calls of one (time bucket, tenant, model).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct CostBucketView {
+    /// Unix milliseconds: the bucket's start (a multiple of `bucket_ms`).
+    pub bucket_start: u64,
+    pub tenant: String,
+    /// The model that answered (else the one asked for, else `unknown`).
+    pub model: String,
+    pub calls: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_usd: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -532,6 +607,91 @@ pub struct NodeView {
     pub draining: bool,
     /// The runs it holds (their leases).
     pub runs: u64,
+}
+
+/// `GET /v1/status`: what the kernel is doing now, at a glance (`keel top`'s header, the
+/// console's health page). A tenant's token sees its own tenant's counts only; the
+/// operator's sees every tenant's.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StatusView {
+    /// The id of the node that answered (Postgres); `null` for a kernel alone with SQLite.
+    pub node: Option<String>,
+    /// Runs holding a live slot (running, or waiting without being swapped out). Among
+    /// several nodes with `[scheduler]` caps, every node's as this node last read the
+    /// shared ledger; among nodes without caps, this node's.
+    pub live: u32,
+    /// The most live slots (`[scheduler] max_live`, or `max_live_per_tenant` for a
+    /// tenant when smaller); `null` when there is no cap.
+    pub max_live: Option<u32>,
+    /// Runs in `queued`, waiting for a live slot.
+    pub queued: u32,
+    /// Runs in `waiting`, by what they wait for (resident or swapped out).
+    pub waiting: StatusWaitingView,
+    /// Waiting runs whose agent process was stopped until their wait is over.
+    pub swapped: u32,
+    /// Every model of every configured provider the kernel has called or queued for,
+    /// with its queue and learned rate limits.
+    pub providers: Vec<ProviderStatusView>,
+    /// The sandbox tier and its pool of pre-built sandboxes.
+    pub pool: PoolStatusView,
+    /// The nodes sharing the store (Postgres, operator only); empty on SQLite and for a
+    /// tenant's token.
+    pub nodes: Vec<NodeView>,
+    pub store: StoreStatusView,
+}
+
+/// Waiting runs by what they wait for (`StatusView::waiting`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct StatusWaitingView {
+    /// An answer to `human.ask`.
+    pub human: u32,
+    /// An operator's decision on a governed tool call.
+    pub approval: u32,
+    /// A budget top-up.
+    pub budget: u32,
+    /// A message in the run's mailbox.
+    pub message: u32,
+    /// A child run to end.
+    pub child: u32,
+}
+
+/// One model of one provider (`StatusView::providers`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ProviderStatusView {
+    /// The provider's name (its key in `[llm.providers]`: `openai`, `anthropic`...).
+    pub provider: String,
+    pub model: String,
+    /// Calls waiting in the model's queue for capacity (a tenant's own only).
+    pub waiting: u32,
+    /// Calls sent upstream and not yet answered (a tenant's own only).
+    pub in_flight: u32,
+    /// Whether a rate limit holds calls back now.
+    pub limited: bool,
+    /// Which limit: `provider's Retry-After`, `requests limit` or `tokens limit`.
+    pub reason: Option<String>,
+    /// When the limit is expected to let the next call go, in milliseconds from now.
+    pub reset_in_ms: Option<u64>,
+}
+
+/// The sandbox pool (`StatusView::pool`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct PoolStatusView {
+    /// The kernel's sandbox tier: `process` or `none`.
+    pub tier: String,
+    /// Pre-built sandboxes ready to be claimed.
+    pub warm: u32,
+    /// How many the pool keeps ready (its size times the configurations kept warm; 0
+    /// without a pool).
+    pub target: u32,
+}
+
+/// The store (`StatusView::store`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct StoreStatusView {
+    /// `sqlite` or `postgres`.
+    pub backend: String,
+    /// Whether it answered a small read just now.
+    pub ok: bool,
 }
 
 /// `PUT /v1/memory/{namespace}/{key}`: write a long-term record.

@@ -28,9 +28,9 @@ pub enum EventKind {
     Replay,
     /// An operator stopped the run: `{grace_secs}`.
     Stop,
-    /// The agent asked a human: `{seq, question}`.
+    /// The agent asked a human: `{seq, question, form?}` (`form`: the answer's schema).
     Question,
-    /// A human answered: `{seq, text}`.
+    /// A human answered: `{seq, text, value?}` (`value`: a form question's answer).
     Answer,
     /// A tool call waits for an operator: `{call, tool, args, kind}`.
     Approval,
@@ -53,10 +53,13 @@ pub enum EventKind {
     Egress,
     /// An audit record about this run: `{actor, action, subject, outcome, detail}`.
     Audit,
+    /// The agent showed a block (`ui.show`): `{seq, block}`, in journal order; a replayed
+    /// call does not show it again.
+    Ui,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 21] = [
+    pub const ALL: [EventKind; 22] = [
         EventKind::State,
         EventKind::Queued,
         EventKind::Launch,
@@ -78,6 +81,7 @@ impl EventKind {
         EventKind::Signal,
         EventKind::Egress,
         EventKind::Audit,
+        EventKind::Ui,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -103,6 +107,7 @@ impl EventKind {
             EventKind::Signal => "signal",
             EventKind::Egress => "egress",
             EventKind::Audit => "audit",
+            EventKind::Ui => "ui",
         }
     }
 }

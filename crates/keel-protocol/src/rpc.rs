@@ -27,6 +27,7 @@ pub const METHODS: &[&str] = &[
     "sys.random",
     "sys.ping",
     "human.ask",
+    "ui.show",
     "run.emit",
     "run.exit",
     "mem.thread.append",
@@ -460,11 +461,44 @@ pub struct SysRandomResult {
 #[serde(deny_unknown_fields)]
 pub struct HumanAskParams {
     pub question: String,
+    /// A form for the answer: a JSON schema of an object, within the subset tool
+    /// parameters use (`keel_tools::schema`). The answer must validate against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub form: Option<Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HumanAskResult {
+    /// The answer's text; for a form question, the answer as JSON text.
     pub answer: String,
+    /// For a form question, the answer as a value (valid against the form's schema).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Value>,
+}
+
+/// Largest `ui.show` block, in bytes of JSON.
+pub const MAX_UI_BLOCK_BYTES: usize = 256 * 1024;
+
+/// `ui.show`: a typed block for the run's console page, journaled and shown in order
+/// (a `ui` event). Its kinds, by `type`:
+/// - `table`: `{"title"?, "columns": [str], "rows": [[str|number|bool|null]]}`, each row
+///   as long as `columns`;
+/// - `chart`: `{"title"?, "kind": "line"|"bar", "labels": [str], "series": [{"name",
+///   "values": [number]}]}`, each `values` as long as `labels`;
+/// - `markdown`: `{"text"}`;
+/// - `progress`: `{"value": number in [0, 1], "label"?}`;
+/// - `form`: `{"id", "title"?, "schema": <JSON schema of an object>}`; the submitted value
+///   arrives as an operator message `{"ui_form": id, "value": {...}}` (`ipc.recv`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UiShowParams {
+    pub block: Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UiShowResult {
+    /// The journal seq of the shown block (the `seq` of its `ui` event).
+    pub seq: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

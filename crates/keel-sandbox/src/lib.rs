@@ -187,6 +187,15 @@ pub struct Launched {
     pub pooled: bool,
 }
 
+/// A sandbox pool at one moment ([`Sandbox::pool_status`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStatus {
+    /// Sandboxes built and ready to be claimed.
+    pub warm: usize,
+    /// How many the pool aims to keep ready.
+    pub target: usize,
+}
+
 /// A way to start agents. `launch` returns once the agent's process exists with its job:
 /// for a cold start, once its program was exec'd (a failure is `launch`'s error); for a
 /// sandbox claimed from a pool, once the job was handed to its waiting process (an exec
@@ -210,6 +219,12 @@ pub trait Sandbox: Send + Sync {
     fn check(&self, profile: &Profile) -> Result<()>;
 
     async fn launch(&self, spec: LaunchSpec) -> Result<Launched>;
+
+    /// The pool of pre-built sandboxes now (`GET /v1/status`); a tier without a pool has
+    /// none ready and none to keep.
+    fn pool_status(&self) -> PoolStatus {
+        PoolStatus::default()
+    }
 
     /// The kernel is stopping and has killed every run's tree: release what the backend
     /// holds on the host (cgroups...). Returns within about a second.

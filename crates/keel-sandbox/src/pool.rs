@@ -78,6 +78,14 @@ impl Pool {
         drop(evicted); // Outside the lock: dropping ends those sandboxes.
     }
 
+    /// Ready sandboxes (fresh enough to be claimed) across every configuration, and how
+    /// many the pool aims to keep: its size for each configuration kept warm.
+    pub(crate) fn status(&self) -> crate::PoolStatus {
+        let state = self.state();
+        let warm = state.idle.values().flatten().filter(|built| built.built_at.elapsed() < MAX_IDLE).count();
+        crate::PoolStatus { warm, target: self.size * state.recent.len() }
+    }
+
     /// Takes every ready sandbox out (dropping them ends them).
     pub(crate) fn drain(&self) -> Vec<Built> {
         let mut state = self.state();

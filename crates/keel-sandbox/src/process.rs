@@ -548,6 +548,10 @@ impl Sandbox for ProcessSandbox {
         "process"
     }
 
+    fn pool_status(&self) -> crate::PoolStatus {
+        self.shared.pool.status()
+    }
+
     async fn shutdown(&self) {
         drop(self.shared.pool.drain());
         let stash: Vec<RunCgroup> =

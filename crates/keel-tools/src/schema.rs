@@ -48,10 +48,20 @@ pub fn validate(schema: &Value, args: &Value) -> Result<(), String> {
     check(schema, args, "args")
 }
 
+/// [`validate`] with the failing path rooted at `root` (a form's answer: `value`).
+pub fn validate_at(schema: &Value, value: &Value, root: &str) -> Result<(), String> {
+    check(schema, value, root)
+}
+
 /// Refuses a malformed schema, or one using keywords [`validate`] does not enforce,
 /// naming where (rooted at `input_schema`).
 pub fn check_schema(schema: &Value) -> Result<(), String> {
     check_node(schema, "input_schema")
+}
+
+/// [`check_schema`] with the path rooted at `root` (a form's schema: `form`).
+pub fn check_schema_at(schema: &Value, root: &str) -> Result<(), String> {
+    check_node(schema, root)
 }
 
 fn show(value: &Value) -> String {

@@ -120,11 +120,16 @@ impl Provider for AnthropicProvider {
         self.limiter.waiting(self.name())
     }
 
+    fn model_status(&self, tenant: Option<&str>) -> Vec<crate::ratelimit::ModelStatus> {
+        self.limiter.status(self.name(), tenant)
+    }
+
     async fn chat(&self, request: &LlmChatParams, stream: Option<&DeltaSink>) -> Result<Served> {
         let model = model_of(self.name(), request)?;
         let body = wire::request_body(request, model, stream.is_some())?;
         let reserved = reserved_tokens(request);
         acquire(self.name(), &self.limiter, model, reserved, self.max_queue_wait).await?;
+        let _in_flight = self.limiter.sending(model);
         let parsed = match self.call(&body, model, stream).await {
             Ok(parsed) => parsed,
             Err(err) => {

@@ -299,6 +299,10 @@ impl Provider for OpenAiProvider {
         self.limiter.waiting(self.name())
     }
 
+    fn model_status(&self, tenant: Option<&str>) -> Vec<crate::ratelimit::ModelStatus> {
+        self.limiter.status(self.name(), tenant)
+    }
+
     async fn chat(&self, request: &LlmChatParams, stream: Option<&DeltaSink>) -> Result<Served> {
         let model = model_of(self.name(), request)?;
         let api = self.model_apis.get(model).copied().unwrap_or(self.api);
@@ -311,6 +315,7 @@ impl Provider for OpenAiProvider {
         };
         let reserved = reserved_tokens(request);
         acquire(self.name(), &self.limiter, model, reserved, self.max_queue_wait).await?;
+        let _in_flight = self.limiter.sending(model);
         let outcome = match &responses_body {
             None => self.call(request, model, stream).await,
             Some(body) => self.call_responses(body, model, stream).await,

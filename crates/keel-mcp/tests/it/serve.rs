@@ -190,7 +190,7 @@ async fn our_client_against_our_router() {
     client.close().await;
     // Closing ends the HTTP session.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !log.lock().unwrap().iter().any(|request| request.starts_with("DELETE 2")) {
+    while !log.lock().unwrap().iter().any(|request| request == "DELETE 204") {
         assert!(Instant::now() < deadline, "no DELETE of the session in {:?}", log.lock().unwrap());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

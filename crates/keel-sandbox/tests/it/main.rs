@@ -6,7 +6,9 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use keel_sandbox::{LaunchSpec, Launched, NoSandbox, ProcessConfig, ProcessSandbox, Profile, Sandbox};
+use keel_sandbox::{
+    LaunchSpec, Launched, NoSandbox, PoolStatus, ProcessConfig, ProcessSandbox, Profile, Sandbox,
+};
 use tokio::io::AsyncReadExt;
 
 type Test = (&'static str, fn() -> Pin<Box<dyn Future<Output = ()> + Send>>);
@@ -76,9 +78,12 @@ async fn launch(tier: Tier, spec: LaunchSpec) -> Option<(Vec<u8>, bool)> {
         Tier::Process => Box::new(ProcessSandbox::new(ProcessConfig::default())),
         Tier::Pooled => {
             let sandbox = ProcessSandbox::new(ProcessConfig { pool_size: 1, ..ProcessConfig::default() });
+            assert_eq!(sandbox.pool_status(), PoolStatus { warm: 0, target: 0 }, "no configuration yet");
             if sandbox.check(&Profile::default()).is_ok() {
                 sandbox.prewarm(&spec).await.unwrap();
                 assert_eq!(sandbox.ready(&spec), 1);
+                // One configuration kept warm, at the pool's size of one.
+                assert_eq!(sandbox.pool_status(), PoolStatus { warm: 1, target: 1 });
             }
             Box::new(sandbox)
         }
