@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use keel_store::{AuditRecord, Store};
@@ -34,18 +35,40 @@ enum Message {
 #[derive(Clone)]
 pub(crate) struct AuditLog {
     tx: mpsc::UnboundedSender<Message>,
+    lag: Arc<Lag>,
+}
+
+/// How far the writer is behind (for metrics): plain counters, no lock on the way in.
+#[derive(Default)]
+struct Lag {
+    /// Records queued and not yet written (or given up).
+    pending: AtomicU64,
+    /// `at_ms` of the oldest record of the batch being written; 0 when none is.
+    writing_since_ms: AtomicU64,
 }
 
 impl AuditLog {
     pub(crate) fn start(store: Arc<dyn Store>) -> AuditLog {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(write_loop(store, rx));
-        AuditLog { tx }
+        let lag = Arc::new(Lag::default());
+        tokio::spawn(write_loop(store, rx, lag.clone()));
+        AuditLog { tx, lag }
     }
 
     pub(crate) fn record(&self, record: AuditRecord, tenant_from_run: bool) {
+        self.lag.pending.fetch_add(1, Ordering::Relaxed);
         // The writer only stops when the kernel is dropped; records after that are moot.
         let _ = self.tx.send(Message::Record { record, tenant_from_run });
+    }
+
+    /// Records queued and not yet in the store, and the age of the oldest record being
+    /// written (records queued behind a batch are younger than its oldest).
+    pub(crate) fn lag(&self) -> (u64, Option<Duration>) {
+        let pending = self.lag.pending.load(Ordering::Relaxed);
+        let since = self.lag.writing_since_ms.load(Ordering::Relaxed);
+        let age =
+            (pending > 0 && since > 0).then(|| Duration::from_millis(crate::now_ms().saturating_sub(since)));
+        (pending, age)
     }
 
     /// Waits until every record queued before this call is in the store (or given up).
@@ -57,7 +80,7 @@ impl AuditLog {
     }
 }
 
-async fn write_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Message>) {
+async fn write_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Message>, lag: Arc<Lag>) {
     let mut batch: Vec<Message> = Vec::new();
     let mut tenants: HashMap<RunId, String> = HashMap::new();
     while rx.recv_many(&mut batch, 1024).await > 0 {
@@ -82,7 +105,12 @@ async fn write_loop(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Messa
             }
         }
         if !records.is_empty() {
+            let count = records.len() as u64;
+            let oldest = records.iter().map(|record| record.at_ms).min().unwrap_or_default().max(1);
+            lag.writing_since_ms.store(oldest, Ordering::Relaxed);
             append(&*store, records).await;
+            lag.writing_since_ms.store(0, Ordering::Relaxed);
+            lag.pending.fetch_sub(count, Ordering::Relaxed);
         }
         for done in flushes {
             let _ = done.send(());

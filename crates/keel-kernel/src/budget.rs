@@ -86,3 +86,21 @@ pub(crate) fn sum(a: &BudgetParams, b: &BudgetParams) -> BudgetParams {
         wall_secs: add(a.wall_secs, b.wall_secs),
     }
 }
+
+/// Why a prompt bigger than the whole budget is refused, and what to do instead.
+pub(crate) fn never_fits_message(never: &keel_core::budget::NeverFits) -> String {
+    use keel_core::budget::Dimension;
+    let (what, flag) = match never.dimension {
+        Dimension::CostUsd => ("cost", "--budget-usd"),
+        _ => ("input tokens", "--budget-tokens"),
+    };
+    format!(
+        "llm.chat: budget exhausted before the call: this prompt alone needs about {} {what} (estimated from \
+         its size, before any output), more than the run's whole {} budget of {}, so no reservation can ever \
+         fit it. Send less: filter the input and ask about the relevant pieces (in code.exec, slice it and \
+         call llm() or llm_batch() on the chunks), or give the run a budget that can hold it ({flag})",
+        never.dimension.format(never.needs),
+        never.dimension,
+        never.dimension.format(never.limit),
+    )
+}

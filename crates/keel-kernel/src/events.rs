@@ -1,7 +1,9 @@
 //! Run events (agent output, state changes, syscalls, emitted events): one writer task
 //! batches them into the store off the syscall path, and followers read them back from
 //! the store, woken by a per-run watch of the newest seq, so a follower never misses or
-//! repeats an event however it interleaves with the writer.
+//! repeats an event however it interleaves with the writer. Every stored batch that is
+//! more than agent output also announces its run on a broadcast of changed runs, which
+//! the console's live list of runs follows.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,7 +13,7 @@ use keel_protocol::api::EventView;
 use keel_store::{EventRecord, NewEvent, Seq, Store};
 use keel_types::{RunId, RunState};
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 enum Message {
     Event(RunId, NewEvent),
@@ -23,9 +25,16 @@ enum Message {
 pub(crate) struct EventLog {
     tx: mpsc::UnboundedSender<Message>,
     heads: Arc<Mutex<HashMap<RunId, watch::Sender<Seq>>>>,
+    /// Runs whose state, usage or waits may have changed: announced once their events are
+    /// in the store, so a reader that hears of one reads the change.
+    changes: broadcast::Sender<RunId>,
     /// The audit writer lives beside the event writer: started, and flushed, with it.
     pub(crate) audit: crate::audit::AuditLog,
 }
+
+/// How many announcements of changed runs a slow follower may fall behind by before it
+/// is told it lagged (and must read the runs afresh).
+const CHANGES_CAPACITY: usize = 4096;
 
 impl EventLog {
     /// Starts the event writer and the audit writer (`crate::audit`).
@@ -33,8 +42,14 @@ impl EventLog {
         let (tx, rx) = mpsc::unbounded_channel();
         let heads: Arc<Mutex<HashMap<RunId, watch::Sender<Seq>>>> = Arc::default();
         let audit = crate::audit::AuditLog::start(store.clone());
-        tokio::spawn(write_loop(store, rx, heads.clone()));
-        EventLog { tx, heads, audit }
+        let (changes, _) = broadcast::channel(CHANGES_CAPACITY);
+        tokio::spawn(write_loop(store, rx, heads.clone(), changes.clone()));
+        EventLog { tx, heads, changes, audit }
+    }
+
+    /// Follows the runs that change from now on (see `changes`).
+    pub(crate) fn changed_runs(&self) -> broadcast::Receiver<RunId> {
+        self.changes.subscribe()
     }
 
     pub(crate) fn emit(&self, run: &RunId, kind: keel_protocol::EventKind, data: Value) {
@@ -63,6 +78,7 @@ async fn write_loop(
     store: Arc<dyn Store>,
     mut rx: mpsc::UnboundedReceiver<Message>,
     heads: Arc<Mutex<HashMap<RunId, watch::Sender<Seq>>>>,
+    changes: broadcast::Sender<RunId>,
 ) {
     let mut batch: Vec<Message> = Vec::new();
     while rx.recv_many(&mut batch, 1024).await > 0 {
@@ -86,6 +102,11 @@ async fn write_loop(
             }
         }
         for (run, events) in per_run {
+            // Output lines change nothing a listing shows; anything else may.
+            let output_only = events.iter().all(|event| {
+                event.kind == keel_protocol::EventKind::Stdout.as_str()
+                    || event.kind == keel_protocol::EventKind::Stderr.as_str()
+            });
             // A store that is away (a database restarting) is waited for, the events kept;
             // any other refusal (a run another node took over) drops them.
             let appended =
@@ -95,6 +116,11 @@ async fn write_loop(
                     let heads = heads.lock().unwrap_or_else(|p| p.into_inner());
                     if let Some(head) = heads.get(&run) {
                         head.send_replace(last);
+                    }
+                    drop(heads);
+                    if !output_only {
+                        // No follower is no error.
+                        let _ = changes.send(run);
                     }
                 }
                 Err(err) => tracing::warn!(run = %run, "could not record run events: {err}"),

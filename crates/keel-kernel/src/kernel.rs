@@ -2,22 +2,33 @@
 //! ([`KernelOptions`]), starting it, and its public API. Everything else in the crate is
 //! `pub(crate)`: the methods here are the kernel's whole surface.
 
+mod agui;
 mod audit;
 mod cluster;
+mod console;
+mod gateway;
+mod metrics;
+mod queries;
+mod schedules;
+mod status;
 mod tenants;
+
+pub use agui::{AguiIds, AguiStream};
+pub use console::{RunChange, RunChanges};
+pub use queries::{AuditQuery, RunQuery, RunSort};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use keel_llm::{DeltaSink, Provider};
+use keel_llm::Provider;
 use keel_protocol::EventKind;
 use keel_protocol::api::{
     AuditEntryView, AuditVerifyView, CreateRunParams, EventsPage, ExecParams, ExecView, InspectView,
     MemoryRecordView, RunView, ToolView,
 };
-use keel_protocol::rpc::{LlmChatParams, LlmChatResult, LlmEmbedParams, LlmEmbedResult};
+use keel_protocol::rpc::HumanAskParams;
 use keel_sandbox::{Sandbox, tree};
 use keel_store::{AuditFilter, RunFilter, RunRecord, Seq, Store};
 use keel_types::{RunId, RunState};
@@ -26,7 +37,6 @@ use serde_json::Value;
 use crate::events::{EventLog, EventStream};
 use crate::llmqueue::LlmQueues;
 use crate::run::{Command, LiveRun};
-use crate::syscall::RunHandle;
 use crate::tenants::Principal;
 use crate::{DataDir, Error, LockedDataDir, Result, lock, views};
 
@@ -67,6 +77,8 @@ pub struct KernelOptions {
     /// Membership of a cluster of nodes sharing the store (`keel serve --store
     /// postgres://...`), already joined; `None` for a kernel alone with its store.
     pub cluster: Option<ClusterMember>,
+    /// OpenTelemetry export (`Telemetry::from_env`), or `Telemetry::disabled()`.
+    pub telemetry: crate::Telemetry,
 }
 
 /// This kernel as one node of a cluster: its membership and how often it must renew it.
@@ -110,6 +122,8 @@ pub(crate) struct Inner {
     pub(crate) drain_requested: tokio::sync::Notify,
     /// Wake-ups for mailbox waiters (see `crate::syscall::ipc`).
     pub(crate) mailboxes: crate::mailboxes::Mailboxes,
+    /// The AG-UI streams watching runs' LLM calls live (see `crate::deltas`).
+    pub(crate) live_deltas: Arc<crate::deltas::LiveDeltas>,
     /// Admission control (caps on live runs, the queue).
     pub(crate) admissions: crate::admission::Admissions,
     /// Among several nodes with caps: another node said a queued run may start (see
@@ -123,6 +137,8 @@ pub(crate) struct Inner {
     pub(crate) stop_trees: tokio::sync::mpsc::UnboundedSender<(RunId, Option<Duration>)>,
     /// Fired whenever a run ends; `proc.wait` listens to it.
     pub(crate) run_ended: tokio::sync::Notify,
+    /// A schedule was created or resumed: the schedule loop looks again at once.
+    pub(crate) schedules_changed: tokio::sync::Notify,
     /// The most undelivered messages a run's mailbox holds (`KEEL_MAILBOX_CAPACITY`).
     pub(crate) mailbox_capacity: u64,
     /// Every tool the kernel knows (built-ins, keel.toml's, mounted MCP servers').
@@ -133,6 +149,10 @@ pub(crate) struct Inner {
     pub(crate) cluster: Option<ClusterMember>,
     /// The cluster's shared secret (see `Cluster::secret`), with `cluster`.
     pub(crate) cluster_secret: Option<String>,
+    /// The Prometheus instruments (`GET /metrics`).
+    pub(crate) metrics: crate::metrics::Metrics,
+    /// Traces and GenAI metrics over OTLP (a no-op unless configured).
+    pub(crate) telemetry: crate::Telemetry,
     /// Held for the kernel's life; dropping it releases the data directory.
     pub(crate) _lock: LockedDataDir,
 }
@@ -198,7 +218,9 @@ impl Kernel {
                 draining: AtomicBool::new(false),
                 drain_requested: tokio::sync::Notify::new(),
                 mailboxes: crate::mailboxes::Mailboxes::default(),
+                live_deltas: Arc::default(),
                 run_ended: tokio::sync::Notify::new(),
+                schedules_changed: tokio::sync::Notify::new(),
                 stop_trees,
                 wakeups,
                 admissions,
@@ -211,6 +233,8 @@ impl Kernel {
                     .map(|worker| keel_interp::Pool::new(keel_interp::PoolConfig { worker, size: 2 })),
                 cluster: options.cluster,
                 cluster_secret,
+                metrics: crate::metrics::Metrics::new(),
+                telemetry: options.telemetry,
                 _lock: options.data_dir,
             }),
         };
@@ -268,6 +292,7 @@ impl Kernel {
         self.inner.sandbox.shutdown().await;
         self.inner.tools.close().await;
         self.inner.events.flush().await;
+        self.inner.telemetry.shutdown().await;
         // Among several nodes, the others take this node's runs over at once (by
         // replay) rather than after its heartbeat lapses.
         if let Some(member) = &self.inner.cluster
@@ -287,7 +312,7 @@ impl Kernel {
             Command::Pause(run) => self.pause(&run).await,
             Command::Resume(run) => self.resume(&run).await,
             Command::Stop { run, grace } => self.stop(&run, grace).await,
-            Command::Answer { run, text } => self.answer(&run, text).await,
+            Command::Answer { run, answer } => self.answer(&run, answer).await,
             Command::TopUp { run, add, continue_loop } => self.top_up(&run, add, continue_loop).await,
             Command::Decide { run, call, approve, note } => self.decide(&run, call, approve, note).await,
         }
@@ -301,8 +326,8 @@ impl Kernel {
         Ok(self.inner.store.list_runs(filter).await?)
     }
 
-    /// The open `human.ask` question of a run, if it waits for one.
-    async fn open_question(&self, run: &RunId) -> Result<Option<String>> {
+    /// The open `human.ask` question of a run (with its form, if any), if it waits for one.
+    async fn open_question(&self, run: &RunId) -> Result<Option<HumanAskParams>> {
         if let Some(live) = self.live(run)
             && let Some(ask) = lock(&live.ask).as_ref()
         {
@@ -327,88 +352,6 @@ impl Kernel {
     /// Where `run`'s LLM call stands in its provider's queue, in words, while it waits.
     fn llm_queue_reason(&self, run: &RunId) -> Option<String> {
         self.llm_queues().reason(run)
-    }
-}
-
-/// Agents reaching the kernel over HTTP: the provider-compatible gateway and the MCP
-/// endpoint. Each call is a syscall of the run whose token it carries.
-impl Kernel {
-    /// The live run whose token this is (waiting for one still being launched). Tokens
-    /// end with their run's process.
-    pub async fn authenticate(&self, token: &str) -> Option<RunHandle> {
-        self.live_by_token_ready(token).await.map(RunHandle::new)
-    }
-
-    /// One LLM call of `run`, through the journaled `llm.chat` path. With `stream`, live
-    /// deltas are sent as they arrive (none when the call is answered from the journal).
-    pub async fn chat(
-        &self,
-        run: &RunHandle,
-        request: LlmChatParams,
-        stream: Option<DeltaSink>,
-    ) -> Result<LlmChatResult, keel_protocol::rpc::RpcError> {
-        let listener = crate::syscall::Listener { deltas: stream, entry: None };
-        self.chat_syscall(run, request, listener).await.map_err(Into::into)
-    }
-
-    /// [`Kernel::chat`] for a caller that names its answer after the call's journal
-    /// entry (the gateway's Responses API derives response ids from it, so a call
-    /// answered from the journal after a crash gets the same id): `entry` gets the seq of
-    /// the run's `llm.chat` entry as soon as it exists (its intent durable, or the entry
-    /// found on replay), before any delta. A call refused before it was journaled (bad
-    /// params, no budget) drops `entry` unsent.
-    pub async fn chat_with_entry(
-        &self,
-        run: &RunHandle,
-        request: LlmChatParams,
-        stream: Option<DeltaSink>,
-        entry: tokio::sync::oneshot::Sender<u64>,
-    ) -> Result<LlmChatResult, keel_protocol::rpc::RpcError> {
-        let listener = crate::syscall::Listener { deltas: stream, entry: Some(entry) };
-        self.chat_syscall(run, request, listener).await.map_err(Into::into)
-    }
-
-    /// A Responses API response kept for `run`'s tenant (see [`Kernel::keep_response`]).
-    pub async fn response(
-        &self,
-        run: &RunHandle,
-        id: &str,
-    ) -> Result<Option<serde_json::Value>, keel_protocol::rpc::RpcError> {
-        self.kept_response(run, id).await.map_err(Into::into)
-    }
-
-    /// Keeps a Responses API response for `run`'s tenant under `id`, durably before it
-    /// returns, so a later request of any run of the tenant can continue it
-    /// (`previous_response_id`) or read it. Writing the same id again replaces it (a
-    /// call answered from the journal writes what it wrote the first time).
-    pub async fn keep_response(
-        &self,
-        run: &RunHandle,
-        id: &str,
-        record: serde_json::Value,
-    ) -> Result<(), keel_protocol::rpc::RpcError> {
-        self.keep_response_record(run, id, record).await.map_err(Into::into)
-    }
-
-    /// Embeddings for `run` (the gateway's `/v1/embeddings`), through the journaled
-    /// `llm.embed` syscall: metered into the run's usage, answered from the journal on replay.
-    pub async fn embed(
-        &self,
-        run: &RunHandle,
-        request: LlmEmbedParams,
-    ) -> Result<LlmEmbedResult, keel_protocol::rpc::RpcError> {
-        self.embed_syscall(run, request).await.map_err(Into::into)
-    }
-
-    /// The models `run` may ask for by name (the gateway's `GET /v1/models`).
-    pub fn models(&self, run: &RunHandle) -> Vec<String> {
-        run.models()
-    }
-
-    /// What the MCP endpoint serving each run its granted tools asks; the gateway mounts
-    /// it at `/mcp`.
-    pub fn mcp_host(&self) -> Arc<dyn keel_mcp::ToolHost> {
-        crate::syscall::mcp_host(self.clone())
     }
 }
 
@@ -474,29 +417,6 @@ impl Kernel {
     }
 }
 
-/// What a listing of runs asks for.
-#[derive(Debug, Clone, Default)]
-pub struct RunQuery {
-    /// Only runs in these states (every state when empty).
-    pub states: Vec<RunState>,
-    /// At most this many, newest first.
-    pub limit: Option<usize>,
-    /// Only this tenant's runs: the operator may ask for any; a tenant's token gets its
-    /// own whatever it asks (and is refused asking for another).
-    pub tenant: Option<String>,
-}
-
-/// What a page of the audit log asks for.
-#[derive(Debug, Clone)]
-pub struct AuditQuery {
-    /// Only this run's entries.
-    pub run: Option<RunId>,
-    /// Only entries after this seq (0: from the first).
-    pub after: u64,
-    /// At most this many.
-    pub limit: u32,
-}
-
 /// The runs: what the HTTP API and the CLI see of them. Every answer is a view of
 /// `keel_protocol::api`, never a store record.
 impl Kernel {
@@ -530,14 +450,22 @@ impl Kernel {
         Ok(self.get(run).await?.tenant)
     }
 
-    /// Runs, newest first, within what `principal` may see.
+    /// Runs in the query's order (newest first by default), within what `principal` may
+    /// see; the filtering, ordering and paging happen in the store's query.
     pub async fn runs(&self, principal: &Principal, query: &RunQuery) -> Result<Vec<RunView>> {
         if let Some(tenant) = &query.tenant {
             crate::tenants::validate_name(tenant)?;
         }
         let tenant = principal.listing(query.tenant.as_deref())?;
-        let records =
-            self.list(&RunFilter { states: query.states.clone(), limit: query.limit, tenant }).await?;
+        let filter = RunFilter {
+            states: query.states.clone(),
+            limit: query.limit,
+            tenant,
+            text: query.text.clone().filter(|text| !text.is_empty()),
+            order: query.sort.order(),
+            offset: query.offset,
+        };
+        let records = self.list(&filter).await?;
         // One look at the LLM queues serves the whole listing.
         let queues = self.llm_queues();
         let mut runs = Vec::with_capacity(records.len());

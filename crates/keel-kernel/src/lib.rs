@@ -7,15 +7,18 @@
 //! (HTTP and CLI parse into it) or through the syscall socket; queries are plain methods.
 
 mod admission;
+mod agui;
 mod approvals;
 mod audit;
 mod budget;
+mod deltas;
 
 mod error;
 mod events;
 mod kernel;
 mod llmqueue;
 mod mailboxes;
+mod metrics;
 mod outage;
 mod paths;
 mod run;
@@ -23,6 +26,7 @@ mod sandboxing;
 mod sdk;
 mod swap;
 mod syscall;
+mod telemetry;
 mod tenants;
 mod tools;
 mod views;
@@ -42,8 +46,13 @@ pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
 }
 pub use error::{Error, Result};
 pub use events::EventStream;
-pub use kernel::{AuditQuery, ClusterMember, Kernel, KernelOptions, RunQuery};
+pub use kernel::{
+    AguiIds, AguiStream, AuditQuery, ClusterMember, Kernel, KernelOptions, RunChange, RunChanges, RunQuery,
+    RunSort,
+};
+pub use metrics::Format as MetricsFormat;
 pub use paths::{DataDir, LockedDataDir};
-pub use run::{Command, CreateRun};
+pub use run::{Answer, Command, CreateRun};
 pub use syscall::RunHandle;
+pub use telemetry::{Error as TelemetryError, Telemetry};
 pub use tenants::{DEFAULT_TENANT, Principal};

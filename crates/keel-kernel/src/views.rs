@@ -1,6 +1,7 @@
 //! Conversions from the kernel's records to the HTTP API's views (`keel_protocol::api`).
 
 use keel_protocol::api::{EventView, JournalEntryView, RunView, UsageView};
+use keel_protocol::rpc::HumanAskParams;
 use keel_store::{EventRecord, JournalEntry, RunRecord};
 use keel_types::Usage;
 
@@ -14,7 +15,11 @@ pub fn usage(usage: &Usage) -> UsageView {
     }
 }
 
-pub fn run(record: &RunRecord, question: Option<String>) -> RunView {
+pub fn run(record: &RunRecord, question: Option<HumanAskParams>) -> RunView {
+    let (question, question_form) = match question {
+        Some(ask) => (Some(ask.question), ask.form),
+        None => (None, None),
+    };
     // A spec that does not parse still lists the run (without command or parent); acting
     // on it reports the bad spec.
     let spec = crate::run::RunSpec::of(record).ok();
@@ -35,9 +40,11 @@ pub fn run(record: &RunRecord, question: Option<String>) -> RunView {
         usage: usage(&record.usage),
         provider_calls: record.provider_calls,
         question,
+        question_form,
         // Filled in by callers that can afford the lookups (see `Kernel::budget_view`).
         budget: None,
         reason: None,
+        started_by: spec.as_ref().and_then(|spec| spec.trigger.clone()),
         parent: spec.and_then(|spec| spec.parent).map(|p| p.to_string()),
         swapped: crate::swap::is_swapped(record),
     }

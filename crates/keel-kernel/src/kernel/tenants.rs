@@ -154,6 +154,7 @@ impl Kernel {
             states: LIVE_STATES.to_vec(),
             limit: Some(max_runs as usize),
             tenant: Some(tenant.to_owned()),
+            ..RunFilter::default()
         };
         let live = self.store().list_runs(&filter).await?.len();
         if live >= max_runs as usize {

@@ -86,6 +86,7 @@ impl Kernel {
             return Ok(decision);
         }
         let _waiting = crate::swap::Busy::new(&live.waiting_calls);
+        let _span = self.inner.telemetry.wait(&live.id, live.attempt, "approval", Some(seq));
         rx.await.map_err(|_| {
             SyscallError::new(ErrorKind::Cancelled, "the run is ending; the call was not approved")
         })

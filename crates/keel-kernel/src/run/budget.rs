@@ -182,6 +182,7 @@ impl Kernel {
                 live.budget.loop_threshold, live.id
             );
             let notified = live.budget.changed.notified();
+            let _span = self.inner.telemetry.wait(&live.id, live.attempt, "loop", None);
             self.park_for_budget(live, reason).await?;
             notified.await;
             // An operator continued the run: the detector was reset; count this call anew.
@@ -211,6 +212,7 @@ impl Kernel {
                 Err((_, in_flight)) if in_flight > 0 => notified.await,
                 Err((exhausted, _)) => {
                     let reason = exhausted.to_string().replace("RUN", live.id.as_str());
+                    let _span = self.inner.telemetry.wait(&live.id, live.attempt, "budget", None);
                     self.park_for_budget(live, reason).await?;
                     notified.await;
                 }

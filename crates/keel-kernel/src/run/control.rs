@@ -2,6 +2,7 @@
 //! `human.ask` question they answer.
 
 use keel_protocol::EventKind;
+use keel_protocol::rpc::HumanAskParams;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -30,13 +31,49 @@ pub enum Command {
     Resume(RunId),
     /// End a run that has not ended: SIGTERM, then SIGKILL after the grace period.
     Stop { run: RunId, grace: Option<Duration> },
-    /// Answer the run's open `human.ask`.
-    Answer { run: RunId, text: String },
+    /// Answer the run's open `human.ask`: text for a plain question; for a question with a
+    /// form, a value valid against its schema (or text holding one as JSON).
+    Answer { run: RunId, answer: Answer },
     /// Add to a run that has not ended's budget; with `continue_loop`, let a run parked
     /// by the loop detector go on.
     TopUp { run: RunId, add: keel_protocol::api::BudgetParams, continue_loop: bool },
     /// Approve or deny a tool call parked for approval (`call` is its journal seq).
     Decide { run: RunId, call: Seq, approve: bool, note: Option<String> },
+}
+
+/// An operator's answer to a `human.ask` (`POST /v1/runs/{id}/answer`'s `text` or `value`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Text(String),
+    Value(Value),
+}
+
+/// What the agent receives for `answer` to a question asked with `form` (`None`: a plain
+/// question), or why the answer is refused (nothing is recorded then). A plain question
+/// gets `{answer}`; a form question `{answer: <the value as JSON text>, value}`.
+fn answer_result(run: &RunId, form: Option<&Value>, answer: Answer) -> Result<Value> {
+    let Some(schema) = form else {
+        return match answer {
+            Answer::Text(text) => Ok(json!({ "answer": text })),
+            Answer::Value(_) => Err(Error::InvalidRequest(format!(
+                "run {run}'s question has no form, so it takes a text answer: send {{\"text\": \"...\"}} (keel answer {run} --text \"...\")"
+            ))),
+        };
+    };
+    let value = match answer {
+        Answer::Value(value) => value,
+        Answer::Text(text) => serde_json::from_str(&text).map_err(|e| {
+            Error::InvalidRequest(format!(
+                "run {run}'s question has a form, and the text answer is not JSON ({e}); send the form's value as {{\"value\": {{...}}}} or as JSON text (keel answer {run} --json '{{...}}')"
+            ))
+        })?,
+    };
+    keel_tools::schema::validate_at(schema, &value, "value").map_err(|e| {
+        Error::InvalidRequest(format!(
+            "the answer does not match the question's form: {e}; `keel inspect {run}` shows the form"
+        ))
+    })?;
+    Ok(json!({ "answer": value.to_string(), "value": value }))
 }
 
 impl Kernel {
@@ -108,7 +145,7 @@ impl Kernel {
         Ok(record)
     }
 
-    pub(crate) async fn answer(&self, run: &RunId, text: String) -> Result<RunRecord> {
+    pub(crate) async fn answer(&self, run: &RunId, answer: Answer) -> Result<RunRecord> {
         let record = self.get(run).await?;
         if record.state.is_terminal() {
             return Err(Error::Conflict(format!(
@@ -118,10 +155,10 @@ impl Kernel {
         }
         let live = self.live(run);
         let pending = live.as_ref().and_then(|l| lock(&l.ask).take());
-        let seq = match &pending {
-            Some(ask) => ask.seq,
+        let (seq, form) = match &pending {
+            Some(ask) => (ask.seq, ask.question.form.clone()),
             None => match self.pending_ask_entry(run).await? {
-                Some((seq, _)) => seq,
+                Some((seq, question)) => (seq, question.form),
                 None => {
                     return Err(Error::Conflict(format!(
                         "run {run} is {} and has no open question; answer only runs waiting for a human (`keel ps` shows them as waiting)",
@@ -130,19 +167,33 @@ impl Kernel {
                 }
             },
         };
+        // A refused answer records nothing and leaves the question open.
+        let result = match answer_result(run, form.as_ref(), answer) {
+            Ok(result) => result,
+            Err(err) => {
+                if let (Some(live), Some(ask)) = (&live, pending) {
+                    *lock(&live.ask) = Some(ask);
+                }
+                return Err(err);
+            }
+        };
         let completion = Completion {
             status: EntryStatus::Ok,
-            result: Some(json!({ "answer": text })),
+            result: Some(result.clone()),
             error: None,
             finished_at_ms: now_ms(),
             usage: Default::default(),
             provider_served: false,
         };
         self.inner.store.complete_entry(run, seq, completion).await?;
-        self.emit(run, EventKind::Answer, json!({ "seq": seq, "text": text }));
+        let mut event = json!({ "seq": seq, "text": result["answer"] });
+        if let Some(value) = result.get("value") {
+            event["value"] = value.clone();
+        }
+        self.emit(run, EventKind::Answer, event);
         match pending {
             Some(ask) => {
-                let _ = ask.reply.send(text);
+                let _ = ask.reply.send(result);
             }
             // Swapped out (or not relaunched yet): the answer brings it back by replay,
             // which moves it on; there is no process here to wake.
@@ -158,14 +209,19 @@ impl Kernel {
     }
 
     /// The newest `human.ask` intent without a result, from the store.
-    pub(crate) async fn pending_ask_entry(&self, run: &RunId) -> Result<Option<(Seq, String)>> {
+    pub(crate) async fn pending_ask_entry(&self, run: &RunId) -> Result<Option<(Seq, HumanAskParams)>> {
         let entries = self.inner.store.journal(run, 0).await?;
         Ok(entries
             .into_iter()
             .rev()
             .find(|e| e.method == "human.ask" && e.status == EntryStatus::Pending)
             .map(|e| {
-                (e.seq, e.params.get("question").and_then(Value::as_str).unwrap_or_default().to_owned())
+                // Checked before it was journaled; a damaged entry still reads as a question.
+                let question = serde_json::from_value(e.params.clone()).unwrap_or_else(|_| HumanAskParams {
+                    question: e.params.get("question").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                    form: None,
+                });
+                (e.seq, question)
             }))
     }
 
@@ -174,10 +230,14 @@ impl Kernel {
         &self,
         live: &Arc<LiveRun>,
         seq: Seq,
-        question: String,
-    ) -> Result<oneshot::Receiver<String>> {
+        question: HumanAskParams,
+    ) -> Result<oneshot::Receiver<Value>> {
         let (tx, rx) = oneshot::channel();
-        *lock(&live.ask) = Some(PendingAsk { seq, question: question.clone(), reply: tx });
+        let mut event = json!({ "seq": seq, "question": question.question });
+        if let Some(form) = &question.form {
+            event["form"] = form.clone();
+        }
+        *lock(&live.ask) = Some(PendingAsk { seq, question, reply: tx });
         let state = self.get(&live.id).await?.state;
         if state == RunState::Recovering {
             self.transition(&live.id, Lifecycle::Recovered, RunPatch::default()).await?;
@@ -185,7 +245,7 @@ impl Kernel {
         if state != RunState::Paused {
             self.transition(&live.id, Lifecycle::Park(WaitReason::Human), RunPatch::default()).await?;
         }
-        self.emit(&live.id, EventKind::Question, json!({ "seq": seq, "question": question }));
+        self.emit(&live.id, EventKind::Question, event);
         Ok(rx)
     }
 }

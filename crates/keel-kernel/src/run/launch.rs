@@ -171,6 +171,7 @@ impl Kernel {
         let env =
             self.agent_env(&record.id, &token, &spec, sandbox.shares_host(), &bridges, ca_bundle.is_some());
         let data_dir = &self.inner.data_dir;
+        let spawning = std::time::Instant::now();
         let launched = sandbox
             .launch(LaunchSpec {
                 command: spec.command.clone(),
@@ -193,6 +194,7 @@ impl Kernel {
             })
             .await
             .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        self.inner.metrics.sandbox_spawned(sandbox.tier(), launched.pooled, spawning.elapsed());
         let live = Arc::new(LiveRun {
             id: record.id.clone(),
             tenant: record.tenant.clone(),
@@ -324,6 +326,10 @@ impl Kernel {
         env.insert("KEEL_SOCKET".into(), socket);
         env.insert("KEEL_RUN_TOKEN".into(), token.to_owned());
         env.insert("KEEL_RUN_ID".into(), run.to_string());
+        // W3C trace context: an agent's own spans nest under its run's span.
+        if self.inner.telemetry.tracing() {
+            env.insert("TRACEPARENT".into(), crate::telemetry::traceparent(run));
+        }
         if let Some(input) = &spec.input {
             env.insert("KEEL_INPUT".into(), input.to_string());
         }

@@ -113,6 +113,7 @@ impl Kernel {
             outcome => outcome?,
         };
         if next.is_terminal() {
+            self.inner.telemetry.run_ended(&updated);
             lock(&self.inner.transitions).remove(run); // An ended run never changes again.
             self.inner.run_ended.notify_waiters();
             self.release_slot(run);

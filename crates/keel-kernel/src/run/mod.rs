@@ -15,7 +15,7 @@ mod registry;
 mod spec;
 mod swap;
 
-pub use control::Command;
+pub use control::{Answer, Command};
 pub(crate) use registry::{Launching, LiveRun, PendingAsk, Replay};
 pub use spec::CreateRun;
 pub(crate) use spec::RunSpec;

@@ -22,8 +22,7 @@ impl Kernel {
                 RunState::Waiting,
                 RunState::Recovering,
             ],
-            limit: None,
-            tenant: None,
+            ..RunFilter::default()
         };
         let mut runs = self.inner.store.list_runs(&filter).await?;
         runs.reverse(); // Oldest first.

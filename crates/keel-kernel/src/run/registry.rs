@@ -97,8 +97,9 @@ pub(crate) struct Replay {
 
 pub(crate) struct PendingAsk {
     pub(crate) seq: Seq,
-    pub(crate) question: String,
-    pub(crate) reply: oneshot::Sender<String>,
+    pub(crate) question: keel_protocol::rpc::HumanAskParams,
+    /// The result the agent receives: `{answer}`, or `{answer, value}` for a form.
+    pub(crate) reply: oneshot::Sender<serde_json::Value>,
 }
 
 impl Kernel {

@@ -38,6 +38,8 @@ pub struct CreateRun {
     pub parent: Option<RunId>,
     /// `high`, `normal` or `low` (default normal).
     pub priority: Option<String>,
+    /// What started the run by itself (`schedule:NAME`); `None`: a caller.
+    pub trigger: Option<String>,
 }
 
 impl CreateRun {
@@ -125,6 +127,7 @@ impl CreateRun {
             input: params.input,
             parent: None,
             priority: params.priority,
+            trigger: None,
         })
     }
 
@@ -146,6 +149,7 @@ impl CreateRun {
             input: self.input.clone(),
             parent: self.parent.clone(),
             priority: self.priority.clone(),
+            trigger: self.trigger.clone(),
         }
     }
 }
@@ -175,6 +179,7 @@ impl CreateRun {
             input: Some(args),
             parent: Some(parent.id.clone()),
             priority: spec.priority,
+            trigger: None,
         })
     }
 
@@ -242,6 +247,9 @@ pub(crate) struct RunSpec {
     /// `high`, `normal` or `low`; absent is normal.
     #[serde(default)]
     pub(crate) priority: Option<String>,
+    /// What started the run by itself (`schedule:NAME`); absent: a caller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) trigger: Option<String>,
 }
 
 impl RunSpec {

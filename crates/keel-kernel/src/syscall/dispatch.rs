@@ -9,13 +9,13 @@ use std::sync::atomic::Ordering;
 
 use keel_core::lifecycle::Command as Lifecycle;
 use keel_core::replay::{Decision, params_hash};
-use keel_llm::{DeltaSink, Provider};
+use keel_llm::DeltaSink;
 use keel_protocol::rpc::{
     CodeExecParams, ErrorKind, HumanAskParams, LlmChatParams, RunEmitParams, RunExitParams,
-    StateCheckpointParams,
+    StateCheckpointParams, UiShowParams,
 };
 use keel_store::{JournalEntry, RunPatch, Seq};
-use keel_types::{EntryStatus, RunState, Usage};
+use keel_types::{EntryStatus, RunState};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
@@ -25,6 +25,7 @@ use crate::now_ms;
 use crate::run::LiveRun;
 use crate::syscall::ipc::{self, IpcCall};
 use crate::syscall::memory;
+use crate::syscall::ui;
 
 use super::journal::{self, Effect, Journaling};
 use super::{Reply, SyscallError, internal};
@@ -37,8 +38,9 @@ enum Call {
     Checkpoint,
     Now,
     Random,
-    Ask(String),
+    Ask(HumanAskParams),
     Emit(Value),
+    Ui(Value),
     Exit(Value),
     Mem(memory::MemCall),
     Ipc(IpcCall),
@@ -65,6 +67,8 @@ impl Call {
         match self {
             // Reads of the clock and randomness, and calls without an outside effect.
             Call::Now | Call::Random | Call::Emit(_) | Call::Exit(_) | Call::Checkpoint => COMPLETE,
+            // A block shown is a record, not an effect: its event follows the commit.
+            Call::Ui(_) => COMPLETE,
             // A provider call costs money and a program has effects: intent first.
             Call::LlmChat(_) | Call::Exec(_) => Journaling::IntentThenResult,
             // The operator's answer is journaled by `keel answer`.
@@ -157,7 +161,24 @@ fn check(method: &str, params: &Value) -> Result<Call, SyscallError> {
             empty(method)?;
             Call::Random
         }
-        "human.ask" => Call::Ask(parse::<HumanAskParams>(method, params, "{\"question\":\"...\"}")?.question),
+        "human.ask" => {
+            let ask: HumanAskParams =
+                parse(method, params, "{\"question\":\"...\", \"form\"?: <JSON schema of an object>}")?;
+            if let Some(form) = &ask.form {
+                ui::check_form_schema(form, "form")
+                    .map_err(|e| SyscallError::new(ErrorKind::InvalidParams, format!("human.ask: {e}")))?;
+            }
+            Call::Ask(ask)
+        }
+        "ui.show" => {
+            let show: UiShowParams = parse(
+                method,
+                params,
+                "{\"block\": {\"type\": \"table\"|\"chart\"|\"markdown\"|\"progress\"|\"form\", ...}}",
+            )?;
+            ui::check_block(&show.block)?;
+            Call::Ui(show.block)
+        }
         "run.emit" => Call::Emit(parse::<RunEmitParams>(method, params, "{\"event\": <any JSON>}")?.event),
         "run.exit" => Call::Exit(parse::<RunExitParams>(method, params, "{\"output\": <any JSON>}")?.output),
         m if memory::is_memory_method(m) && keel_protocol::rpc::METHODS.contains(&m) => {
@@ -181,37 +202,6 @@ fn check(method: &str, params: &Value) -> Result<Call, SyscallError> {
     })
 }
 
-/// A provider failure as the agent sees it; `data` carries the class, the upstream status
-/// and any retry-after, so the compatibility endpoints can answer with the right status.
-fn provider_error(err: &keel_llm::Error) -> SyscallError {
-    let mut error = SyscallError::new(ErrorKind::ProviderError, err.to_string());
-    if let Some(class) = err.class() {
-        error = error.with("class", class.as_str()).with("status", class.http_status());
-    }
-    if let Some(after) = err.retry_after() {
-        error = error.with("retry_after_ms", after.as_millis() as u64);
-    }
-    error
-}
-
-/// Why a prompt bigger than the whole budget is refused, and what to do instead.
-fn never_fits_message(never: &keel_core::budget::NeverFits) -> String {
-    use keel_core::budget::Dimension;
-    let (what, flag) = match never.dimension {
-        Dimension::CostUsd => ("cost", "--budget-usd"),
-        _ => ("input tokens", "--budget-tokens"),
-    };
-    format!(
-        "llm.chat: budget exhausted before the call: this prompt alone needs about {} {what} (estimated from \
-         its size, before any output), more than the run's whole {} budget of {}, so no reservation can ever \
-         fit it. Send less: filter the input and ask about the relevant pieces (in code.exec, slice it and \
-         call llm() or llm_batch() on the chunks), or give the run a budget that can hold it ({flag})",
-        never.dimension.format(never.needs),
-        never.dimension,
-        never.dimension.format(never.limit),
-    )
-}
-
 /// The reply a journal entry stands for (the same bytes, live or replayed).
 fn reply_of(entry: &JournalEntry) -> Reply {
     match entry.status {
@@ -219,7 +209,7 @@ fn reply_of(entry: &JournalEntry) -> Reply {
             "llm.chat" => {
                 entry.result.as_ref().and_then(|r| r.get("response")).cloned().unwrap_or(Value::Null)
             }
-            "state.checkpoint" => json!({ "seq": entry.seq }),
+            "state.checkpoint" | "ui.show" => json!({ "seq": entry.seq }),
             _ => entry.result.clone().unwrap_or(Value::Null),
         }),
         _ => Err(entry
@@ -242,7 +232,7 @@ pub(crate) struct Listener {
 }
 
 impl Listener {
-    fn journaled(&mut self, seq: Seq) {
+    pub(super) fn journaled(&mut self, seq: Seq) {
         if let Some(entry) = self.entry.take() {
             let _ = entry.send(seq);
         }
@@ -269,6 +259,7 @@ impl Kernel {
             std::future::pending::<()>().await;
         }
         let _busy = crate::swap::Busy::new(&live.inflight);
+        let _timer = self.inner.metrics.syscall(method);
         if live.exited.load(Ordering::SeqCst) {
             return Err(SyscallError::new(
                 ErrorKind::RunExited,
@@ -307,6 +298,14 @@ impl Kernel {
                     live.exited.store(true, Ordering::SeqCst);
                 }
                 self.emit(&live.id, EventKind::Syscall, json!({ "seq": seq, "method": method, "status": entry.status.as_str(), "replayed": true }));
+                self.inner.telemetry.replayed(
+                    &live.id,
+                    live.attempt,
+                    method,
+                    &params,
+                    seq,
+                    entry.status != EntryStatus::Ok,
+                );
                 listener.journaled(seq);
                 reply_of(&entry)
             }
@@ -319,6 +318,14 @@ impl Kernel {
                 if let Some(entry) =
                     current.into_iter().find(|e| e.seq == seq && e.status != EntryStatus::Pending)
                 {
+                    self.inner.telemetry.replayed(
+                        &live.id,
+                        live.attempt,
+                        method,
+                        &params,
+                        seq,
+                        entry.status != EntryStatus::Ok,
+                    );
                     listener.journaled(seq);
                     return reply_of(&entry);
                 }
@@ -379,6 +386,15 @@ impl Kernel {
                     self.emit(&live.id, EventKind::Emit, event);
                 }
                 reply.reply
+            }
+            Call::Ui(block) => {
+                let done = self.journaled(journal, how, |_| async { Effect::reply(Ok(Value::Null)) }).await;
+                done.reply?;
+                let seq = done.seq.ok_or_else(|| internal("ui.show was journaled without a seq"))?;
+                // After the commit, so a block is shown once: a replayed call is answered
+                // from the journal above and emits nothing.
+                self.emit(&live.id, EventKind::Ui, json!({ "seq": seq, "block": block }));
+                Ok(json!({ "seq": seq }))
             }
             Call::Exit(output) => {
                 self.journaled(journal, how, |_| async { Effect::reply(Ok(json!({}))) }).await.reply?;
@@ -481,7 +497,7 @@ impl Kernel {
                     };
                     let _waiting = crate::swap::Busy::new(&live.waiting_calls);
                     Effect::reply(match answer.await {
-                        Ok(text) => Ok(json!({ "answer": text })),
+                        Ok(result) => Ok(result),
                         Err(_) => Err(SyscallError::new(
                             ErrorKind::Cancelled,
                             "human.ask: the run is ending; no answer will come",
@@ -491,101 +507,5 @@ impl Kernel {
                 self.journaled(journal, how, effect).await.reply
             }
         }
-    }
-
-    /// `llm.chat`: the loop detector, then a worst-case budget reservation before the
-    /// intent is journaled, so spend never exceeds the budget however many calls are in
-    /// flight; the provider call in the caller's place in its queue; settlement after.
-    async fn llm_chat(
-        &self,
-        journal: journal::Call<'_>,
-        how: Journaling,
-        request: LlmChatParams,
-        mut listener: Listener,
-    ) -> Reply {
-        let live = journal.live;
-        let provider: Arc<dyn Provider> = live
-            .provider
-            .clone()
-            .ok_or_else(|| SyscallError::new(ErrorKind::NoProvider, keel_llm::router::NO_PROVIDER_HELP))?;
-        if journal.reuse.is_none() {
-            self.check_loop(live, &journal.hash).await?;
-        }
-        let input = keel_llm::estimate_input_tokens(&request);
-        let max_output = request.max_tokens.map_or(keel_llm::DEFAULT_MAX_OUTPUT_TOKENS, u64::from);
-        let worst = Usage {
-            input_tokens: input,
-            output_tokens: max_output,
-            llm_calls: 1,
-            tool_calls: 0,
-            cost_micro_usd: (provider.worst_case_cost_usd(&request, input, max_output) * 1_000_000.0).ceil()
-                as u64,
-        };
-        // A prompt bigger than the whole budget would park the run for good: refuse it now,
-        // saying why, before anything is journaled.
-        let input_only = Usage {
-            input_tokens: input,
-            cost_micro_usd: (provider.worst_case_cost_usd(&request, input, 0) * 1_000_000.0).ceil() as u64,
-            ..Usage::default()
-        };
-        let limits = lock(&live.budget.account).limits();
-        if let Some(never) = keel_core::budget::never_fits(&limits, &input_only) {
-            // `never_fits` tells it apart from a call that merely does not fit now.
-            return Err(SyscallError::new(ErrorKind::BudgetExhausted, never_fits_message(&never))
-                .with("never_fits", true)
-                .with("needs", never.needs)
-                .with("limit", never.limit));
-        }
-        let reservation = self.reserve(live, worst).await?;
-        let effect = |seq: Option<Seq>| async move {
-            if let Some(seq) = seq {
-                listener.journaled(seq);
-            }
-            let stream = listener.deltas;
-            let started = std::time::Instant::now();
-            // Calls waiting for the provider's capacity go in priority and fair-share
-            // order between tenants; the run shows its place in `keel ps`.
-            let caller = keel_llm::ratelimit::Caller {
-                tenant: live.tenant.clone(),
-                priority: live.priority,
-                run: Some(live.id.to_string()),
-            };
-            let chat = provider.chat(&request, stream.as_ref());
-            let mut effect = match keel_llm::ratelimit::CALLER.scope(caller, chat).await {
-                Ok(served) => {
-                    let usage = Usage {
-                        input_tokens: served.response.usage.input_tokens,
-                        output_tokens: served.response.usage.output_tokens,
-                        llm_calls: 1,
-                        tool_calls: 0,
-                        cost_micro_usd: (served.response.cost_usd * 1_000_000.0).round() as u64,
-                    };
-                    match serde_json::to_value(&served.response) {
-                        Ok(response) => {
-                            let record = json!({ "response": response, "provider": served.meta });
-                            let mut effect = Effect::reply(Ok(response)).usage(usage);
-                            effect.record = Some(record);
-                            effect.served = true;
-                            effect
-                        }
-                        Err(err) => Effect::reply(Err(internal(err))).usage(usage),
-                    }
-                }
-                Err(err) => {
-                    Effect::reply(Err(provider_error(&err))).usage(Usage { llm_calls: 1, ..Usage::default() })
-                }
-            };
-            self.settle_budget(live, reservation, effect.usage);
-            effect.event = json!({
-                "input_tokens": effect.usage.input_tokens, "output_tokens": effect.usage.output_tokens,
-                "duration_ms": started.elapsed().as_millis() as u64,
-            });
-            effect
-        };
-        let done = self.journaled(journal, how, effect).await;
-        if done.seq.is_none() {
-            self.release_budget(live, reservation); // The intent failed: the call never ran.
-        }
-        done.reply
     }
 }

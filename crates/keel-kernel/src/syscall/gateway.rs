@@ -13,18 +13,24 @@ use crate::Kernel;
 use crate::run::LiveRun;
 use crate::syscall::{Listener, SyscallError};
 
-/// A live run, authenticated by its token.
+/// A live run, authenticated by its token; with the `traceparent` its caller sent.
 #[derive(Clone)]
-pub struct RunHandle(Arc<LiveRun>);
+pub struct RunHandle(Arc<LiveRun>, Option<String>);
 
 impl RunHandle {
+    /// The same run, for a request that sent a W3C `traceparent` header: the spans of
+    /// its calls nest under the span it names when that span is in the run's trace.
+    pub fn traced(self, traceparent: Option<&str>) -> RunHandle {
+        RunHandle(self.0, traceparent.map(str::to_owned))
+    }
+
     /// The models the run may ask for by name (see `Provider::models`).
     pub(crate) fn models(&self) -> Vec<String> {
         self.0.provider.as_ref().map(|provider| provider.models()).unwrap_or_default()
     }
 
     pub(crate) fn new(live: Arc<LiveRun>) -> RunHandle {
-        RunHandle(live)
+        RunHandle(live, None)
     }
 
     pub fn run_id(&self) -> &RunId {
@@ -48,7 +54,7 @@ impl Kernel {
         // stream closed, like a syscall on the socket.
         let mut ended = run.0.ended.subscribe();
         let result = tokio::select! {
-            result = self.syscall_streaming(&run.0, "llm.chat", params, listener) => result?,
+            result = crate::telemetry::with_traceparent(&run.0.id, run.1.as_deref(), self.syscall_streaming(&run.0, "llm.chat", params, listener)) => result?,
             _ = ended.wait_for(|ended| *ended) => {
                 return Err(SyscallError::new(ErrorKind::Cancelled, "llm.chat: the run's agent is gone; the call was dropped"));
             }
@@ -89,7 +95,8 @@ impl Kernel {
         let params = serde_json::to_value(&request).map_err(|e| {
             SyscallError::new(ErrorKind::InvalidParams, format!("the request cannot be encoded: {e}"))
         })?;
-        let result = self.syscall(&run.0, "llm.embed", params).await?;
+        let embed = self.syscall(&run.0, "llm.embed", params);
+        let result = crate::telemetry::with_traceparent(&run.0.id, run.1.as_deref(), embed).await?;
         serde_json::from_value(result).map_err(|e| {
             SyscallError::new(ErrorKind::Internal, format!("the journaled embeddings are unreadable: {e}"))
         })

@@ -130,33 +130,62 @@ impl Kernel {
         F: FnOnce(Option<Seq>) -> Fut,
         Fut: Future<Output = Effect>,
     {
+        let span = self.inner.telemetry.syscall(&call.live.id, call.live.attempt, call.method, &call.params);
+        let (done, usage, provider) = self.journal_call(call, how, effect).await;
+        if let Some(span) = span {
+            span.end(crate::telemetry::Outcome {
+                seq: done.seq,
+                reply: done.reply.as_ref().map_err(|e| (e.kind.as_str(), e.message.as_str())),
+                usage,
+                provider: provider.as_deref(),
+            });
+        }
+        done
+    }
+
+    /// [`Kernel::journaled`], answering also the call's usage and the provider that
+    /// served it (for its span).
+    async fn journal_call<F, Fut>(
+        &self,
+        call: Call<'_>,
+        how: Journaling,
+        effect: F,
+    ) -> (Journaled, Usage, Option<String>)
+    where
+        F: FnOnce(Option<Seq>) -> Fut,
+        Fut: Future<Output = Effect>,
+    {
         let Call { live, method, params, hash, reuse } = call;
         if let Journaling::Complete { failures } = how {
             let done = effect(None).await;
+            let usage = done.usage;
             if done.reply.is_err() && !failures {
-                return Journaled { reply: done.reply, seq: None };
+                return (Journaled { reply: done.reply, seq: None }, usage, None);
             }
             let recorded =
                 self.record_outcome(live, method, params, hash, &done.reply, done.usage, done.event).await;
             return match recorded {
-                Ok(seq) => Journaled { reply: done.reply, seq: Some(seq) },
-                Err(err) => Journaled { reply: Err(err), seq: None },
+                Ok(seq) => (Journaled { reply: done.reply, seq: Some(seq) }, usage, None),
+                Err(err) => (Journaled { reply: Err(err), seq: None }, usage, None),
             };
         }
         let seq = match reuse {
             Some(seq) => seq,
             None => match self.intend(live, method, params, hash).await {
                 Ok(seq) => seq,
-                Err(err) => return Journaled { reply: Err(err), seq: None },
+                Err(err) => return (Journaled { reply: Err(err), seq: None }, Usage::default(), None),
             },
         };
         let done = effect(Some(seq)).await;
         let cancelled = matches!(&done.reply, Err(err) if err.is(keel_protocol::rpc::ErrorKind::Cancelled));
         if how == Journaling::IntentAnsweredElsewhere || cancelled {
-            return Journaled { reply: done.reply, seq: Some(seq) };
+            return (Journaled { reply: done.reply, seq: Some(seq) }, done.usage, None);
         }
         let Effect { reply, record, usage, served, event, with } = done;
         let record = record.unwrap_or_else(|| reply.clone().unwrap_or(Value::Null));
+        let provider = served
+            .then(|| record.pointer("/provider/provider").and_then(Value::as_str).map(str::to_owned))
+            .flatten();
         // Entries that go with the result are submitted together with it, so the store's
         // group commit makes them durable in one go, before the reply.
         let appends = with.into_iter().map(|entry| async move { self.append(live, entry).await });
@@ -167,8 +196,8 @@ impl Kernel {
         let written =
             completed.and_then(|()| appended.into_iter().try_for_each(|r| r.map(drop).map_err(internal)));
         match written {
-            Ok(()) => Journaled { reply, seq: Some(seq) },
-            Err(err) => Journaled { reply: Err(err), seq: Some(seq) },
+            Ok(()) => (Journaled { reply, seq: Some(seq) }, usage, provider),
+            Err(err) => (Journaled { reply: Err(err), seq: Some(seq) }, usage, provider),
         }
     }
 
@@ -220,6 +249,7 @@ impl Kernel {
     /// journal back: the entry is there (this attempt's, same method, params and start
     /// time), or the append is made again; never twice.
     async fn append(&self, live: &Arc<LiveRun>, entry: NewEntry) -> keel_store::Result<Seq> {
+        let _timer = self.inner.metrics.journal_commit(crate::metrics::JournalOp::Append);
         loop {
             match self.while_current(live, || self.store().append_entry(&live.id, entry.clone())).await {
                 Err(keel_store::Error::OutcomeUnknown { .. }) if self.is_current(live) => {
@@ -261,6 +291,7 @@ impl Kernel {
         };
         let completion =
             Completion { status, result, error, finished_at_ms: now_ms(), usage, provider_served: served };
+        let timer = self.inner.metrics.journal_commit(crate::metrics::JournalOp::Complete);
         loop {
             match self
                 .while_current(live, || self.store().complete_entry(&live.id, seq, completion.clone()))
@@ -280,6 +311,7 @@ impl Kernel {
                 }
             }
         }
+        drop(timer);
         self.emit_syscall(live, seq, method, status, extra);
         Ok(())
     }

@@ -8,10 +8,12 @@ mod gateway;
 mod governance;
 pub(crate) mod ipc;
 mod journal;
+mod llm;
 pub(crate) mod memory;
 pub(crate) mod procs;
 mod socket;
 mod tools;
+mod ui;
 
 pub use gateway::RunHandle;
 pub(crate) use gateway::mcp_host;

@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 
 use keel_sdk::user;
 use keel_store::{
-    ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, DumpItem, Error,
-    EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch,
-    NewEntry, NewEvent, NewMessage, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats,
-    TenantRecord, ThreadMessage,
+    ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, CostBucket, CostFilter,
+    DumpItem, Error, EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord,
+    MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store,
+    StoreStats, TenantRecord, ThreadMessage,
 };
 use keel_types::{EntryStatus, RunId, RunState};
 use serde_json::{Value, json};
@@ -122,6 +122,8 @@ faulty_store! {
         fn create_run(&self, run: NewRun) -> Result<RunRecord>;
         fn get_run(&self, id: &RunId) -> Result<Option<RunRecord>>;
         fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>>;
+        fn cost_summary(&self, filter: &CostFilter) -> Result<Vec<CostBucket>>;
+        fn count_runs(&self) -> Result<Vec<keel_store::RunCount>>;
         fn abandon_entries(&self, run: &RunId, seqs: &[Seq]) -> Result<()>;
         fn journal(&self, run: &RunId, after: Seq) -> Result<Vec<JournalEntry>>;
         fn latest_entry(&self, run: &RunId, method: &str) -> Result<Option<JournalEntry>>;
@@ -154,6 +156,15 @@ faulty_store! {
         fn token_lookup(&self, hash: &str) -> Result<Option<ApiTokenRecord>>;
         fn token_list(&self, tenant: &str) -> Result<Vec<ApiTokenRecord>>;
         fn token_revoke(&self, tenant: &str, prefix: &str) -> Result<u64>;
+        fn trigger_create(&self, trigger: keel_store::TriggerRecord) -> Result<()>;
+        fn trigger_get(&self, kind: &str, name: &str) -> Result<Option<keel_store::TriggerRecord>>;
+        fn trigger_list(&self, kind: &str, tenant: Option<&str>) -> Result<Vec<keel_store::TriggerRecord>>;
+        fn trigger_set_paused(&self, kind: &str, name: &str, paused: bool, since_ms: u64) -> Result<bool>;
+        fn trigger_delete(&self, kind: &str, name: &str) -> Result<bool>;
+        fn trigger_fire(&self, fire: keel_store::FireRecord) -> Result<(keel_store::FireRecord, bool)>;
+        fn trigger_fire_settle(&self, kind: &str, trigger: &str, occasion: &str, outcome: &str, detail: Option<&str>) -> Result<()>;
+        fn trigger_fires(&self, kind: &str, trigger: &str, limit: usize) -> Result<Vec<keel_store::FireRecord>>;
+        fn trigger_fires_unstarted(&self, kind: &str) -> Result<Vec<keel_store::FireRecord>>;
         fn stats(&self) -> Result<StoreStats>;
         fn dump(&self, sink: tokio::sync::mpsc::Sender<Vec<DumpItem>>) -> Result<()>;
         fn restore(&self, items: Vec<DumpItem>) -> Result<()>;

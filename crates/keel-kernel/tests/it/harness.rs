@@ -121,6 +121,7 @@ impl TestKernel {
             swap_after: self.setup.swap_after,
             scheduler: Default::default(),
             cluster: None,
+            telemetry: keel_kernel::Telemetry::disabled(),
         };
         let (started, kernel) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<Stop>();

@@ -15,3 +15,4 @@ mod lifecycle;
 mod replay;
 mod shape;
 mod swapping;
+mod ui;
