@@ -197,7 +197,9 @@ async fn authenticate(
         .and_then(|v| v.strip_prefix("Bearer "));
     let api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
     let token = bearer.or(api_key).unwrap_or("");
-    kernel.authenticate(token).await.ok_or_else(|| {
+    // A framework's own tracing sends W3C `traceparent`: the call's span nests under it.
+    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
+    kernel.authenticate(token).await.map(|run| run.traced(traceparent)).ok_or_else(|| {
         let kind = match dialect {
             Dialect::OpenAi => "invalid_api_key",
             Dialect::Anthropic => "authentication_error",

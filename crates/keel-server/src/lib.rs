@@ -4,13 +4,19 @@
 //! directory, or a tenant's token, which confines the request to that tenant (see
 //! `keel_kernel::Principal`).
 
+mod agui;
 mod audit;
 mod cluster;
+mod console;
 mod gateway;
+mod mcp;
+mod metrics;
+mod schedules;
 mod shape;
 mod tenants;
 
 pub use gateway::router as gateway_router;
+pub use metrics::router as metrics_router;
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -23,11 +29,11 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
-use keel_kernel::{Command, Error as KernelError, Kernel, Principal, RunQuery};
+use keel_kernel::{Answer, Command, Error as KernelError, Kernel, Principal, RunQuery, RunSort};
 use keel_protocol::api::{
     AnswerParams, BudgetParams, BudgetView, CreateRunParams, ErrorBody, ErrorDetail, EventView, EventsPage,
     HealthView, InspectView, JournalEntryView, MemoryDeleteView, MemoryHitView, MemoryPutBody,
-    MemoryRecordView, MemorySearchView, MessageParams, MessageSentView, RunView, StopParams,
+    MemoryRecordView, MemorySearchView, MessageParams, MessageSentView, RunView, StatusView, StopParams,
     ThreadMessageView, ThreadView, TopUpParams, UsageView,
 };
 use keel_protocol::rpc::{ErrorKind, RpcError};
@@ -38,11 +44,13 @@ use utoipa::OpenApi;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Keel kernel API", description = "Start, inspect and control agent runs."),
-    paths(health, create_run, list_runs, inspect_run, run_events, pause_run, resume_run, stop_run, answer_run, top_up_run,
+    paths(health, status, create_run, list_runs, inspect_run, run_events, pause_run, resume_run, stop_run, answer_run, top_up_run,
         send_message, signal_run, decide_call, list_tools, exec_code, memory_get, memory_put, memory_delete, memory_search, thread_read),
     components(schemas(
         CreateRunParams, RunView, InspectView, JournalEntryView, UsageView, EventView, EventsPage,
-        AnswerParams, StopParams, ErrorBody, ErrorDetail, HealthView, BudgetParams, BudgetView, TopUpParams,
+        AnswerParams, StopParams, ErrorBody, ErrorDetail, HealthView, StatusView,
+        keel_protocol::api::StatusWaitingView, keel_protocol::api::ProviderStatusView, keel_protocol::api::PoolStatusView,
+        keel_protocol::api::StoreStatusView, keel_protocol::api::NodeView, BudgetParams, BudgetView, TopUpParams,
         MemoryPutBody, MemoryRecordView, MemoryDeleteView, MemoryHitView, MemorySearchView, ThreadMessageView,
         ThreadView, MessageParams, MessageSentView, keel_protocol::api::ApprovalView,
         keel_protocol::api::DecisionParams, keel_protocol::api::SignalParams, keel_protocol::api::ToolView, keel_protocol::api::ExecParams,
@@ -58,9 +66,13 @@ pub struct ApiDoc;
 pub fn openapi_doc() -> serde_json::Value {
     use utoipa::Modify as _;
     let mut doc = ApiDoc::openapi();
+    doc.merge(<agui::AguiApiDoc as OpenApi>::openapi());
     doc.merge(<audit::AuditApiDoc as OpenApi>::openapi());
     doc.merge(<cluster::ClusterApiDoc as OpenApi>::openapi());
+    doc.merge(<console::ConsoleApiDoc as OpenApi>::openapi());
     doc.merge(<tenants::TenantsApiDoc as OpenApi>::openapi());
+    doc.merge(<schedules::SchedulesApiDoc as OpenApi>::openapi());
+    doc.merge(<metrics::MetricsApiDoc as OpenApi>::openapi());
     CommonResponses.modify(&mut doc);
     // An OpenApi document always serializes (strings, numbers and maps only).
     let mut json = serde_json::to_value(&doc).unwrap_or_default();
@@ -204,21 +216,30 @@ pub fn router(kernel: Kernel, token: String) -> Router {
         .route("/v1/runs/{id}/messages", post(send_message))
         .route("/v1/runs/{id}/signal", post(signal_run))
         .route("/v1/runs/{id}/approvals/{call}", post(decide_call))
+        .route("/v1/status", get(status))
         .route("/v1/tools", get(list_tools))
         .route("/v1/exec", post(exec_code).layer(axum::extract::DefaultBodyLimit::max(MAX_EXEC_BODY_BYTES)))
         .route("/v1/memory/{namespace}", get(memory_search))
         .route("/v1/memory/{namespace}/{key}", put(memory_put).get(memory_get).delete(memory_delete))
         .route("/v1/threads/{id}", get(thread_read))
+        .merge(agui::routes())
         .merge(audit::routes())
         .merge(tenants::routes())
+        .merge(schedules::routes())
         .merge(cluster::routes())
+        .merge(console::routes())
+        .merge(metrics::routes())
         // Layers run outside in: the token first, then forwarding to a run's owner node.
         .route_layer(middleware::from_fn_with_state(state.clone(), cluster::forward_to_owner))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/v1/health", get(health))
         .route("/openapi.json", get(openapi))
+        .merge(console::file_routes())
         .merge(protected)
+        // Its own bearer-token check (MCP's 401 with `WWW-Authenticate`), then the same
+        // principals as the routes above.
+        .nest_service("/mcp", mcp::router(state.clone()))
         .fallback(not_found)
         .with_state(state)
 }
@@ -382,17 +403,9 @@ async fn require_token(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    let principal = if constant_time_eq(presented.as_bytes(), state.token.as_bytes()) {
-        Some(Principal::Admin)
-    } else if let Some(principal) = cluster::forwarded_principal(&state, presented, &headers) {
-        Some(principal)
-    } else {
-        // The lookup is by sha256 of the token, so its timing says nothing about the
-        // stored tokens.
-        match state.kernel.authenticate_api_token(presented).await {
-            Ok(tenant) => tenant.map(Principal::Tenant),
-            Err(err) => return ApiError::from(err).into_response(),
-        }
+    let principal = match principal_of(&state, presented, &headers).await {
+        Ok(principal) => principal,
+        Err(err) => return err.into_response(),
     };
     if let Some(principal) = principal {
         request.extensions_mut().insert(principal);
@@ -406,6 +419,24 @@ async fn require_token(
         )
         .into_response()
     }
+}
+
+/// Who `presented` is: the operator, a principal another node of the cluster vouches
+/// for, a tenant's live token, or nobody. The API's routes and `/mcp` both ask this.
+async fn principal_of(
+    state: &AppState,
+    presented: &str,
+    headers: &HeaderMap,
+) -> Result<Option<Principal>, ApiError> {
+    if constant_time_eq(presented.as_bytes(), state.token.as_bytes()) {
+        return Ok(Some(Principal::Admin));
+    }
+    if let Some(principal) = cluster::forwarded_principal(state, presented, headers) {
+        return Ok(Some(principal));
+    }
+    // The lookup is by sha256 of the token, so its timing says nothing about the stored
+    // tokens.
+    Ok(state.kernel.authenticate_api_token(presented).await?.map(Principal::Tenant))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -436,6 +467,19 @@ async fn health(State(state): State<AppState>) -> Json<HealthView> {
     })
 }
 
+/// What the kernel is doing now: live slots, queued and waiting runs, LLM provider
+/// queues and rate limits, the sandbox pool, the nodes and the store (`keel top`'s
+/// header). A tenant's token sees its own tenant's counts only, and no nodes.
+#[utoipa::path(get, path = "/v1/status",
+    responses((status = 200, body = StatusView)),
+    security(("bearer" = [])))]
+async fn status(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+) -> Result<Json<StatusView>, ApiError> {
+    Ok(Json(state.kernel.status(&principal).await?))
+}
+
 /// Start a run.
 #[utoipa::path(post, path = "/v1/runs", request_body = CreateRunParams,
     responses((status = 201, body = RunView),
@@ -464,15 +508,33 @@ struct ListQuery {
         pattern = "^( *(created|queued|running|paused|waiting|recovering|succeeded|failed|cancelled) *(, *(created|queued|running|paused|waiting|recovering|succeeded|failed|cancelled) *)*)?$"
     )]
     state: Option<String>,
-    /// At most this many runs, newest first (1 to 10000; default all).
+    /// At most this many runs (1 to 10000; default all).
     #[param(minimum = 1, maximum = 10000)]
     limit: Option<usize>,
     /// Only this tenant's runs (the operator's token; a tenant's sees only its own).
     #[param(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     tenant: Option<String>,
+    /// Only runs whose id, tenant or command contains this text (ASCII letters in any
+    /// case; `%` and `_` are plain characters). At most 200 characters, no control
+    /// characters.
+    #[param(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
+    q: Option<String>,
+    /// `newest` (the default), `oldest`, `costliest` or `cheapest` (ties by age).
+    #[param(pattern = "^(newest|oldest|costliest|cheapest)$")]
+    sort: Option<String>,
+    /// Skip this many runs of the order first: the next page is `offset=limit`.
+    #[param(minimum = 0, maximum = 1000000000)]
+    offset: Option<u64>,
 }
 
-/// List runs, newest first.
+/// The highest `offset` a listing takes.
+const MAX_OFFSET: u64 = 1_000_000_000;
+
+/// The most characters of a listing's `q`.
+const MAX_QUERY_CHARS: usize = 200;
+
+/// List runs: filtered by state, tenant and text, sorted by age or cost, a page at a
+/// time (`limit` and `offset`); the filtering, order and paging happen in the store.
 #[utoipa::path(get, path = "/v1/runs", params(ListQuery),
     responses((status = 200, body = Vec<RunView>),
         (status = 403, body = ErrorBody, description = "forbidden: a tenant's token asked for another tenant's runs")),
@@ -484,6 +546,12 @@ async fn list_runs(
 ) -> Result<Json<Vec<RunView>>, ApiError> {
     let Query(query) =
         query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    let query = run_query(query)?;
+    Ok(Json(state.kernel.runs(&principal, &query).await?))
+}
+
+/// A listing's query, checked: the rules `GET /v1/runs` and the MCP tool `list_runs` share.
+fn run_query(query: ListQuery) -> Result<RunQuery, ApiError> {
     if let Some(limit) = query.limit
         && !(1..=MAX_LIST).contains(&limit)
     {
@@ -502,8 +570,43 @@ async fn list_runs(
             .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()))?,
         None => Vec::new(),
     };
-    let query = RunQuery { states, limit: query.limit, tenant: query.tenant };
-    Ok(Json(state.kernel.runs(&principal, &query).await?))
+    let text = match query.q {
+        Some(text) if text.chars().count() > MAX_QUERY_CHARS => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("`q` is {} characters; search with at most {MAX_QUERY_CHARS}", text.chars().count()),
+            ));
+        }
+        Some(text) if text.chars().any(|c| c.is_control()) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "`q` holds a control character; search for printable text",
+            ));
+        }
+        text => text,
+    };
+    let sort = match query.sort.as_deref() {
+        Some(text) => text.parse::<RunSort>()?,
+        None => RunSort::default(),
+    };
+    let offset = query.offset.unwrap_or(0);
+    if offset > MAX_OFFSET {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("`offset` must be at most {MAX_OFFSET}, not {offset}"),
+        ));
+    }
+    Ok(RunQuery {
+        states,
+        limit: query.limit,
+        tenant: query.tenant,
+        text,
+        sort,
+        offset: usize::try_from(offset).unwrap_or(usize::MAX),
+    })
 }
 
 /// A run with its journal.
@@ -619,16 +722,33 @@ async fn stop_run(
     act(&state, Command::Stop { run, grace }).await
 }
 
-/// Answer the run's open `human.ask`.
+/// Answer the run's open `human.ask`: `text`, or for a question with a form
+/// (`question_form`) the structured `value`, validated against the form's schema. A
+/// refused answer (both or neither field, a value that does not match, a value for a
+/// plain question) is a 400 and records nothing.
 #[utoipa::path(post, path = "/v1/runs/{id}/answer", params(("id" = String, Path, description = "run id", pattern = "^run_[0-9a-z]{26}$")), request_body = AnswerParams,
-    responses((status = 200, body = RunView), (status = 409, body = ErrorBody, description = "conflict: the run is not in a state that allows this (e.g. it has ended)")), security(("bearer" = [])))]
+    responses((status = 200, body = RunView), (status = 400, body = ErrorBody, description = "the answer is refused: send exactly one of text and value, matching the question's form"), (status = 409, body = ErrorBody, description = "conflict: the run is not in a state that allows this (e.g. it has ended)")), security(("bearer" = [])))]
 async fn answer_run(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     Body(params): Body<AnswerParams>,
 ) -> Result<Json<RunView>, ApiError> {
-    act(&state, Command::Answer { run: own_run(&state, &principal, &id).await?, text: params.text }).await
+    let answer = match params {
+        AnswerParams { text: Some(text), value: None } => Answer::Text(text),
+        AnswerParams { text: None, value: Some(value) } => Answer::Value(value),
+        AnswerParams { text, .. } => {
+            let which = if text.is_some() { "both" } else { "neither" };
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!(
+                    "the answer has {which} of `text` and `value`; send exactly one: {{\"text\": \"...\"}} for a plain question, {{\"value\": {{...}}}} for a question with a form"
+                ),
+            ));
+        }
+    };
+    act(&state, Command::Answer { run: own_run(&state, &principal, &id).await?, answer }).await
 }
 
 /// Approve or deny a tool call parked for approval (`keel approve` / `keel deny`). The
