@@ -178,6 +178,63 @@ impl Client {
         Ok(reply.get("answer").and_then(Value::as_str).unwrap_or_default().to_owned())
     }
 
+    /// Asks the operator to fill in a form (`form`: a JSON schema of an object); blocks
+    /// like [`Client::ask`] and returns the answer, valid against `form` (the kernel
+    /// refuses an answer that is not).
+    pub fn ask_form(&mut self, question: &str, form: &Value) -> Result<Value> {
+        let reply: Value = self.call("human.ask", json!({ "question": question, "form": form }))?;
+        Ok(reply.get("value").cloned().unwrap_or(Value::Null))
+    }
+
+    /// Shows `block` on the run's console page (`ui.show`), journaled: after a crash a
+    /// replayed call does not show it twice. Returns the block's journal seq. The helpers
+    /// below build each type of block.
+    pub fn show(&mut self, block: &Value) -> Result<u64> {
+        let reply: Value = self.call("ui.show", json!({ "block": block }))?;
+        Ok(reply.get("seq").and_then(Value::as_u64).unwrap_or(0))
+    }
+
+    /// A table: one cell (string, number, bool or null) per column in each row.
+    pub fn show_table(&mut self, columns: &[&str], rows: &[Vec<Value>], title: Option<&str>) -> Result<u64> {
+        self.show(&titled(json!({ "type": "table", "columns": columns, "rows": rows }), title))
+    }
+
+    /// A `line` or `bar` chart: each series `(name, values)` has one value per label.
+    pub fn show_chart(
+        &mut self,
+        kind: &str,
+        labels: &[&str],
+        series: &[(&str, Vec<f64>)],
+        title: Option<&str>,
+    ) -> Result<u64> {
+        let series: Vec<Value> =
+            series.iter().map(|(name, values)| json!({ "name": name, "values": values })).collect();
+        self.show(&titled(
+            json!({ "type": "chart", "kind": kind, "labels": labels, "series": series }),
+            title,
+        ))
+    }
+
+    pub fn show_markdown(&mut self, text: &str) -> Result<u64> {
+        self.show(&json!({ "type": "markdown", "text": text }))
+    }
+
+    /// Progress from 0 to 1, with an optional label.
+    pub fn show_progress(&mut self, value: f64, label: Option<&str>) -> Result<u64> {
+        let mut block = json!({ "type": "progress", "value": value });
+        if let Some(label) = label {
+            block["label"] = json!(label);
+        }
+        self.show(&block)
+    }
+
+    /// A form (`schema`: a JSON schema of an object) the person fills in on the console;
+    /// the submitted value arrives in the run's mailbox as an operator message
+    /// `{"ui_form": id, "value": {...}}` ([`Client::recv`]).
+    pub fn show_form(&mut self, id: &str, schema: &Value, title: Option<&str>) -> Result<u64> {
+        self.show(&titled(json!({ "type": "form", "id": id, "schema": schema }), title))
+    }
+
     pub fn emit(&mut self, event: &Value) -> Result<()> {
         self.call::<Value>("run.emit", json!({ "event": event })).map(drop)
     }
@@ -295,4 +352,12 @@ impl Client {
         }
         Ok(self.call::<IpcPublishResult>("ipc.publish", params)?.delivered)
     }
+}
+
+/// `block` with its optional `title`.
+fn titled(mut block: Value, title: Option<&str>) -> Value {
+    if let Some(title) = title {
+        block["title"] = json!(title);
+    }
+    block
 }

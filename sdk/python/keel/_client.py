@@ -397,10 +397,68 @@ class Client:
         """A random unsigned 64-bit integer, journaled (use instead of `random`)."""
         return int(_field(self.call("sys.random", {}), "value", "sys.random"))
 
-    def ask(self, question: str, *, timeout: float | None = None) -> str:
-        """Ask a human and wait (durably, maybe for hours) for `keel answer`."""
-        result = self.call("human.ask", {"question": question}, timeout=timeout)
+    def ask(
+        self, question: str, *, form: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
+        """Ask a human and wait (durably, maybe for hours) for `keel answer`; returns the
+        answer's text. With `form` (a JSON schema of an object), the person fills in a
+        form instead (`keel answer RUN --json '{...}'`, or the console), and this returns
+        the structured value, which the kernel has checked against `form`."""
+        params: dict[str, Any] = {"question": question}
+        if form is not None:
+            params["form"] = form
+        result = self.call("human.ask", params, timeout=timeout)
+        if form is not None:
+            return _field(result, "value", "human.ask")
         return str(_field(result, "answer", "human.ask"))
+
+    # -- UI blocks (shown on the run's console page, in order) --------------------------
+
+    def show(self, block: dict[str, Any]) -> int:
+        """Show `block` on the run's console page (`ui.show`): a dict with a ``type`` of
+        table, chart, markdown, progress or form (see the helpers). Journaled, so after
+        a crash a replayed call is not shown twice. Returns the block's sequence number.
+        A bad block raises `KeelError` (kind ``invalid_params``, naming the field)."""
+        return int(_field(self.call("ui.show", {"block": block}), "seq", "ui.show"))
+
+    def show_table(
+        self, columns: list[str], rows: list[list[Any]], title: str | None = None
+    ) -> int:
+        """A table: each row has one cell (str, number, bool or None) per column."""
+        return self.show(_titled({"type": "table", "columns": columns, "rows": rows}, title))
+
+    def show_chart(
+        self,
+        kind: str,
+        labels: list[str],
+        series: list[dict[str, Any]] | dict[str, list[float]],
+        title: str | None = None,
+    ) -> int:
+        """A ``"line"`` or ``"bar"`` chart. `series` is a list of
+        ``{"name": str, "values": [number]}`` or a dict of name to values; each has one
+        value per label."""
+        if isinstance(series, dict):
+            series = [{"name": name, "values": values} for name, values in series.items()]
+        block = {"type": "chart", "kind": kind, "labels": labels, "series": series}
+        return self.show(_titled(block, title))
+
+    def show_markdown(self, text: str) -> int:
+        """A markdown text."""
+        return self.show({"type": "markdown", "text": text})
+
+    def show_progress(self, value: float, label: str | None = None) -> int:
+        """Progress from 0 to 1, with an optional label."""
+        block: dict[str, Any] = {"type": "progress", "value": value}
+        if label is not None:
+            block["label"] = label
+        return self.show(block)
+
+    def show_form(self, id: str, schema: dict[str, Any], title: str | None = None) -> int:  # noqa: A002
+        """A form (`schema`: a JSON schema of an object) the person fills in on the
+        console. The submitted value arrives in the run's mailbox as an operator message
+        ``{"ui_form": id, "value": {...}}``: receive it with `recv()`. To wait for one
+        answer, `ask(question, form=schema)` is simpler."""
+        return self.show(_titled({"type": "form", "id": id, "schema": schema}, title))
 
     def emit(self, event: Any) -> None:
         """Publish an event (any JSON) on the run's event stream."""
@@ -631,6 +689,12 @@ class Client:
             waiter.error = ConnectionLost(closed_reason)
             waiter.finished = True
             waiter.wake.set()
+
+
+def _titled(block: dict[str, Any], title: str | None) -> dict[str, Any]:
+    if title is not None:
+        block["title"] = title
+    return block
 
 
 def _object(value: Any, method: str) -> dict[str, Any]:

@@ -237,6 +237,67 @@ class CallTests(KernelTestCase):
         )
         self.assertTrue(all(r["jsonrpc"] == "2.0" for r in self.requests))
 
+    def test_ui_blocks_and_form_questions_send_the_contract_params(self) -> None:
+        seqs = iter(range(1, 100))
+        form = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+        def serve(conn: LineConnection) -> None:
+            while (request := conn.read()) is not None:
+                self.requests.append(request)
+                if request["method"] == "ui.show":
+                    answer(conn, request, {"seq": next(seqs)})
+                elif "form" in request["params"]:
+                    answer(conn, request, {"answer": '{"ok":true}', "value": {"ok": True}})
+                else:
+                    answer(conn, request, {"answer": "plain"})
+
+        client = self.connect(self.start(serve))
+        self.assertEqual(client.show_table(["a", "b"], [[1, "x"]], title="T"), 1)
+        self.assertEqual(client.show_table(["a"], []), 2)
+        self.assertEqual(client.show_chart("bar", ["q1"], {"rev": [3]}, title="C"), 3)
+        self.assertEqual(client.show_chart("line", ["q1"], [{"name": "s", "values": [1.5]}]), 4)
+        self.assertEqual(client.show_markdown("# hi"), 5)
+        self.assertEqual(client.show_progress(0.25, label="quarter"), 6)
+        self.assertEqual(client.show_progress(1), 7)
+        self.assertEqual(client.show_form("f1", form, title="F"), 8)
+        self.assertEqual(client.show({"type": "markdown", "text": "raw"}), 9)
+        self.assertEqual(client.ask("ok?", form=form), {"ok": True}, "a form gives the value")
+        self.assertEqual(client.ask("ok?"), "plain", "no form gives the text, as before")
+
+        sent = [(r["method"], r["params"]) for r in self.requests[1:]]
+        block = lambda b: ("ui.show", {"block": b})  # noqa: E731
+        self.assertEqual(
+            sent,
+            [
+                block({"type": "table", "columns": ["a", "b"], "rows": [[1, "x"]], "title": "T"}),
+                block({"type": "table", "columns": ["a"], "rows": []}),
+                block(
+                    {
+                        "type": "chart",
+                        "kind": "bar",
+                        "labels": ["q1"],
+                        "series": [{"name": "rev", "values": [3]}],
+                        "title": "C",
+                    }
+                ),
+                block(
+                    {
+                        "type": "chart",
+                        "kind": "line",
+                        "labels": ["q1"],
+                        "series": [{"name": "s", "values": [1.5]}],
+                    }
+                ),
+                block({"type": "markdown", "text": "# hi"}),
+                block({"type": "progress", "value": 0.25, "label": "quarter"}),
+                block({"type": "progress", "value": 1}),
+                block({"type": "form", "id": "f1", "schema": form, "title": "F"}),
+                block({"type": "markdown", "text": "raw"}),
+                ("human.ask", {"question": "ok?", "form": form}),
+                ("human.ask", {"question": "ok?"}),
+            ],
+        )
+
     def test_error_answers_raise_keel_error_with_code_kind_and_data(self) -> None:
         def serve(conn: LineConnection) -> None:
             fail(

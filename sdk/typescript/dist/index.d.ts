@@ -234,6 +234,44 @@ export interface CallOptions {
     /** Give up waiting when this aborts (the promise rejects with the signal's reason). */
     signal?: AbortSignal;
 }
+/** {@link Client.ask} with a form: the person fills in a form instead of typing text. */
+export interface AskFormOptions extends CallOptions {
+    /** A JSON schema of an object (`{"type": "object", "properties": ...}`), within the
+     * subset tool parameters use; the answer is checked against it by the kernel. */
+    form: Record<string, unknown>;
+}
+/** A table cell. */
+export type UiCell = string | number | boolean | null;
+/** A chart's series: one value per label. */
+export interface UiSeries {
+    name: string;
+    values: number[];
+}
+/** A block {@link Client.show} puts on the run's console page (`ui.show`). */
+export type UiBlock = {
+    type: "table";
+    title?: string;
+    columns: string[];
+    rows: UiCell[][];
+} | {
+    type: "chart";
+    title?: string;
+    kind: "line" | "bar";
+    labels: string[];
+    series: UiSeries[];
+} | {
+    type: "markdown";
+    text: string;
+} | {
+    type: "progress";
+    value: number;
+    label?: string;
+} | {
+    type: "form";
+    id: string;
+    title?: string;
+    schema: Record<string, unknown>;
+};
 /** The run's input (`keel run --input JSON`; an agent called as a tool or spawned gets its
  * arguments there), or `defaultValue` when it has none. */
 export declare function input<T = unknown>(defaultValue?: T): T;
@@ -321,8 +359,30 @@ export declare class Client {
     /** A random unsigned 64-bit integer, journaled (use instead of `Math.random()`). A
      * `bigint`, since a JS number cannot hold every u64. */
     random(): Promise<bigint>;
-    /** Ask a human and wait (durably, maybe for hours) for `keel answer`. */
+    /** Ask a human and wait (durably, maybe for hours) for `keel answer`; resolves to the
+     * answer's text. With `form` (a JSON schema of an object), the person fills in a form
+     * (`keel answer RUN --json '{...}'`, or the console) and this resolves to the
+     * structured value, which the kernel has checked against the form. */
     ask(question: string, options?: CallOptions): Promise<string>;
+    ask<T = Record<string, unknown>>(question: string, options: AskFormOptions): Promise<T>;
+    /** Show `block` on the run's console page (`ui.show`). Journaled: after a crash a
+     * replayed call is not shown twice. Resolves to the block's sequence number; a bad
+     * block rejects with kind `invalid_params`, naming the field. */
+    show(block: UiBlock): Promise<number>;
+    /** A table: each row has one cell per column. */
+    showTable(columns: string[], rows: UiCell[][], title?: string): Promise<number>;
+    /** A `line` or `bar` chart: each series has one value per label (a record of name to
+     * values is taken too). */
+    showChart(kind: "line" | "bar", labels: string[], series: UiSeries[] | Record<string, number[]>, title?: string): Promise<number>;
+    /** A markdown text. */
+    showMarkdown(text: string): Promise<number>;
+    /** Progress from 0 to 1, with an optional label. */
+    showProgress(value: number, label?: string): Promise<number>;
+    /** A form (`schema`: a JSON schema of an object) the person fills in on the console. The
+     * submitted value arrives in the run's mailbox as an operator message
+     * `{ui_form: id, value: {...}}`: receive it with {@link Client.recv}. To wait for one
+     * answer, `ask(question, {form})` is simpler. */
+    showForm(id: string, schema: Record<string, unknown>, title?: string): Promise<number>;
     /** Publish an event (any JSON) on the run's event stream. */
     emit(event: unknown): Promise<void>;
     /** Finish the run with `output` (any JSON). Later calls reject with kind `run_exited`;

@@ -448,9 +448,46 @@ class Client {
         }
         throw new ProtocolError(`sys.random: the value is not an integer: ${describeValue(value)}`);
     }
-    /** Ask a human and wait (durably, maybe for hours) for `keel answer`. */
     async ask(question, options = {}) {
-        return String(field(await this.call("human.ask", { question }, options), "answer", "human.ask"));
+        const { form, ...call } = options;
+        if (form === undefined) {
+            return String(field(await this.call("human.ask", { question }, call), "answer", "human.ask"));
+        }
+        return field(await this.call("human.ask", { question, form }, call), "value", "human.ask");
+    }
+    // -- UI blocks (shown on the run's console page, in order) ----------------------------
+    /** Show `block` on the run's console page (`ui.show`). Journaled: after a crash a
+     * replayed call is not shown twice. Resolves to the block's sequence number; a bad
+     * block rejects with kind `invalid_params`, naming the field. */
+    async show(block) {
+        return Number(field(await this.call("ui.show", { block }), "seq", "ui.show"));
+    }
+    /** A table: each row has one cell per column. */
+    async showTable(columns, rows, title) {
+        return this.show(titled({ type: "table", columns, rows }, title));
+    }
+    /** A `line` or `bar` chart: each series has one value per label (a record of name to
+     * values is taken too). */
+    async showChart(kind, labels, series, title) {
+        const list = Array.isArray(series)
+            ? series
+            : Object.entries(series).map(([name, values]) => ({ name, values }));
+        return this.show(titled({ type: "chart", kind, labels, series: list }, title));
+    }
+    /** A markdown text. */
+    async showMarkdown(text) {
+        return this.show({ type: "markdown", text });
+    }
+    /** Progress from 0 to 1, with an optional label. */
+    async showProgress(value, label) {
+        return this.show(label === undefined ? { type: "progress", value } : { type: "progress", value, label });
+    }
+    /** A form (`schema`: a JSON schema of an object) the person fills in on the console. The
+     * submitted value arrives in the run's mailbox as an operator message
+     * `{ui_form: id, value: {...}}`: receive it with {@link Client.recv}. To wait for one
+     * answer, `ask(question, {form})` is simpler. */
+    async showForm(id, schema, title) {
+        return this.show(titled({ type: "form", id, schema }, title));
     }
     /** Publish an event (any JSON) on the run's event stream. */
     async emit(event) {
@@ -775,6 +812,9 @@ function object(value, method) {
         throw new ProtocolError(`${method}: expected an object as the result, got ${describeValue(value)}`);
     }
     return value;
+}
+function titled(block, title) {
+    return title === undefined ? block : { ...block, title };
 }
 function field(result, name, method) {
     if (!isObject(result) || !(name in result)) {

@@ -308,6 +308,30 @@ export interface CallOptions {
   signal?: AbortSignal;
 }
 
+/** {@link Client.ask} with a form: the person fills in a form instead of typing text. */
+export interface AskFormOptions extends CallOptions {
+  /** A JSON schema of an object (`{"type": "object", "properties": ...}`), within the
+   * subset tool parameters use; the answer is checked against it by the kernel. */
+  form: Record<string, unknown>;
+}
+
+/** A table cell. */
+export type UiCell = string | number | boolean | null;
+
+/** A chart's series: one value per label. */
+export interface UiSeries {
+  name: string;
+  values: number[];
+}
+
+/** A block {@link Client.show} puts on the run's console page (`ui.show`). */
+export type UiBlock =
+  | { type: "table"; title?: string; columns: string[]; rows: UiCell[][] }
+  | { type: "chart"; title?: string; kind: "line" | "bar"; labels: string[]; series: UiSeries[] }
+  | { type: "markdown"; text: string }
+  | { type: "progress"; value: number; label?: string }
+  | { type: "form"; id: string; title?: string; schema: Record<string, unknown> };
+
 // -- the client ----------------------------------------------------------------------
 
 /** The run's input (`keel run --input JSON`; an agent called as a tool or spawned gets its
@@ -633,9 +657,64 @@ export class Client {
     throw new ProtocolError(`sys.random: the value is not an integer: ${describeValue(value)}`);
   }
 
-  /** Ask a human and wait (durably, maybe for hours) for `keel answer`. */
-  async ask(question: string, options: CallOptions = {}): Promise<string> {
-    return String(field(await this.call("human.ask", { question }, options), "answer", "human.ask"));
+  /** Ask a human and wait (durably, maybe for hours) for `keel answer`; resolves to the
+   * answer's text. With `form` (a JSON schema of an object), the person fills in a form
+   * (`keel answer RUN --json '{...}'`, or the console) and this resolves to the
+   * structured value, which the kernel has checked against the form. */
+  async ask(question: string, options?: CallOptions): Promise<string>;
+  async ask<T = Record<string, unknown>>(question: string, options: AskFormOptions): Promise<T>;
+  async ask(question: string, options: CallOptions | AskFormOptions = {}): Promise<unknown> {
+    const { form, ...call } = options as Partial<AskFormOptions>;
+    if (form === undefined) {
+      return String(field(await this.call("human.ask", { question }, call), "answer", "human.ask"));
+    }
+    return field(await this.call("human.ask", { question, form }, call), "value", "human.ask");
+  }
+
+  // -- UI blocks (shown on the run's console page, in order) ----------------------------
+
+  /** Show `block` on the run's console page (`ui.show`). Journaled: after a crash a
+   * replayed call is not shown twice. Resolves to the block's sequence number; a bad
+   * block rejects with kind `invalid_params`, naming the field. */
+  async show(block: UiBlock): Promise<number> {
+    return Number(field(await this.call("ui.show", { block }), "seq", "ui.show"));
+  }
+
+  /** A table: each row has one cell per column. */
+  async showTable(columns: string[], rows: UiCell[][], title?: string): Promise<number> {
+    return this.show(titled({ type: "table", columns, rows }, title));
+  }
+
+  /** A `line` or `bar` chart: each series has one value per label (a record of name to
+   * values is taken too). */
+  async showChart(
+    kind: "line" | "bar",
+    labels: string[],
+    series: UiSeries[] | Record<string, number[]>,
+    title?: string,
+  ): Promise<number> {
+    const list = Array.isArray(series)
+      ? series
+      : Object.entries(series).map(([name, values]) => ({ name, values }));
+    return this.show(titled({ type: "chart", kind, labels, series: list }, title));
+  }
+
+  /** A markdown text. */
+  async showMarkdown(text: string): Promise<number> {
+    return this.show({ type: "markdown", text });
+  }
+
+  /** Progress from 0 to 1, with an optional label. */
+  async showProgress(value: number, label?: string): Promise<number> {
+    return this.show(label === undefined ? { type: "progress", value } : { type: "progress", value, label });
+  }
+
+  /** A form (`schema`: a JSON schema of an object) the person fills in on the console. The
+   * submitted value arrives in the run's mailbox as an operator message
+   * `{ui_form: id, value: {...}}`: receive it with {@link Client.recv}. To wait for one
+   * answer, `ask(question, {form})` is simpler. */
+  async showForm(id: string, schema: Record<string, unknown>, title?: string): Promise<number> {
+    return this.show(titled({ type: "form", id, schema }, title));
   }
 
   /** Publish an event (any JSON) on the run's event stream. */
@@ -991,6 +1070,10 @@ function object(value: unknown, method: string): Record<string, unknown> {
     throw new ProtocolError(`${method}: expected an object as the result, got ${describeValue(value)}`);
   }
   return value;
+}
+
+function titled<B extends UiBlock>(block: B, title: string | undefined): B {
+  return title === undefined ? block : { ...block, title };
 }
 
 function field(result: unknown, name: string, method: string): unknown {

@@ -294,6 +294,49 @@ describe("calls", () => {
     assert.ok(requests.every((r) => r.jsonrpc === "2.0" && Number.isInteger(r.id)));
   });
 
+  test("UI blocks and form questions send the contract's params", async () => {
+    const requests = [];
+    let seq = 0;
+    const form = { type: "object", properties: { ok: { type: "boolean" } }, required: ["ok"] };
+    const kernel = await start(async (conn) => {
+      for (let request; (request = await conn.read()) !== null; ) {
+        requests.push(request);
+        if (request.method === "ui.show") conn.answer(request, { seq: ++seq });
+        else if ("form" in request.params) conn.answer(request, { answer: '{"ok":true}', value: { ok: true } });
+        else conn.answer(request, { answer: "plain" });
+      }
+    });
+    const client = await connect(kernel);
+    assert.equal(await client.showTable(["a", "b"], [[1, "x"]], "T"), 1);
+    assert.equal(await client.showTable(["a"], []), 2);
+    assert.equal(await client.showChart("bar", ["q1"], { rev: [3] }, "C"), 3);
+    assert.equal(await client.showChart("line", ["q1"], [{ name: "s", values: [1.5] }]), 4);
+    assert.equal(await client.showMarkdown("# hi"), 5);
+    assert.equal(await client.showProgress(0.25, "quarter"), 6);
+    assert.equal(await client.showProgress(1), 7);
+    assert.equal(await client.showForm("f1", form, "F"), 8);
+    assert.equal(await client.show({ type: "markdown", text: "raw" }), 9);
+    assert.deepEqual(await client.ask("ok?", { form }), { ok: true }, "a form gives the value");
+    assert.equal(await client.ask("ok?"), "plain", "no form gives the text, as before");
+    const block = (b) => ["ui.show", { block: b }];
+    assert.deepEqual(
+      requests.map((r) => [r.method, r.params]),
+      [
+        block({ type: "table", columns: ["a", "b"], rows: [[1, "x"]], title: "T" }),
+        block({ type: "table", columns: ["a"], rows: [] }),
+        block({ type: "chart", kind: "bar", labels: ["q1"], series: [{ name: "rev", values: [3] }], title: "C" }),
+        block({ type: "chart", kind: "line", labels: ["q1"], series: [{ name: "s", values: [1.5] }] }),
+        block({ type: "markdown", text: "# hi" }),
+        block({ type: "progress", value: 0.25, label: "quarter" }),
+        block({ type: "progress", value: 1 }),
+        block({ type: "form", id: "f1", schema: form, title: "F" }),
+        block({ type: "markdown", text: "raw" }),
+        ["human.ask", { question: "ok?", form }],
+        ["human.ask", { question: "ok?" }],
+      ],
+    );
+  });
+
   test("a result without its field is a ProtocolError naming the method", async () => {
     const client = await connect(await start(answering({ "sys.now": { wrong: 1 }, "llm.chat": [1] }, [])));
     await assert.rejects(client.nowMs(), (err) => err instanceof keel.ProtocolError && /sys\.now.*"unix_ms"/.test(err.message));

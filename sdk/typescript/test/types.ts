@@ -39,6 +39,14 @@ export async function agent(): Promise<void> {
       return;
     }
   }
+  const shown: number = await k.showTable(["name", "n"], [["a", 1], [null, true]], "Counts");
+  await k.showChart("bar", ["q1", "q2"], [{ name: "revenue", values: [1, 2] }]);
+  await k.showProgress(0.5, "half");
+  await k.show({ type: "markdown", text: `shown ${shown}` });
+  const plain: string = await k.ask("ok?", { timeoutMs: 10 });
+  const filled = await k.ask<{ approve: boolean }>("approve?", { form: { type: "object" } });
+  const approve: boolean = filled.approve;
+  await k.emit({ plain, approve });
   await k.exit({ steps: state.done });
   k.close();
 }
@@ -59,5 +67,13 @@ export async function refused(k: Client): Promise<void> {
   new Client();
   // @ts-expect-error: the JSON helpers are internal (stripped from the declarations)
   keel.parseJson("{}");
-  await k.emit(random);
+  // @ts-expect-error: a chart is a line or a bar chart
+  await k.showChart("pie", [], []);
+  // @ts-expect-error: a block has a known type
+  await k.show({ type: "video", url: "x" });
+  // @ts-expect-error: a table cell is a string, number, boolean or null
+  await k.showTable(["a"], [[{ nested: 1 }]]);
+  // @ts-expect-error: a plain question's answer is text
+  const answer: number = await k.ask("how many?");
+  await k.emit({ random, answer });
 }

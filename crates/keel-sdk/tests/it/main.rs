@@ -107,6 +107,7 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
             swap_after: None,
             scheduler: Default::default(),
             cluster: None,
+            telemetry: keel_kernel::Telemetry::disabled(),
         })
         .await
         .unwrap();
