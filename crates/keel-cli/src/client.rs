@@ -2,6 +2,8 @@
 //! `--addr`), or, when none runs, a kernel embedded in this process that serves the same
 //! HTTP API on an ephemeral loopback port. Either way commands use one [`Client`].
 
+mod schedules;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -290,9 +292,8 @@ impl Client {
         self.send(self.http.get(self.segments_url(&["threads", thread])?).query(&params)).await
     }
 
-    pub async fn answer(&self, run: &str, text: &str) -> Result<RunView> {
-        let body = AnswerParams { text: text.to_owned() };
-        self.send(self.http.post(self.url(&format!("/v1/runs/{run}/answer"))).json(&body)).await
+    pub async fn answer(&self, run: &str, body: &AnswerParams) -> Result<RunView> {
+        self.send(self.http.post(self.url(&format!("/v1/runs/{run}/answer"))).json(body)).await
     }
 
     pub async fn decide(&self, run: &str, call: u64, approve: bool, note: Option<String>) -> Result<RunView> {
@@ -309,6 +310,10 @@ impl Client {
         body: &keel_protocol::api::SignalParams,
     ) -> Result<keel_protocol::api::MessageSentView> {
         self.send(self.http.post(self.url(&format!("/v1/runs/{run}/signal"))).json(body)).await
+    }
+
+    pub async fn status(&self) -> Result<keel_protocol::api::StatusView> {
+        self.send(self.http.get(self.url("/v1/status"))).await
     }
 
     pub async fn nodes(&self) -> Result<keel_protocol::api::NodesView> {
@@ -615,6 +620,7 @@ pub async fn start_kernel(dir: DataDir, start: KernelStart) -> Result<Kernel> {
         swap_after,
         scheduler,
         cluster: opened.cluster,
+        telemetry: keel_kernel::Telemetry::from_env().context("OpenTelemetry (the OTEL_* variables)")?,
     };
     let kernel = Kernel::start(options).await?;
     // Safe to replace: we hold the data directory's lock, so a socket here is stale.
@@ -637,6 +643,7 @@ pub async fn start_kernel(dir: DataDir, start: KernelStart) -> Result<Kernel> {
     // Only now: relaunched agents reach the gateway at once.
     if serving {
         kernel.start_recovery().await.context("listing the runs to recover")?;
+        kernel.start_schedules();
     }
     Ok(kernel)
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use keel_kernel::DataDir;
-use keel_protocol::api::{CreateRunParams, EventView};
+use keel_protocol::api::{AnswerParams, CreateRunParams, EventView};
 
 use crate::client::{self, Client};
 use crate::render;
@@ -79,6 +79,22 @@ pub struct ServeArgs {
     /// node with room; `[scheduler]`'s other caps count every node's runs.
     #[arg(long, env = "KEEL_MAX_LIVE", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_live: Option<u32>,
+    /// Also serve `GET /metrics` (Prometheus) on this address without a token, e.g. a
+    /// private interface a Prometheus server scrapes. The API's listener keeps serving it
+    /// behind the operator's token either way.
+    #[arg(long, env = "KEEL_METRICS_LISTEN", value_name = "HOST:PORT", value_parser = parse_listen_addr)]
+    metrics_listen: Option<std::net::SocketAddr>,
+}
+
+/// `--metrics-listen`: an address with a port (a host name resolves to its first address).
+fn parse_listen_addr(text: &str) -> std::result::Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let help = "give HOST:PORT, e.g. 127.0.0.1:9464 (or [::1]:9464)";
+    if text.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err()) {
+        return Err(format!("{text:?} is not HOST:PORT with a port number; {help}"));
+    }
+    let mut addrs = text.to_socket_addrs().map_err(|e| format!("{text:?} does not resolve ({e}); {help}"))?;
+    addrs.next().ok_or_else(|| format!("{text:?} resolves to no address; {help}"))
 }
 
 /// `--lease-ttl`: between 1 and 600 seconds.
@@ -102,6 +118,14 @@ pub async fn serve(ctx: Context, args: ServeArgs) -> Result<ExitCode> {
     let sandbox = crate::doctor::sandbox_backend(&args.sandbox, args.sandbox_pool);
     let swap_after = (args.swap_after > 0.0).then(|| Duration::from_secs_f64(args.swap_after));
     let addr = listener.local_addr()?;
+    let metrics_listener = match args.metrics_listen {
+        Some(metrics_addr) => Some(tokio::net::TcpListener::bind(metrics_addr).await.with_context(|| {
+            format!(
+                "cannot listen on {metrics_addr} for metrics; pick another with --metrics-listen HOST:PORT"
+            )
+        })?),
+        None => None,
+    };
     let store = crate::store_url::StoreChoice {
         url: args.store.clone(),
         node_id: args.node_id.clone(),
@@ -137,6 +161,16 @@ pub async fn serve(ctx: Context, args: ServeArgs) -> Result<ExitCode> {
                 .map_or("keel.toml's [store] url".to_owned(), keel_store::postgres::redact_url)
         );
     }
+    if let Some(metrics_listener) = metrics_listener {
+        let metrics_addr = metrics_listener.local_addr()?;
+        eprintln!("keel: metrics (Prometheus, no token) at http://{metrics_addr}/metrics");
+        let router = keel_server::metrics_router(kernel.clone());
+        tokio::spawn(async move {
+            if let Err(err) = axum::serve(metrics_listener, router).await {
+                tracing::error!("the metrics listener stopped: {err}");
+            }
+        });
+    }
     let router = keel_server::router(kernel.clone(), token);
     let drain_grace = Duration::from_secs_f64(args.drain_grace.max(0.0));
     let draining = kernel.clone();
@@ -169,12 +203,8 @@ pub async fn serve(ctx: Context, args: ServeArgs) -> Result<ExitCode> {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The scripted LLM provider's script: replies served to llm.chat, offline.
-    #[arg(long, env = "KEEL_LLM_SCRIPT", value_name = "FILE")]
-    llm_script: Option<PathBuf>,
-    /// Extra environment for the agent: NAME=VALUE, or NAME to pass this shell's value.
-    #[arg(long = "env", short = 'e', value_name = "NAME[=VALUE]")]
-    env: Vec<String>,
+    #[command(flatten)]
+    options: RunOptions,
     /// Return at once and print the run id (needs a running `keel serve`).
     #[arg(long)]
     detach: bool,
@@ -184,6 +214,17 @@ pub struct RunArgs {
     /// Only the agent's own output, no kernel lines.
     #[arg(long, short)]
     quiet: bool,
+}
+
+/// How a run runs: `keel run`'s options, which `keel schedule create` takes too.
+#[derive(Debug, Args)]
+pub struct RunOptions {
+    /// The scripted LLM provider's script: replies served to llm.chat, offline.
+    #[arg(long, env = "KEEL_LLM_SCRIPT", value_name = "FILE")]
+    llm_script: Option<PathBuf>,
+    /// Extra environment for the agent: NAME=VALUE, or NAME to pass this shell's value.
+    #[arg(long = "env", short = 'e', value_name = "NAME[=VALUE]")]
+    env: Vec<String>,
     /// Seconds between SIGTERM and SIGKILL when the run is stopped.
     #[arg(long, value_name = "SECS")]
     grace: Option<u64>,
@@ -243,10 +284,11 @@ fn read_script(path: &PathBuf) -> Result<serde_json::Value> {
     serde_json::from_str(&text).with_context(|| format!("--llm-script {}", path.display()))
 }
 
-pub async fn run(ctx: Context, args: RunArgs) -> Result<ExitCode> {
+/// The run `options` describe, in this directory.
+pub(crate) fn run_params(args: &RunOptions) -> Result<CreateRunParams> {
     let llm_script = args.llm_script.as_ref().map(read_script).transpose()?;
     let cwd = std::env::current_dir().context("reading the current directory")?;
-    let params = CreateRunParams {
+    Ok(CreateRunParams {
         command: args.command.clone(),
         cwd: Some(cwd.display().to_string()),
         env: parse_env(&args.env)?,
@@ -266,7 +308,11 @@ pub async fn run(ctx: Context, args: RunArgs) -> Result<ExitCode> {
             .map(serde_json::from_str)
             .transpose()
             .context("--input must be JSON, e.g. --input '{\"topic\":\"cats\"}'")?,
-    };
+    })
+}
+
+pub async fn run(ctx: Context, args: RunArgs) -> Result<ExitCode> {
+    let params = run_params(&args.options)?;
     let client = if args.detach {
         match Client::find(&ctx.data_dir, ctx.addr.as_deref()).await? {
             Some(client) => client,
@@ -502,23 +548,52 @@ pub async fn stop(ctx: Context, args: StopArgs) -> Result<ExitCode> {
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("answer").required(true).args(["text", "value"])))]
 pub struct AnswerArgs {
     /// The run id (see `keel ps`).
     run: String,
-    /// The answer.
+    /// The answer, as text (a plain question).
     #[arg(long)]
-    text: String,
+    text: Option<String>,
+    /// The answer to a question with a form, as JSON matching its schema (`keel inspect`
+    /// shows it); `@FILE` reads it from a file, `-` from stdin.
+    #[arg(long = "json", value_name = "JSON", id = "value")]
+    value: Option<String>,
     /// Print the run as JSON afterwards.
     #[arg(long)]
-    json: bool,
+    print_json: bool,
 }
 
 pub async fn answer(ctx: Context, args: AnswerArgs) -> Result<ExitCode> {
+    let body = match (args.text, args.value) {
+        (_, Some(json)) => AnswerParams { text: None, value: Some(answer_json(&json)?) },
+        (text, None) => AnswerParams { text, value: None },
+    };
     let client = ctx.client().await?;
-    let view = client.answer(&args.run, &args.text).await?;
-    print_run(&view, args.json)?;
+    let outcome = client.answer(&args.run, &body).await;
     client.close().await;
+    print_run(&outcome?, args.print_json)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--json`'s value: JSON text, `@FILE`, or `-` for stdin, parsed.
+fn answer_json(arg: &str) -> Result<serde_json::Value> {
+    let (text, from) = if arg == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("could not read --json from stdin")?;
+        (text, "stdin".to_owned())
+    } else if let Some(path) = arg.strip_prefix('@') {
+        let text = std::fs::read_to_string(path).with_context(|| format!("could not read --json @{path}"))?;
+        (text, path.to_owned())
+    } else {
+        (arg.to_owned(), "--json".to_owned())
+    };
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{from} is not JSON; give the form's answer as an object, e.g. --json '{{\"approve\": true}}'"
+        )
+    })
 }
 
 #[derive(Debug, Args)]

@@ -13,8 +13,10 @@ mod migrate;
 mod nodes;
 mod out;
 mod render;
+mod schedule;
 mod store_url;
 mod tenant;
+mod top;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -126,6 +128,19 @@ enum Command {
         after_help = "Examples:\n  keel tenant create acme --max-runs 10 --max-usd-per-run 0.50\n  keel tenant token acme --label ci\n  KEEL_API_TOKEN=kt_... keel ps\n  keel tenant list\n  keel tenant revoke acme kt_3f9a1c0d"
     )]
     Tenant(tenant::TenantArgs),
+    /// Runs started on a cron schedule (with time zones, DST, catch-up, overlap and jitter),
+    /// fired by `keel serve` exactly once per tick.
+    #[command(
+        after_help = "Examples:\n  keel schedule create report --cron '0 9 * * MON-FRI' --tz Europe/Paris -- python3 report.py\n  keel schedule list\n  keel schedule show report\n  keel schedule pause report\n  keel schedule run-now report"
+    )]
+    Schedule(schedule::ScheduleArgs),
+    /// A live view of the running kernel: runs with their state, cost rate, tokens/s and
+    /// what each waits for; live slots, the queue and LLM queues. Keys pause, resume,
+    /// stop (after a y/n) and follow a run's logs.
+    #[command(
+        after_help = "Keys: up/down or j/k select, p pause, r resume, s stop (y to confirm), l or Enter logs (Esc back), / filter, q quit.\n\nExamples:\n  keel top\n  keel top --interval 5\n  KEEL_API_TOKEN=kt_... keel top"
+    )]
+    Top(top::TopArgs),
     /// The kernel nodes sharing this kernel's store (`keel serve --store postgres://...`):
     /// their address, heartbeat and runs.
     #[command(after_help = "Examples:\n  keel nodes\n  keel nodes --json")]
@@ -181,6 +196,8 @@ fn main() -> ExitCode {
             Command::Signal(args) => commands::signal(ctx, args).await,
             Command::Audit(args) => audit::audit(ctx, args).await,
             Command::Tenant(args) => tenant::tenant(ctx, args).await,
+            Command::Schedule(args) => schedule::schedule(ctx, args).await,
+            Command::Top(args) => top::top(ctx, args).await,
             Command::Nodes(args) => nodes::nodes(ctx, args).await,
             Command::Drain(args) => nodes::drain(ctx, args).await,
             Command::Approve(args) => commands::decide(ctx, args, true).await,

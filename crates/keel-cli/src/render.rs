@@ -120,10 +120,45 @@ pub fn describe_event(event: &EventView, run_id: &str) -> Option<String> {
             }
             line
         }
-        "question" => format!(
-            "waiting for a human: {}  → keel answer {run_id} --text \"...\"",
-            short(&get("question"), 200)
-        ),
+        "question" => match data.get("form") {
+            Some(form) => format!(
+                "waiting for a human: {}  ({})  → keel answer {run_id} --json '{{...}}'",
+                short(&get("question"), 200),
+                form_fields(form)
+            ),
+            None => format!(
+                "waiting for a human: {}  → keel answer {run_id} --text \"...\"",
+                short(&get("question"), 200)
+            ),
+        },
+        "ui" => {
+            let block = data.get("block").cloned().unwrap_or(Value::Null);
+            let field = |name: &str| block.get(name).cloned().unwrap_or(Value::Null);
+            let title = block.get("title").map(|t| format!(" {}", short(t, 60))).unwrap_or_default();
+            let count = |name: &str| field(name).as_array().map_or(0, Vec::len);
+            match block.get("type").and_then(Value::as_str).unwrap_or_default() {
+                "table" => format!("ui table{title}: {} columns, {} rows", count("columns"), count("rows")),
+                "chart" => format!(
+                    "ui {} chart{title}: {} series over {} labels",
+                    short(&field("kind"), 10),
+                    count("series"),
+                    count("labels")
+                ),
+                "markdown" => format!("ui markdown: {}", short(&field("text"), 200)),
+                "progress" => format!(
+                    "ui progress {:.0}%{}",
+                    field("value").as_f64().unwrap_or_default() * 100.0,
+                    block.get("label").map(|l| format!(" {}", short(l, 60))).unwrap_or_default()
+                ),
+                "form" => format!(
+                    "ui form {}{title} ({}): submit with keel send {run_id} --json '{{\"ui_form\": {}, \"value\": {{...}}}}'",
+                    short(&field("id"), 60),
+                    form_fields(&field("schema")),
+                    field("id")
+                ),
+                other => format!("ui {other}"),
+            }
+        }
         "answer" => format!("answered: {}", short(&get("text"), 200)),
         "approval" => format!(
             "tool {} (call {}) waits for approval ({}): keel approve {run_id} {} / keel deny {run_id} {}",
@@ -196,6 +231,35 @@ fn reason_line(out: &mut String, run: &RunView, indent: usize) {
     if let Some(reason) = &run.reason {
         let _ = writeln!(out, "{:indent$}  ↳ {reason}", "");
     }
+    if let (Some(question), Some(form)) = (&run.question, &run.question_form) {
+        let _ = writeln!(
+            out,
+            "{:indent$}  ↳ question with a form ({}): {}  → keel answer {} --json '{{...}}'",
+            "",
+            form_fields(form),
+            short(&Value::String(question.clone()), 60),
+            run.run_id
+        );
+    }
+}
+
+/// A form's fields in words: `fields name*, age` (`*`: required), from its schema.
+pub fn form_fields(form: &Value) -> String {
+    let required: Vec<&str> = form
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let fields: Vec<String> = form
+        .get("properties")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(name, _)| if required.contains(&name.as_str()) { format!("{name}*") } else { name.clone() })
+        .collect();
+    if fields.is_empty() { "no fields".to_owned() } else { format!("fields {}", fields.join(", ")) }
 }
 
 /// `keel ps --tree`: the table, with each run's children indented under it (a child whose
@@ -282,11 +346,16 @@ pub fn runs_table(runs: &[RunView], now: u64) -> String {
                 Some(limit) => format!("${:.2}/{limit:.2}", run.usage.cost_usd),
                 None => format!("${:.4}", run.usage.cost_usd),
             },
-            short(&Value::String(run.command.join(" ")), 60)
+            started_by(run) + &short(&Value::String(run.command.join(" ")), 60)
         );
         reason_line(&mut out, run, 0);
     }
     out
+}
+
+/// What started a run by itself, as a prefix of its command (`[schedule:nightly] `).
+fn started_by(run: &RunView) -> String {
+    run.started_by.as_deref().map(|by| format!("[{by}] ")).unwrap_or_default()
 }
 
 pub fn inspect(view: &InspectView, now: u64) -> String {
@@ -314,8 +383,20 @@ pub fn inspect(view: &InspectView, now: u64) -> String {
     if run.budget.is_some() || run.reason.is_some() {
         out.push_str(&budget(run));
     }
-    if let Some(question) = &run.question {
-        let _ = writeln!(out, "question  {question}  → keel answer {} --text \"...\"", run.run_id);
+    match (&run.question, &run.question_form) {
+        (Some(question), Some(form)) => {
+            let _ = writeln!(
+                out,
+                "question  {question}  ({}; * required)  → keel answer {} --json '{{...}}'",
+                form_fields(form),
+                run.run_id
+            );
+            let _ = writeln!(out, "form      {}", short(form, 400));
+        }
+        (Some(question), None) => {
+            let _ = writeln!(out, "question  {question}  → keel answer {} --text \"...\"", run.run_id);
+        }
+        _ => {}
     }
     if let Some(code) = run.exit_code {
         let _ = writeln!(out, "exit code {code}");
@@ -489,9 +570,11 @@ mod tests {
             },
             provider_calls: 5,
             question: None,
+            question_form: None,
             budget: None,
             reason: None,
             parent: None,
+            started_by: None,
             swapped: false,
         }
     }
@@ -585,6 +668,36 @@ run_01m7yg8vmfwnsqddwp8gr8ey2a           waiting:proc      2m    5      435  pyt
             "waiting for a human: ok?  → keel answer run_x --text \"...\""
         );
         assert!(describe_event(&event("state", json!({"state": "queued"})), id).is_none());
+    }
+
+    #[test]
+    fn ui_blocks_and_form_questions_get_a_line_each() {
+        let id = "run_x";
+        let form = json!({"type": "object", "properties": {"amount": {}, "ok": {}}, "required": ["ok"]});
+        let line = |kind: &str, data: Value| {
+            describe_event(&EventView { seq: 1, ts: 0, kind: kind.into(), data }, id).unwrap()
+        };
+        assert_eq!(
+            line("question", json!({"question": "ok?", "form": form})),
+            "waiting for a human: ok?  (fields amount, ok*)  → keel answer run_x --json '{...}'"
+        );
+        let block = |block: Value| line("ui", json!({"seq": 1, "block": block}));
+        assert_eq!(
+            block(json!({"type": "table", "title": "T", "columns": ["a"], "rows": [[1], [2]]})),
+            "ui table T: 1 columns, 2 rows"
+        );
+        assert_eq!(
+            block(
+                json!({"type": "chart", "kind": "bar", "labels": ["x"], "series": [{"name": "s", "values": [1]}]})
+            ),
+            "ui bar chart: 1 series over 1 labels"
+        );
+        assert_eq!(block(json!({"type": "markdown", "text": "# hi"})), "ui markdown: # hi");
+        assert_eq!(block(json!({"type": "progress", "value": 0.25, "label": "q"})), "ui progress 25% q");
+        assert_eq!(
+            block(json!({"type": "form", "id": "f", "schema": form})),
+            "ui form f (fields amount, ok*): submit with keel send run_x --json '{\"ui_form\": \"f\", \"value\": {...}}'"
+        );
     }
 
     #[test]

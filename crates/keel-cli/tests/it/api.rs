@@ -55,3 +55,34 @@ fn api_requires_the_token_and_documents_itself() {
     assert_eq!(status, 200);
     assert!(body.contains("/v1/runs/{id}/events"), "{body}");
 }
+
+#[test]
+fn an_answer_needs_exactly_one_of_text_and_value() {
+    let mut keel = Keel::new();
+    keel.start_daemon();
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(keel.data.path().join("kernel.json")).unwrap())
+            .unwrap();
+    let addr = info["addr"].as_str().unwrap().to_owned();
+    let token = std::fs::read_to_string(keel.data.path().join("api-token")).unwrap();
+    let answer = |body: &str| {
+        http(
+            &addr,
+            &format!(
+                "POST /v1/runs/run_00000000000000000000000000/answer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                token.trim(),
+                body.len()
+            ),
+        )
+    };
+    for (body, which) in [(r#"{"text": "a", "value": {"b": 1}}"#, "both"), ("{}", "neither")] {
+        let (status, reply) = answer(body);
+        assert_eq!(status, 400, "{reply}");
+        assert!(reply.contains(&format!("has {which} of `text` and `value`; send exactly one")), "{reply}");
+    }
+    // A well-formed answer reaches the run (here: none by that id), text or value.
+    for body in [r#"{"text": "a"}"#, r#"{"value": null}"#] {
+        let (status, reply) = answer(body);
+        assert_eq!(status, 404, "{reply}");
+    }
+}

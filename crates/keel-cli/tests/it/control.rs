@@ -69,7 +69,7 @@ fn human_ask_waits_durably_across_a_daemon_kill() {
     assert!(view["attempt"].as_u64().unwrap() >= 2, "relaunched: {view}");
     assert_eq!(view["question"], "approve?");
 
-    let answered = keel.json(&["answer", &run, "--text", "yes", "--json"]);
+    let answered = keel.json(&["answer", &run, "--text", "yes", "--print-json"]);
     assert_ne!(answered["state"], "waiting");
     let done = keel.wait_state(&run, &["succeeded"]);
     assert_eq!(done["output"], serde_json::json!({"answer": "yes"}));

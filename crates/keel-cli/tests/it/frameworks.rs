@@ -72,7 +72,7 @@ fn framework_file(name: &str) -> String {
 
 /// The directory of the pinned environment `name`, built on first use by
 /// `scripts/framework-envs` (under a lock: tests running at once wait for one build).
-fn environment(name: &str) -> PathBuf {
+pub(crate) fn environment(name: &str) -> PathBuf {
     let script = repo_root().join("scripts/framework-envs");
     let out = Command::new(&script)
         .arg(name)

@@ -2,6 +2,7 @@
 //! with SIGKILL, bad input, the HTTP API, and memory. Agents are the Python programs in
 //! `tests/agents`, and one Node program on the TypeScript SDK (`ts_agent.js`).
 
+mod agui;
 mod api;
 mod audit;
 mod bad_input;
@@ -9,6 +10,7 @@ mod budgets;
 mod cluster;
 mod cluster_admission;
 mod cluster_faults;
+mod console;
 mod control;
 mod crash;
 mod exec_inputs;
@@ -17,8 +19,11 @@ mod gateway;
 mod harness;
 mod ipc;
 mod mcp;
+mod mcp_server;
 mod memory;
+mod metrics;
 mod migrate;
+mod otel;
 mod pipe;
 mod procs;
 mod responses;
@@ -26,7 +31,11 @@ mod runs;
 mod sandbox;
 mod sandbox_escape;
 mod scheduler;
+mod schedules;
+mod status;
 mod swap;
 mod tenants;
 mod tools;
+mod top;
 mod typescript;
+mod ui;

@@ -29,7 +29,7 @@ fn ok_as(keel: &Keel, token: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn json_as(keel: &Keel, token: &str, args: &[&str]) -> Value {
+pub(crate) fn json_as(keel: &Keel, token: &str, args: &[&str]) -> Value {
     let text = ok_as(keel, token, args);
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("keel {args:?} printed no JSON ({e}): {text}"))
 }
@@ -43,7 +43,7 @@ fn refused_as_missing(keel: &Keel, token: &str, args: &[&str], run: &str) {
 }
 
 /// One raw HTTP request; returns the status, the headers (lowercased names) and the body.
-fn http(keel: &Keel, method: &str, path: &str, token: &str, body: &str) -> (u16, String, String) {
+pub(crate) fn http(keel: &Keel, method: &str, path: &str, token: &str, body: &str) -> (u16, String, String) {
     let info: Value =
         serde_json::from_str(&std::fs::read_to_string(keel.data.path().join("kernel.json")).unwrap())
             .unwrap();
@@ -62,7 +62,7 @@ fn http(keel: &Keel, method: &str, path: &str, token: &str, body: &str) -> (u16,
     (status, head.to_ascii_lowercase(), body.to_owned())
 }
 
-fn admin_token(keel: &Keel) -> String {
+pub(crate) fn admin_token(keel: &Keel) -> String {
     std::fs::read_to_string(keel.data.path().join("api-token")).unwrap().trim().to_owned()
 }
 
