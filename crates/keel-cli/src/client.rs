@@ -2,6 +2,7 @@
 //! `--addr`), or, when none runs, a kernel embedded in this process that serves the same
 //! HTTP API on an ephemeral loopback port. Either way commands use one [`Client`].
 
+mod hooks;
 mod schedules;
 
 use std::path::PathBuf;

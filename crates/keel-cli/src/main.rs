@@ -9,6 +9,7 @@ mod audit;
 mod client;
 mod commands;
 mod doctor;
+mod hook;
 mod migrate;
 mod nodes;
 mod out;
@@ -134,6 +135,12 @@ enum Command {
         after_help = "Examples:\n  keel schedule create report --cron '0 9 * * MON-FRI' --tz Europe/Paris -- python3 report.py\n  keel schedule list\n  keel schedule show report\n  keel schedule pause report\n  keel schedule run-now report"
     )]
     Schedule(schedule::ScheduleArgs),
+    /// Runs started by signed webhook deliveries to `POST /v1/hooks/NAME` (GitHub, Stripe
+    /// or a generic HMAC-SHA256 signature), once per delivery id.
+    #[command(
+        after_help = "Examples:\n  keel hook create pushes --verify github --secret-env GITHUB_HOOK_SECRET -- python3 triage.py\n  keel hook list\n  keel hook show pushes\n  keel hook delete pushes"
+    )]
+    Hook(hook::HookArgs),
     /// A live view of the running kernel: runs with their state, cost rate, tokens/s and
     /// what each waits for; live slots, the queue and LLM queues. Keys pause, resume,
     /// stop (after a y/n) and follow a run's logs.
@@ -197,6 +204,7 @@ fn main() -> ExitCode {
             Command::Audit(args) => audit::audit(ctx, args).await,
             Command::Tenant(args) => tenant::tenant(ctx, args).await,
             Command::Schedule(args) => schedule::schedule(ctx, args).await,
+            Command::Hook(args) => hook::hook(ctx, args).await,
             Command::Top(args) => top::top(ctx, args).await,
             Command::Nodes(args) => nodes::nodes(ctx, args).await,
             Command::Drain(args) => nodes::drain(ctx, args).await,

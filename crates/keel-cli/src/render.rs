@@ -481,7 +481,7 @@ pub fn audit_table(run: &str, entries: &[keel_protocol::api::AuditEntryView]) ->
 }
 
 /// Unix milliseconds as `2026-11-21T10:00:00Z`.
-fn utc_time(ms: u64) -> String {
+pub fn utc_time(ms: u64) -> String {
     let time = std::time::UNIX_EPOCH + Duration::from_millis(ms);
     humantime::format_rfc3339_seconds(time).to_string()
 }

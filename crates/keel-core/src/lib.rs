@@ -1,6 +1,7 @@
 //! Keel's pure decisions: the run lifecycle state machine, the replay matcher, budget
 //! accounting, scheduling policy (admission and LLM call order), the audit log's hash
-//! chain and schedules (`trigger`: cron ticks in a time zone, catch-up, overlap, jitter).
+//! chain, schedules (`trigger`: cron ticks in a time zone, catch-up, overlap, jitter) and
+//! webhooks (`hook`: the senders' signatures and delivery ids).
 //!
 //! Nothing in this crate does IO, awaits, reads a clock or draws randomness. Every function
 //! maps (state, event) to a new state or a decision, so the kernel's effectful loop stays
@@ -8,6 +9,7 @@
 
 pub mod audit;
 pub mod budget;
+pub mod hook;
 pub mod lifecycle;
 pub mod placement;
 pub mod replay;

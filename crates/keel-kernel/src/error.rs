@@ -27,6 +27,13 @@ pub enum Error {
     /// The caller's token may not do this (e.g. a tenant's token managing tenants).
     #[error("{0}")]
     Forbidden(String),
+    /// A request that proves nothing about who sent it (a webhook delivery whose signature
+    /// does not verify); the message says what was wrong, never the secret.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// A request body over the size the endpoint takes.
+    #[error("{0}")]
+    TooLarge(String),
     /// Something other than a run does not exist (a tenant, a token); the message names it.
     #[error("{0}")]
     NotFound(String),

@@ -7,6 +7,7 @@ mod audit;
 mod cluster;
 mod console;
 mod gateway;
+mod hooks;
 mod metrics;
 mod queries;
 mod schedules;
@@ -15,6 +16,7 @@ mod tenants;
 
 pub use agui::{AguiIds, AguiStream};
 pub use console::{RunChange, RunChanges};
+pub use hooks::MAX_HOOK_BODY;
 pub use queries::{AuditQuery, RunQuery, RunSort};
 
 use std::collections::HashMap;

@@ -47,8 +47,8 @@ pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
 pub use error::{Error, Result};
 pub use events::EventStream;
 pub use kernel::{
-    AguiIds, AguiStream, AuditQuery, ClusterMember, Kernel, KernelOptions, RunChange, RunChanges, RunQuery,
-    RunSort,
+    AguiIds, AguiStream, AuditQuery, ClusterMember, Kernel, KernelOptions, MAX_HOOK_BODY, RunChange,
+    RunChanges, RunQuery, RunSort,
 };
 pub use metrics::Format as MetricsFormat;
 pub use paths::{DataDir, LockedDataDir};

@@ -1,4 +1,4 @@
-//! HTTP bodies and views of triggers: schedules (`/v1/schedules`).
+//! HTTP bodies and views of triggers: schedules (`/v1/schedules`) and webhooks (`/v1/hooks`).
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -63,4 +63,73 @@ pub struct FireView {
     pub detail: Option<String>,
     /// Unix milliseconds.
     pub fired_at: u64,
+}
+
+/// `POST /v1/hooks`: a run started by each signed delivery to `POST /v1/hooks/{name}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateHookParams {
+    /// Letters, digits, `-`, `_` and `.`, at most 64; unique among hooks (it is the URL).
+    pub name: String,
+    /// `github` (`X-Hub-Signature-256`), `stripe` (`Stripe-Signature`, with its timestamp
+    /// tolerance) or `hmac-sha256` (a header of your choosing, default `X-Keel-Signature`).
+    pub verify: String,
+    /// The environment variable of the kernel that holds the shared secret. The secret is
+    /// read from the kernel's environment at each delivery; it is never stored.
+    pub secret_env: String,
+    /// `hmac-sha256` only: the header that carries the signature.
+    #[serde(default)]
+    pub header: Option<String>,
+    /// `stripe` only: how far the signed time may be from now, in seconds (default 300).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 86400)]
+    pub tolerance_secs: Option<u64>,
+    /// The run each delivery starts; its input is `{"trigger": "hook", "hook",
+    /// "delivery_id", "content_type", "event", "payload", "input"}`.
+    pub run: CreateRunParams,
+}
+
+/// A webhook with its last deliveries.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HookView {
+    pub name: String,
+    pub tenant: String,
+    pub verify: String,
+    /// The header the signature is read from.
+    pub signature_header: String,
+    pub secret_env: String,
+    /// Whether the kernel's environment holds the secret now (deliveries fail until it does).
+    pub secret_present: bool,
+    /// `stripe` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance_secs: Option<u64>,
+    /// The path senders post to.
+    pub path: String,
+    pub command: Vec<String>,
+    /// Unix milliseconds.
+    pub created_at: u64,
+    /// Newest first.
+    pub last_deliveries: Vec<DeliveryView>,
+}
+
+/// One delivery a hook accepted.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DeliveryView {
+    /// The sender's delivery id, or one the kernel gave a delivery without.
+    pub delivery_id: String,
+    pub run_id: Option<String>,
+    /// `fired` or `failed`.
+    pub outcome: String,
+    pub detail: Option<String>,
+    /// Unix milliseconds.
+    pub received_at: u64,
+}
+
+/// The answer to a delivery: 202 with the run it started, or 200 with the run an earlier
+/// delivery of the same id started (`duplicate`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HookAccepted {
+    pub run_id: String,
+    pub delivery_id: String,
+    pub duplicate: bool,
 }

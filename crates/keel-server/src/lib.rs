@@ -9,6 +9,7 @@ mod audit;
 mod cluster;
 mod console;
 mod gateway;
+mod hooks;
 mod mcp;
 mod metrics;
 mod schedules;
@@ -72,6 +73,7 @@ pub fn openapi_doc() -> serde_json::Value {
     doc.merge(<console::ConsoleApiDoc as OpenApi>::openapi());
     doc.merge(<tenants::TenantsApiDoc as OpenApi>::openapi());
     doc.merge(<schedules::SchedulesApiDoc as OpenApi>::openapi());
+    doc.merge(<hooks::HooksApiDoc as OpenApi>::openapi());
     doc.merge(<metrics::MetricsApiDoc as OpenApi>::openapi());
     CommonResponses.modify(&mut doc);
     // An OpenApi document always serializes (strings, numbers and maps only).
@@ -226,6 +228,7 @@ pub fn router(kernel: Kernel, token: String) -> Router {
         .merge(audit::routes())
         .merge(tenants::routes())
         .merge(schedules::routes())
+        .merge(hooks::routes())
         .merge(cluster::routes())
         .merge(console::routes())
         .merge(metrics::routes())
@@ -236,6 +239,8 @@ pub fn router(kernel: Kernel, token: String) -> Router {
         .route("/v1/health", get(health))
         .route("/openapi.json", get(openapi))
         .merge(console::file_routes())
+        // A delivery's signature is its proof: no token (the hooks' other routes take one).
+        .merge(hooks::delivery_routes())
         .merge(protected)
         // Its own bearer-token check (MCP's 401 with `WWW-Authenticate`), then the same
         // principals as the routes above.
@@ -272,6 +277,8 @@ impl From<KernelError> for ApiError {
         let (status, kind) = match &err {
             KernelError::RunNotFound(_) | KernelError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             KernelError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            KernelError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            KernelError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
             KernelError::QuotaExceeded { retry_after_secs, .. } => {
                 let retry_after = Some(*retry_after_secs);
                 let mut error =

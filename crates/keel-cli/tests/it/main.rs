@@ -17,6 +17,7 @@ mod exec_inputs;
 mod frameworks;
 mod gateway;
 mod harness;
+mod hooks;
 mod ipc;
 mod mcp;
 mod mcp_server;

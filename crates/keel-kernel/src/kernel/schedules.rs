@@ -85,13 +85,14 @@ impl Parsings {
     }
 }
 
-fn validate_name(name: &str) -> Result<()> {
+/// A trigger's name (`what`: schedule or hook): it is a path segment of the API.
+pub(super) fn validate_name(what: &str, name: &str) -> Result<()> {
     if name.is_empty()
         || name.len() > 64
         || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     {
         return Err(Error::InvalidRequest(format!(
-            "schedule name {name:?} is not valid: use 1-64 letters, digits, '-', '_' or '.'"
+            "{what} name {name:?} is not valid: use 1-64 letters, digits, '-', '_' or '.'"
         )));
     }
     Ok(())
@@ -119,7 +120,7 @@ fn fire_request(name: &str, parsed: &Parsed, tick_ms: u64, tenant: &str) -> Resu
 
 /// A failure the same fire may get past later (the store out of reach, or a write whose
 /// outcome is unknown: recording a fire and creating its run are both idempotent).
-fn retry_later(error: &Error) -> bool {
+pub(super) fn retry_later(error: &Error) -> bool {
     error.is_unavailable() || matches!(error, Error::Store(keel_store::Error::OutcomeUnknown { .. }))
 }
 
@@ -131,7 +132,7 @@ impl Kernel {
         principal: &Principal,
         params: CreateScheduleParams,
     ) -> Result<ScheduleView> {
-        validate_name(&params.name)?;
+        validate_name("schedule", &params.name)?;
         let tenant = principal.run_tenant(params.run.tenant.as_deref())?;
         let jitter_secs = params.jitter_secs.unwrap_or(0);
         let spec = ScheduleSpec {

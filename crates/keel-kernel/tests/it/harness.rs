@@ -217,7 +217,7 @@ impl TestKernel {
     }
 
     /// The test's reading connection to the store (see `inspect`).
-    fn store(&self) -> Arc<dyn Store> {
+    pub fn store(&self) -> Arc<dyn Store> {
         let database = self.data_dir().database();
         self.inspect
             .get_or_init(|| Arc::new(keel_store::SqliteStore::open(&database).expect("the store opens")))

@@ -10,6 +10,7 @@ mod faults;
 mod gateway;
 mod governance;
 mod harness;
+mod hooks;
 mod ipc;
 mod lifecycle;
 mod replay;
