@@ -13,6 +13,7 @@ mod queries;
 mod schedules;
 mod status;
 mod tenants;
+mod triggers;
 
 pub use agui::{AguiIds, AguiStream};
 pub use console::{RunChange, RunChanges};

@@ -18,11 +18,11 @@ use keel_types::RunId;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::schedules::{retry_later, validate_name};
+use super::triggers::{HOOK, retry_later, validate_name};
 use crate::run::CreateRun;
 use crate::{Error, Kernel, Principal, Result, now_ms};
 
-const KIND: &str = "hook";
+const KIND: &str = HOOK.store;
 
 /// The largest delivery body taken (GitHub caps its payloads at 25 MB, but events that
 /// start agents are far smaller; Stripe's are a few KiB). Larger ones answer 413.
@@ -125,7 +125,7 @@ impl Kernel {
     /// `POST /v1/hooks`: checks the scheme, the secret's variable (set in the kernel's
     /// environment) and the run before anything is stored.
     pub async fn hook_create(&self, principal: &Principal, params: CreateHookParams) -> Result<HookView> {
-        validate_name("hook", &params.name)?;
+        validate_name(HOOK, &params.name)?;
         validate_secret_env(&params.secret_env)?;
         let tenant = principal.run_tenant(params.run.tenant.as_deref())?;
         let spec = HookSpec {
@@ -155,22 +155,14 @@ impl Kernel {
             since_ms: now,
             created_at_ms: now,
         };
-        match self.store().trigger_create(record.clone()).await {
-            Err(keel_store::Error::TriggerExists { name, .. }) => {
-                return Err(Error::Conflict(format!(
-                    "a hook named {name} already exists; `keel hook delete {name}` first, or pick another name"
-                )));
-            }
-            other => other?,
-        }
+        self.trigger_store(HOOK, record.clone()).await?;
         self.hook_view(&record).await
     }
 
     /// `GET /v1/hooks`: the principal's hooks, by name.
     pub async fn hooks(&self, principal: &Principal) -> Result<Vec<HookView>> {
-        let tenant = principal.listing(None)?;
         let mut views = Vec::new();
-        for record in self.store().trigger_list(KIND, tenant.as_deref()).await? {
+        for record in self.trigger_listing(HOOK, principal).await? {
             views.push(self.hook_view(&record).await?);
         }
         Ok(views)
@@ -178,23 +170,16 @@ impl Kernel {
 
     /// `GET /v1/hooks/{name}`.
     pub async fn hook(&self, principal: &Principal, name: &str) -> Result<HookView> {
-        let record = self.hook_for(principal, name).await?;
+        let record = self.trigger_for(HOOK, principal, name).await?;
         self.hook_view(&record).await
     }
 
     /// Deletes a hook and its history of deliveries (its runs stay); the hook as it was.
     pub async fn hook_delete(&self, principal: &Principal, name: &str) -> Result<HookView> {
-        let record = self.hook_for(principal, name).await?;
+        let record = self.trigger_for(HOOK, principal, name).await?;
         let view = self.hook_view(&record).await?;
         self.store().trigger_delete(KIND, name).await?;
         Ok(view)
-    }
-
-    async fn hook_for(&self, principal: &Principal, name: &str) -> Result<TriggerRecord> {
-        match self.store().trigger_get(KIND, name).await? {
-            Some(record) if principal.is_admin() || principal.tenant() == record.tenant => Ok(record),
-            _ => Err(Error::NotFound(format!("no hook {name}; `keel hook list` lists them"))),
-        }
     }
 
     async fn hook_view(&self, record: &TriggerRecord) -> Result<HookView> {

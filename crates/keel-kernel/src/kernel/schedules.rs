@@ -20,10 +20,11 @@ use keel_types::RunId;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::triggers::{SCHEDULE, retry_later, validate_name};
 use crate::run::CreateRun;
 use crate::{Error, Kernel, Principal, Result, now_ms};
 
-const KIND: &str = "schedule";
+const KIND: &str = SCHEDULE.store;
 
 /// How many last fires and next ticks a view shows.
 const SHOWN_FIRES: usize = 5;
@@ -85,19 +86,6 @@ impl Parsings {
     }
 }
 
-/// A trigger's name (`what`: schedule or hook): it is a path segment of the API.
-pub(super) fn validate_name(what: &str, name: &str) -> Result<()> {
-    if name.is_empty()
-        || name.len() > 64
-        || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    {
-        return Err(Error::InvalidRequest(format!(
-            "{what} name {name:?} is not valid: use 1-64 letters, digits, '-', '_' or '.'"
-        )));
-    }
-    Ok(())
-}
-
 /// The run a fire starts: the schedule's run with an input naming the schedule and tick.
 fn fire_request(name: &str, parsed: &Parsed, tick_ms: u64, tenant: &str) -> Result<CreateRun> {
     let mut params = parsed.spec.run.clone();
@@ -118,12 +106,6 @@ fn fire_request(name: &str, parsed: &Parsed, tick_ms: u64, tenant: &str) -> Resu
     Ok(request)
 }
 
-/// A failure the same fire may get past later (the store out of reach, or a write whose
-/// outcome is unknown: recording a fire and creating its run are both idempotent).
-pub(super) fn retry_later(error: &Error) -> bool {
-    error.is_unavailable() || matches!(error, Error::Store(keel_store::Error::OutcomeUnknown { .. }))
-}
-
 impl Kernel {
     /// `POST /v1/schedules`: checks everything (cron, zone, policies, the run) before
     /// anything is stored.
@@ -132,7 +114,7 @@ impl Kernel {
         principal: &Principal,
         params: CreateScheduleParams,
     ) -> Result<ScheduleView> {
-        validate_name("schedule", &params.name)?;
+        validate_name(SCHEDULE, &params.name)?;
         let tenant = principal.run_tenant(params.run.tenant.as_deref())?;
         let jitter_secs = params.jitter_secs.unwrap_or(0);
         let spec = ScheduleSpec {
@@ -156,23 +138,15 @@ impl Kernel {
             since_ms: now,
             created_at_ms: now,
         };
-        match self.store().trigger_create(record.clone()).await {
-            Err(keel_store::Error::TriggerExists { name, .. }) => {
-                return Err(Error::Conflict(format!(
-                    "a schedule named {name} already exists; `keel schedule delete {name}` first, or pick another name"
-                )));
-            }
-            other => other?,
-        }
+        self.trigger_store(SCHEDULE, record.clone()).await?;
         self.inner.schedules_changed.notify_one();
         self.schedule_view(&record).await
     }
 
     /// `GET /v1/schedules`: the principal's schedules, by name.
     pub async fn schedules(&self, principal: &Principal) -> Result<Vec<ScheduleView>> {
-        let tenant = principal.listing(None)?;
         let mut views = Vec::new();
-        for record in self.store().trigger_list(KIND, tenant.as_deref()).await? {
+        for record in self.trigger_listing(SCHEDULE, principal).await? {
             views.push(self.schedule_view(&record).await?);
         }
         Ok(views)
@@ -219,10 +193,7 @@ impl Kernel {
     }
 
     async fn schedule_for(&self, principal: &Principal, name: &str) -> Result<TriggerRecord> {
-        match self.store().trigger_get(KIND, name).await? {
-            Some(record) if principal.is_admin() || principal.tenant() == record.tenant => Ok(record),
-            _ => Err(Error::NotFound(format!("no schedule {name}; `keel schedule list` lists them"))),
-        }
+        self.trigger_for(SCHEDULE, principal, name).await
     }
 
     async fn schedule_view(&self, record: &TriggerRecord) -> Result<ScheduleView> {
