@@ -77,7 +77,15 @@ fn run_span_id(run: &str) -> String {
 
 /// A daemon exporting to `collector` quickly (short batch delay and metric interval).
 fn traced(collector: &Collector, extra: &[(&str, &str)]) -> Keel {
+    traced_with(collector, extra, None)
+}
+
+/// `traced`, with a keel.toml in the data directory before the daemon starts.
+fn traced_with(collector: &Collector, extra: &[(&str, &str)], keel_toml: Option<&str>) -> Keel {
     let mut keel = Keel::new();
+    if let Some(text) = keel_toml {
+        std::fs::write(keel.data.path().join("keel.toml"), text).expect("write keel.toml");
+    }
     keel.daemon_env = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint.as_str()),
         ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
@@ -392,4 +400,77 @@ fn a_child_runs_trace_links_to_its_parents_run_span() {
     assert_eq!(waits.len(), 1, "{parent_spans:#?}");
     assert_eq!(waits[0]["attributes"]["keel.wait"], "child");
     assert_eq!(waits[0]["parent_span_id"], run_span_id(&parent));
+}
+
+#[test]
+fn waits_for_an_approval_a_message_and_a_budget_code_exec_and_embeddings_have_their_spans() {
+    let collector = Collector::start();
+    let keel = traced_with(&collector, &[], Some("[tools.policy.\"kv.put\"]\nrequires_approval = true\n"));
+    let script = agent("otel_script.json");
+    let path = agent("otel_waits_agent.py");
+    let run = keel.detach(&[
+        "--sandbox",
+        "none",
+        "--llm-script",
+        &script,
+        "--grant",
+        "echo",
+        "--grant",
+        "kv.put",
+        "--budget-llm-calls",
+        "1",
+        "--",
+        "python3",
+        &path,
+    ]);
+    // The operator's three answers, each once the run waits for it.
+    let reason_of = |wanted: &str| {
+        wait_for(&format!("the run to wait for {wanted}"), || {
+            let view = keel.inspect(&run);
+            let reason = view["reason"].as_str().unwrap_or_default().to_owned();
+            (view["state"] == "waiting" && reason.contains(wanted)).then_some(reason)
+        })
+    };
+    reason_of("keel approve");
+    keel.ok(&["approve", &run]);
+    wait_for("the run to wait for a message", || {
+        (keel.inspect(&run)["wait_reason"] == "message").then_some(())
+    });
+    keel.ok(&["send", &run, "--json", r#"{"go": true}"#]);
+    reason_of("--add-llm-calls");
+    keel.ok(&["budget", &run, "--add-llm-calls", "1"]);
+    let done = keel.wait_state(&run, &["succeeded", "failed"]);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["output"]["vectors"], 1);
+
+    let spans = collector.run_trace(&run);
+    let root = run_span_id(&run);
+    for (name, wait) in
+        [("wait approval", "approval"), ("wait message", "message"), ("wait budget", "budget")]
+    {
+        let found = named(&spans, name);
+        assert_eq!(found.len(), 1, "{name}: {spans:#?}");
+        assert_eq!(found[0]["attributes"]["keel.wait"], wait, "{name}");
+        let (start, end) = (found[0]["start_ns"].as_u64().unwrap(), found[0]["end_ns"].as_u64().unwrap());
+        assert!(end > start, "{name} lasts as long as the wait");
+    }
+    // The program's span, with its tool call as a child.
+    let exec = named(&spans, "code.exec");
+    assert_eq!(exec.len(), 1, "{spans:#?}");
+    assert_eq!(exec[0]["parent_span_id"], root.as_str());
+    let echo = named(&spans, "execute_tool echo");
+    assert_eq!(echo.len(), 1, "{spans:#?}");
+    assert_eq!(
+        echo[0]["parent_span_id"], exec[0]["span_id"],
+        "a program's tool call nests under its code.exec"
+    );
+    // The embedding: `embeddings {model}` with the operation's name.
+    let embeds: Vec<&Value> =
+        spans.iter().filter(|s| s["attributes"]["gen_ai.operation.name"] == "embeddings").collect();
+    assert_eq!(embeds.len(), 1, "{spans:#?}");
+    assert!(embeds[0]["name"].as_str().unwrap().starts_with("embeddings "), "{}", embeds[0]);
+    assert_eq!(embeds[0]["kind"], KIND_CLIENT);
+    // The approved tool call and both LLM calls, once each.
+    assert_eq!(named(&spans, "execute_tool kv.put").len(), 1, "{spans:#?}");
+    assert_eq!(live(named(&spans, "chat scripted-model")).len(), 2, "{spans:#?}");
 }

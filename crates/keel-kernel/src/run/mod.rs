@@ -16,6 +16,6 @@ mod spec;
 mod swap;
 
 pub use control::{Answer, Command};
-pub(crate) use registry::{Launching, LiveRun, PendingAsk, Replay};
+pub(crate) use registry::{BufferedRead, Launching, LiveRun, PendingAsk, Replay};
 pub use spec::CreateRun;
 pub(crate) use spec::RunSpec;

@@ -60,7 +60,7 @@ pub(crate) struct LiveRun {
     pub(crate) priority: keel_core::sched::Priority,
     /// The read-only tool calls of running `code.exec`s (by the exec's seq), journaled
     /// together when it completes (see `exec.rs`).
-    pub(crate) exec_buffers: Mutex<HashMap<Seq, Vec<keel_store::NewEntry>>>,
+    pub(crate) exec_buffers: Mutex<HashMap<Seq, Vec<BufferedRead>>>,
     /// The model calls of running `code.exec`s (by the exec's seq): made and allowed.
     pub(crate) exec_llm_calls: Mutex<HashMap<Seq, (u32, u32)>>,
     /// Tool calls parked until an operator decides, by seq.
@@ -138,4 +138,13 @@ impl Kernel {
     pub(crate) fn exec_by_token(&self, token: &str) -> Option<(Arc<LiveRun>, Seq)> {
         lock(&self.inner.exec_tokens).get(token).cloned()
     }
+}
+
+/// A call without an outside effect made by a running `code.exec` program, journaled with
+/// the program's result (`syscall/journal.rs`): its entry, its reply and its span, which
+/// ends once the entry has its seq.
+pub(crate) struct BufferedRead {
+    pub(crate) entry: keel_store::NewEntry,
+    pub(crate) reply: crate::error::Reply,
+    pub(crate) span: Option<crate::telemetry::SyscallSpan>,
 }

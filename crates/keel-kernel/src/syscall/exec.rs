@@ -474,6 +474,7 @@ impl Kernel {
             entries.extend(
                 reads
                     .iter()
+                    .map(|read| &read.entry)
                     .map(|e| (e.started_at_ms, e.params.clone(), e.status, e.finished_at_ms.unwrap_or(0))),
             );
         }

@@ -113,6 +113,10 @@ impl Kernel {
         if let Journaling::Complete { .. } = how {
             // No effect to protect: run it, then journal what it answered.
             let key = format!("{}:read", live.id);
+            // A program's read is journaled with the program's result: its span starts now.
+            let span = exec.and_then(|_| {
+                self.inner.telemetry.syscall(&live.id, live.attempt, journal.method, &journal.params)
+            });
             let outcome = self
                 .run_tool(live, &def, args.clone(), &key)
                 .await
@@ -128,6 +132,7 @@ impl Kernel {
                     &journal.hash,
                     &outcome,
                     usage,
+                    span,
                 )
             {
                 self.audit_call(live, 0, &name, &args, Some(exec), &outcome, started);
@@ -192,17 +197,22 @@ impl Kernel {
         hash: &str,
         outcome: &Reply,
         usage: Usage,
+        span: Option<crate::telemetry::SyscallSpan>,
     ) -> bool {
         let mut buffers = live.exec_buffers.lock().unwrap_or_else(|p| p.into_inner());
         let Some(buffer) = buffers.get_mut(&exec) else { return false };
-        buffer.push(crate::syscall::completed_entry(
-            live.attempt,
-            method,
-            params.clone(),
-            hash.to_owned(),
-            outcome,
-            usage,
-        ));
+        buffer.push(crate::run::BufferedRead {
+            entry: crate::syscall::completed_entry(
+                live.attempt,
+                method,
+                params.clone(),
+                hash.to_owned(),
+                outcome,
+                usage,
+            ),
+            reply: outcome.clone(),
+            span,
+        });
         true
     }
 

@@ -20,7 +20,7 @@ use keel_types::{EntryStatus, Usage};
 use serde_json::{Value, json};
 
 use super::{Reply, SyscallError, internal};
-use crate::run::LiveRun;
+use crate::run::{BufferedRead, LiveRun};
 use crate::{Kernel, now_ms};
 
 /// How a call is journaled.
@@ -62,7 +62,23 @@ pub(crate) struct Effect {
     pub(crate) event: Value,
     /// Entries journaled in the same group commit as this call's result (a `code.exec`
     /// program's reads).
-    pub(crate) with: Vec<NewEntry>,
+    pub(crate) with: Vec<BufferedRead>,
+}
+
+/// Journals a program's read; its span ends with the seq it got.
+async fn append_read(kernel: &Kernel, live: &Arc<LiveRun>, read: BufferedRead) -> keel_store::Result<Seq> {
+    let BufferedRead { entry, reply, span } = read;
+    let usage = entry.usage;
+    let seq = kernel.append(live, entry).await;
+    if let (Ok(seq), Some(span)) = (&seq, span) {
+        span.end(crate::telemetry::Outcome {
+            seq: Some(*seq),
+            reply: reply.as_ref().map_err(|e| (e.kind.as_str(), e.message.as_str())),
+            usage,
+            provider: None,
+        });
+    }
+    seq
 }
 
 impl Effect {
@@ -188,7 +204,7 @@ impl Kernel {
             .flatten();
         // Entries that go with the result are submitted together with it, so the store's
         // group commit makes them durable in one go, before the reply.
-        let appends = with.into_iter().map(|entry| async move { self.append(live, entry).await });
+        let appends = with.into_iter().map(|read| append_read(self, live, read));
         let (appended, completed) = tokio::join!(
             futures_util::future::join_all(appends),
             self.complete(live, seq, method, &reply, record, usage, served, event)
