@@ -97,6 +97,12 @@ struct LlmLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EmbeddingLabels {
+    tenant: String,
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
     provider: String,
     model: String,
@@ -182,6 +188,8 @@ pub(crate) struct Metrics {
     llm_cost: Family<LlmLabels, Counter<f64, AtomicU64>>,
     llm_errors: Family<ClassLabels, Counter>,
     llm_queue_wait: Family<RouteLabels, Histogram>,
+    embedding_calls: Family<EmbeddingLabels, Counter>,
+    embedding_input_tokens: Family<EmbeddingLabels, Counter>,
     journal_append: Histogram,
     journal_complete: Histogram,
     sandbox_spawn: Family<SpawnLabels, Histogram>,
@@ -267,6 +275,20 @@ impl Metrics {
             Unit::Seconds,
             llm_queue_wait.clone(),
         );
+        let embedding_calls = Family::default();
+        registry.register(
+            "keel_embedding_calls",
+            "Calls to the embedder (llm.embed and the gateway's /v1/embeddings, a memory put's text, a semantic \
+             or hybrid search's query; replayed calls are not counted), by tenant and embedding model",
+            embedding_calls.clone(),
+        );
+        let embedding_input_tokens = Family::default();
+        registry.register(
+            "keel_embedding_input_tokens",
+            "Input tokens of the embedder's calls as its provider reported them (the offline hash embedder \
+             reports none), by tenant and embedding model",
+            embedding_input_tokens.clone(),
+        );
         let journal =
             Family::<OpLabels, Histogram>::new_with_constructor(commit_histogram as fn() -> Histogram);
         let journal_append = journal.get_or_create(&OpLabels { op: "append" }).clone();
@@ -297,6 +319,8 @@ impl Metrics {
             llm_cost,
             llm_errors,
             llm_queue_wait,
+            embedding_calls,
+            embedding_input_tokens,
             journal_append,
             journal_complete,
             sandbox_spawn,
@@ -333,6 +357,16 @@ impl Metrics {
         self.llm_cost.get_or_create(&labels).inc_by(usage.cost_micro_usd as f64 / 1_000_000.0);
         let route = RouteLabels { provider: labels.provider, model: labels.model };
         self.llm_queue_wait.get_or_create(&route).observe(queue_wait.as_secs_f64());
+    }
+
+    /// A memory call or `llm.embed` that asked the embedder `calls` times (none: nothing).
+    pub(crate) fn embedded(&self, tenant: &str, model: &str, calls: u32, usage: &Usage) {
+        if calls == 0 {
+            return;
+        }
+        let labels = EmbeddingLabels { tenant: tenant.to_owned(), model: model.to_owned() };
+        self.embedding_calls.get_or_create(&labels).inc_by(u64::from(calls));
+        self.embedding_input_tokens.get_or_create(&labels).inc_by(usage.input_tokens);
     }
 
     /// An LLM call that failed for good.
@@ -516,6 +550,18 @@ mod tests {
         assert!(text.contains("keel_syscall_duration_seconds_count{method=\"unknown\"} 2"), "{text}");
         assert!(!text.contains("made.up"), "{text}");
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn embedder_calls_are_counted_by_tenant_and_model() {
+        let metrics = Metrics::new();
+        let usage = Usage { input_tokens: 7, ..Usage::default() };
+        metrics.embedded("acme", "text-embedding-3-small", 2, &usage);
+        metrics.embedded("acme", "text-embedding-3-small", 0, &usage); // a text search: no call
+        let text = render(&metrics, &Snapshot::default());
+        let labels = "{tenant=\"acme\",model=\"text-embedding-3-small\"}";
+        assert!(text.contains(&format!("keel_embedding_calls_total{labels} 2")), "{text}");
+        assert!(text.contains(&format!("keel_embedding_input_tokens_total{labels} 7")), "{text}");
     }
 
     #[test]

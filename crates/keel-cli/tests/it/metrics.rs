@@ -151,6 +151,12 @@ fn metrics_match_what_the_runs_did() {
     keel.wait_state(&unanswered, &["failed"]);
     let tenant_run = keel.wait_state(&tenant_run, &["succeeded"]);
 
+    // The operator's memory: a put embeds its text, a semantic search its query, a text
+    // search nothing.
+    keel.ok(&["mem", "put", "notes", "a", "hello", "--text", "hello metrics"]);
+    keel.ok(&["mem", "search", "notes", "hello", "--mode", "semantic"]);
+    keel.ok(&["mem", "search", "notes", "hello"]);
+
     let scraped = scrape(&api_url(&keel), Some(&admin));
     assert_eq!(scraped.status, 200, "{}", scraped.body);
     assert_eq!(scraped.content_type, "text/plain; version=0.0.4; charset=utf-8");
@@ -182,6 +188,8 @@ fn metrics_match_what_the_runs_did() {
         assert!(close(counted, cost), "{tenant}: cost {counted} vs inspect's {cost}");
     }
     assert_eq!(scraped.value("keel_llm_calls_total", &[]), 13.0, "12 + 1 served calls, nothing else");
+    let embedder = [("tenant", "default"), ("model", "keel-hash-256")];
+    assert_eq!(scraped.value("keel_embedding_calls_total", &embedder), 2.0, "the put and the semantic search");
     // The unanswerable call failed before any provider: class `script`.
     assert_eq!(scraped.value("keel_llm_errors_total", &[("class", "script")]), 1.0);
 

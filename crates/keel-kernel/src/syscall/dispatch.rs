@@ -482,6 +482,9 @@ impl Kernel {
                         key.as_deref(),
                     )
                     .await;
+                    if let Ok(p) = &performed {
+                        self.inner.metrics.embedded(&tenant, embedder.model(), p.embed_calls, &p.usage);
+                    }
                     let usage = performed.as_ref().map(|p| p.usage).unwrap_or_default();
                     Effect::reply(performed.map(|p| p.result)).usage(usage)
                 };

@@ -80,6 +80,30 @@ pub enum MemCall {
 pub struct Performed {
     pub result: Value,
     pub usage: Usage,
+    /// How many times the embedder was asked (for the metrics).
+    pub embed_calls: u32,
+}
+
+/// The embedder, counting the calls made through it.
+struct Counting<'a> {
+    inner: &'a dyn Embedder,
+    calls: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl Embedder for Counting<'_> {
+    async fn embed(&self, texts: &[String]) -> keel_llm::Result<keel_llm::Embedded> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.embed(texts).await
+    }
+
+    fn model(&self) -> &str {
+        self.inner.model()
+    }
+
+    fn dimensions(&self) -> Option<usize> {
+        self.inner.dimensions()
+    }
 }
 
 impl MemCall {
@@ -276,8 +300,9 @@ pub async fn perform(
     idempotency_key: Option<&str>,
 ) -> Result<Performed, SyscallError> {
     let mut usage = Usage::default();
-    let result = perform_call(store, embedder, tenant, call, idempotency_key, &mut usage).await?;
-    Ok(Performed { result, usage })
+    let counting = Counting { inner: embedder, calls: Default::default() };
+    let result = perform_call(store, &counting, tenant, call, idempotency_key, &mut usage).await?;
+    Ok(Performed { result, usage, embed_calls: counting.calls.into_inner() })
 }
 
 async fn perform_call(
@@ -390,7 +415,9 @@ impl Kernel {
         }
         let call = check(method, &params)?;
         let embedder = self.embedder();
-        Ok(perform(self.store().as_ref(), embedder.as_ref(), tenant, call, None).await?.result)
+        let performed = perform(self.store().as_ref(), embedder.as_ref(), tenant, call, None).await?;
+        self.inner.metrics.embedded(tenant, embedder.model(), performed.embed_calls, &performed.usage);
+        Ok(performed.result)
     }
 
     /// The embedder of `[llm.embeddings]` (the offline hash embedder by default).
