@@ -189,7 +189,11 @@ fn metrics_match_what_the_runs_did() {
     }
     assert_eq!(scraped.value("keel_llm_calls_total", &[]), 13.0, "12 + 1 served calls, nothing else");
     let embedder = [("tenant", "default"), ("model", "keel-hash-256")];
-    assert_eq!(scraped.value("keel_embedding_calls_total", &embedder), 2.0, "the put and the semantic search");
+    assert_eq!(
+        scraped.value("keel_embedding_calls_total", &embedder),
+        2.0,
+        "the put and the semantic search"
+    );
     // The unanswerable call failed before any provider: class `script`.
     assert_eq!(scraped.value("keel_llm_errors_total", &[("class", "script")]), 1.0);
 
