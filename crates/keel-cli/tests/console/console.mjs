@@ -295,7 +295,115 @@ async function bench() {
   return { first_row_ms: times, median_ms: times[Math.floor(times.length / 2)], search_ms_incl_debounce: search };
 }
 
-const scenarios = { main, tenant, form, bench };
+/** Every action of a run's page and the inbox, clicked in the page and checked through the
+ *  API: children under their parent, pause and resume, a message, a budget top-up from
+ *  the inbox, a denial with a note, a stop, and a loop let go on. */
+async function actions() {
+  const { page, close } = await launch();
+  const results = {};
+  await login(page, config.token);
+  const scripts = mkdtempSync(join(tmpdir(), "keel-console-actions-"));
+  const script = (name, body) => {
+    const path = join(scripts, name);
+    writeFileSync(path, JSON.stringify(body));
+    return path;
+  };
+  const stateOf = async (run) => (await api(`/v1/runs/${run}`));
+
+  // A parent with a child: the child's row is nested under the parent's.
+  const twoCalls = script("two.json", { responses: [{ content: "one" }, { content: "two" }] });
+  const parent = detach(["--llm-script", twoCalls, "--budget-llm-calls", "1", "--", "python3", agent("console_actions_agent.py")]);
+  const child = await until("the child run", async () => {
+    const runs = await api("/v1/runs?limit=50");
+    return (runs.find((r) => r.parent === parent) || {}).run_id;
+  });
+  await page.goto(config.base + "/ui/#/runs");
+  await page.waitForSelector(`#runs tr[data-run="${child}"][data-depth="1"]`);
+  const nested = await page.evaluate(([p, c]) => {
+    const row = document.querySelector(`#runs tr[data-run="${c}"]`);
+    return row.previousElementSibling && row.previousElementSibling.dataset.run === p;
+  }, [parent, child]);
+  check(nested, "the child's row comes right under its parent's");
+  await shot(page, "actions-children");
+
+  // Pause, then resume, from the run's page.
+  await page.goto(config.base + `/ui/#/runs/${parent}`);
+  await page.waitForSelector("[data-action=pause]:not([disabled])");
+  await page.click("[data-action=pause]");
+  await until("the run to be paused", async () => (await stateOf(parent)).state === "paused");
+  await page.waitForSelector("[data-action=resume]:not([disabled])");
+  await page.click("[data-action=resume]");
+  await until("the run to be resumed", async () => (await stateOf(parent)).state !== "paused");
+
+  // A message from the page: the run reads it and goes on to its second call, which
+  // parks on the one-call budget.
+  await page.fill("form[data-form=message] textarea", '{"go": 1}');
+  await page.click("form[data-form=message] button[type=submit]");
+  await until("the run to park on its budget", async () => (await stateOf(parent)).wait_reason === "budget");
+
+  // The inbox shows the budget; topping it up there lets the run finish.
+  await page.goto(config.base + "/ui/#/inbox");
+  const budgetItem = `#inbox [data-run="${parent}"][data-kind="budget"]`;
+  await page.waitForSelector(budgetItem);
+  await shot(page, "actions-inbox-budget");
+  await page.fill(`${budgetItem} input[name=llm_calls]`, "1");
+  await page.click(`${budgetItem} form[data-form=top-up] button[type=submit]`);
+  const topped = await until("the topped-up run to finish", async () => {
+    const view = await stateOf(parent);
+    return ["succeeded", "failed"].includes(view.state) && view;
+  });
+  check(topped.state === "succeeded" && JSON.stringify(topped.output.message) === '{"go":1}',
+    `the run got the page's message and finished after the top-up: ${topped.state} ${JSON.stringify(topped.output)}`);
+  check(topped.budget.limits.llm_calls === 2, `the top-up added one call: ${JSON.stringify(topped.budget)}`);
+  results.topped_up = parent;
+
+  // A parked call denied from the run's page, with a note.
+  const input = JSON.stringify({ calls: [{ tool: "kv.put", args: { key: "b", value: 2 } }] });
+  const denied = detach(["--grant", "kv.*", "--input", input, "--", "python3", agent("tools_agent.py")]);
+  await page.goto(config.base + `/ui/#/runs/${denied}`);
+  await page.waitForSelector("[data-call] [data-action=deny]");
+  await page.fill("[data-call] input[name=note]", "not this one");
+  await page.click("[data-call] [data-action=deny]");
+  const deniedRun = await until("the denied run to finish", async () => {
+    const view = await stateOf(denied);
+    return ["succeeded", "failed"].includes(view.state) && view;
+  });
+  check(deniedRun.output.results[0].error === "denied" && deniedRun.output.results[0].message.includes("not this one"),
+    `the agent got the denial and its note: ${JSON.stringify(deniedRun.output)}`);
+
+  // Stop, after the page's confirmation.
+  const sleeper = detach(["--", "python3", "-c", "import time; time.sleep(600)"]);
+  await page.goto(config.base + `/ui/#/runs/${sleeper}`);
+  await page.waitForSelector("[data-action=stop]:not([disabled])");
+  page.once("dialog", (dialog) => dialog.accept());
+  await page.click("[data-action=stop]");
+  const stopped = await until("the stopped run to end", async () => {
+    const view = await stateOf(sleeper);
+    return ["succeeded", "failed", "cancelled"].includes(view.state) && view;
+  });
+  check(stopped.state === "cancelled", `the stopped run is cancelled: ${stopped.state}`);
+
+  // A loop, let go on from the inbox.
+  const loop = script("loop.json", { responses: [{ match: "there yet", content: "no" }] });
+  const looping = detach(["--llm-script", loop, "--loop-threshold", "3", "--", "python3", agent("loop_agent.py")]);
+  await page.goto(config.base + "/ui/#/inbox");
+  const loopItem = `#inbox [data-run="${looping}"][data-kind="loop"]`;
+  await page.waitForSelector(loopItem);
+  check((await page.isChecked(`${loopItem} input[name=continue]`)), "a loop's form lets it go on by default");
+  await shot(page, "actions-inbox-loop");
+  await page.click(`${loopItem} form[data-form=top-up] button[type=submit]`);
+  const goneOn = await until("the loop to go on and finish", async () => {
+    const view = await stateOf(looping);
+    return ["succeeded", "failed"].includes(view.state) && view;
+  });
+  check(goneOn.state === "succeeded" && goneOn.provider_calls === 3, `the loop went on: ${goneOn.state} ${goneOn.provider_calls}`);
+
+  rmSync(scripts, { recursive: true, force: true });
+  await close();
+  return results;
+}
+
+const scenarios = { main, tenant, form, bench, actions };
 check(scenarios[scenario], `no scenario ${scenario}`);
 const result = await scenarios[scenario]();
 writeFileSync(join(config.artifacts, `${scenario}.json`), JSON.stringify(result, null, 2));

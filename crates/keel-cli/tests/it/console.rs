@@ -126,6 +126,17 @@ fn the_console_lists_live_shows_the_timeline_and_answers_and_approves_in_place()
     assert_eq!(approved["state"], "succeeded", "{approved}");
 }
 
+/// Every action, clicked in the page: a child nested under its parent, pause and resume,
+/// a message, a budget top-up and a loop let go on from the inbox, a denial with a note,
+/// and a stop after the page's confirmation.
+#[test]
+fn every_action_of_the_run_page_and_the_inbox_works_in_the_browser() {
+    let keel = console_daemon();
+    let result = scenario(&keel, "actions", json!({}));
+    let view = keel.inspect(result["topped_up"].as_str().unwrap());
+    assert_eq!(view["provider_calls"], 2, "{view}");
+}
+
 /// A tenant's token sees only its tenant: the list, a search, a filter naming another
 /// tenant (refused with the API's message), the live stream, a direct link, the inbox
 /// and costs.
