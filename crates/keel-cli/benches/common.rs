@@ -60,6 +60,27 @@ impl Daemon {
         }
     }
 
+    /// Starts a run (`keel run --detach --json ARGS`), waits up to 15 minutes for it to
+    /// end, and returns its view; panics, with its logs, unless it succeeded.
+    pub fn finished_run<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> serde_json::Value {
+        let out = self.keel().args(["run", "--detach", "--json"]).args(args).output().expect("keel run");
+        assert!(out.status.success(), "keel run failed: {}", String::from_utf8_lossy(&out.stderr));
+        let run: serde_json::Value = serde_json::from_slice(&out.stdout).expect("run id");
+        let run = run["run_id"].as_str().expect("run_id").to_owned();
+        let deadline = Instant::now() + Duration::from_secs(900);
+        loop {
+            let out = self.keel().args(["inspect", &run, "--json"]).output().expect("keel inspect");
+            let view: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect json");
+            if matches!(view["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
+                let logs = || self.keel().args(["logs", &run]).output().expect("keel logs").stdout;
+                assert_eq!(view["state"], "succeeded", "{view}\n{}", String::from_utf8_lossy(&logs()));
+                return view;
+            }
+            assert!(Instant::now() < deadline, "the benchmark agent did not finish");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The daemon's API address and token.
     pub fn api(&self) -> (String, String) {
         let info: serde_json::Value = serde_json::from_slice(

@@ -10,7 +10,7 @@
 mod common;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::Value;
 
@@ -68,26 +68,10 @@ fn main() {
 
 fn run_agent_mode(daemon: &common::Daemon, mode: &str, script: Option<&str>) -> Value {
     let client = common::bench_dir().join("bench_exec.py");
-    let mut args =
-        vec!["run".to_owned(), "--detach".into(), "--json".into(), "--grant".into(), "echo".into()];
+    let mut args = vec!["--grant".to_owned(), "echo".into()];
     if let Some(script) = script {
         args.extend(["--llm-script".into(), script.to_owned()]);
     }
     args.extend(["--".into(), "python3".into(), client.display().to_string(), mode.into()]);
-    let out = daemon.keel().args(&args).output().expect("keel run");
-    assert!(out.status.success(), "keel run failed: {}", String::from_utf8_lossy(&out.stderr));
-    let run: Value = serde_json::from_slice(&out.stdout).expect("run id");
-    let run = run["run_id"].as_str().expect("run_id").to_owned();
-    let deadline = Instant::now() + Duration::from_secs(900);
-    loop {
-        let out = daemon.keel().args(["inspect", &run, "--json"]).output().expect("keel inspect");
-        let view: Value = serde_json::from_slice(&out.stdout).expect("inspect json");
-        if matches!(view["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
-            let logs = daemon.keel().args(["logs", &run]).output().expect("keel logs");
-            assert_eq!(view["state"], "succeeded", "{view}\n{}", String::from_utf8_lossy(&logs.stdout));
-            return view;
-        }
-        assert!(Instant::now() < deadline, "the benchmark agent did not finish");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    daemon.finished_run(&args)
 }

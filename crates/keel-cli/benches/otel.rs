@@ -14,31 +14,19 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 fn agent_output(daemon: &common::Daemon) -> Value {
-    let client = common::bench_dir().join("bench_otel.py");
-    let script = common::bench_dir().join("bench_otel_script.json");
-    let out = daemon
-        .keel()
-        .args(["run", "--detach", "--json", "--sandbox", "none", "--llm-script"])
-        .arg(&script)
-        .args(["--env", &format!("PYTHONPATH={}", common::bench_dir().display()), "--", "python3"])
-        .arg(&client)
-        .output()
-        .expect("keel run");
-    assert!(out.status.success(), "keel run failed: {}", String::from_utf8_lossy(&out.stderr));
-    let run: Value = serde_json::from_slice(&out.stdout).expect("run id");
-    let run = run["run_id"].as_str().expect("run_id").to_owned();
-    let deadline = Instant::now() + Duration::from_secs(900);
-    let view = loop {
-        let out = daemon.keel().args(["inspect", &run, "--json"]).output().expect("keel inspect");
-        let view: Value = serde_json::from_slice(&out.stdout).expect("inspect json");
-        if matches!(view["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
-            break view;
-        }
-        assert!(Instant::now() < deadline, "the benchmark agent did not finish");
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert_eq!(view["state"], "succeeded", "benchmark agent failed: {view}");
-    view["output"].clone()
+    let dir = common::bench_dir().display();
+    let args = [
+        "--sandbox".to_owned(),
+        "none".into(),
+        "--llm-script".into(),
+        format!("{dir}/bench_otel_script.json"),
+        "--env".into(),
+        format!("PYTHONPATH={dir}"),
+        "--".into(),
+        "python3".into(),
+        format!("{dir}/bench_otel.py"),
+    ];
+    daemon.finished_run(&args)["output"].clone()
 }
 
 fn main() {

@@ -10,7 +10,6 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -49,23 +48,9 @@ fn row(name: &str, stats: &Value, floor: f64) -> String {
 /// Runs `program` (an interpreter and its arguments) as a benchmark agent under the daemon
 /// and returns the output it exited with.
 fn agent_output(daemon: &common::Daemon, program: &[&str]) -> Value {
-    let out =
-        daemon.keel().args(["run", "--detach", "--json", "--"]).args(program).output().expect("keel run");
-    assert!(out.status.success(), "keel run failed: {}", String::from_utf8_lossy(&out.stderr));
-    let run: Value = serde_json::from_slice(&out.stdout).expect("run id");
-    let run = run["run_id"].as_str().expect("run_id").to_owned();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let view = loop {
-        let out = daemon.keel().args(["inspect", &run, "--json"]).output().expect("keel inspect");
-        let view: Value = serde_json::from_slice(&out.stdout).expect("inspect json");
-        if matches!(view["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
-            break view;
-        }
-        assert!(Instant::now() < deadline, "the benchmark agent did not finish");
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert_eq!(view["state"], "succeeded", "benchmark agent failed: {view}");
-    view["output"].clone()
+    let mut args = vec!["--"];
+    args.extend_from_slice(program);
+    daemon.finished_run(&args)["output"].clone()
 }
 
 /// The floor: `interpreter client echo PATH`'s stats.

@@ -369,14 +369,17 @@ impl Kernel {
                     (since, last.and_then(|fire| fire.run_id))
                 }
             };
-            let previous_live = match (&last_run, parsed.policies.overlap) {
-                (Some(run), Overlap::Skip | Overlap::Queue) => {
-                    self.get(run).await.is_ok_and(|record| !record.state.is_terminal())
-                }
-                _ => false,
-            };
             let now = now_ms();
-            let decided = plan(&parsed.schedule, &record.name, &parsed.policies, since, now, previous_live);
+            let planned = |live| plan(&parsed.schedule, &record.name, &parsed.policies, since, now, live);
+            // Whether the last run is live matters only when a tick is due to fire: the
+            // store is asked then, not for every schedule at every pass.
+            let mut decided = planned(false);
+            if let (false, Some(run), Overlap::Skip | Overlap::Queue) =
+                (decided.fire.is_empty(), &last_run, parsed.policies.overlap)
+                && self.get(run).await.is_ok_and(|record| !record.state.is_terminal())
+            {
+                decided = planned(true);
+            }
             for tick in &decided.skip {
                 let fire = FireRecord {
                     kind: KIND.into(),
