@@ -329,16 +329,12 @@ impl Kernel {
         Ok(self.inner.store.list_runs(filter).await?)
     }
 
-    /// The open `human.ask` question of a run (with its form, if any), if it waits for one.
+    /// The open `human.ask` question of a waiting or paused run (with its form, if any).
     async fn open_question(&self, run: &RunId) -> Result<Option<HumanAskParams>> {
         if let Some(live) = self.live(run)
             && let Some(ask) = lock(&live.ask).as_ref()
         {
             return Ok(Some(ask.question.clone()));
-        }
-        let record = self.get(run).await?;
-        if record.state != RunState::Waiting && record.state != RunState::Paused {
-            return Ok(None);
         }
         Ok(self.pending_ask_entry(run).await?.map(|(_, question)| question))
     }

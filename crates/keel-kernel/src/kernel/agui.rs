@@ -42,8 +42,7 @@ impl Kernel {
     /// The AG-UI stream of `run`, if `principal` may read it (another tenant's run is
     /// not found, like a missing one).
     pub async fn agui(&self, principal: &Principal, run: &RunId, ids: Option<AguiIds>) -> Result<AguiStream> {
-        self.authorize(principal, run).await?;
-        let record = self.get(run).await?;
+        let record = self.run_for(principal, run).await?;
         let deltas = (!record.state.is_terminal()).then(|| self.inner.live_deltas.watch(run));
         let events = EventStream::new(self.inner.store.clone(), &self.inner.events, run.clone(), 0, true);
         let ids = ids.unwrap_or_else(|| AguiIds { thread_id: run.to_string(), run_id: run.to_string() });

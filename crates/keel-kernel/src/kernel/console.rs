@@ -113,8 +113,9 @@ impl Kernel {
         records.sort_by_key(|record| (record.updated_at_ms, record.created_at_ms));
         records.truncate(MAX_INBOX);
         let mut items = Vec::with_capacity(records.len());
+        let queues = self.llm_queues();
         for record in &records {
-            let run = self.view(record, None).await?;
+            let run = self.view(record, Some(&queues)).await?;
             let approvals = self.pending_approvals(&record.id);
             let (kind, summary) = match record.wait_reason {
                 Some(WaitReason::Human) => {
@@ -189,8 +190,9 @@ impl Kernel {
             ..RunFilter::default()
         };
         let mut top_runs = Vec::new();
+        let queues = self.llm_queues();
         for record in self.list(&top).await?.iter().filter(|record| record.usage.cost_micro_usd > 0) {
-            top_runs.push(self.view(record, None).await?);
+            top_runs.push(self.view(record, Some(&queues)).await?);
         }
         Ok(CostsView { since: since_ms, bucket_ms: filter.bucket_ms, buckets, top_runs })
     }

@@ -141,10 +141,9 @@ impl Kernel {
 }
 
 /// A call without an outside effect made by a running `code.exec` program, journaled with
-/// the program's result (`syscall/journal.rs`): its entry, its reply and its span, which
-/// ends once the entry has its seq.
+/// the program's result (`syscall/journal.rs`): its entry and, when traces are exported,
+/// its span with the reply it ends with once the entry has its seq.
 pub(crate) struct BufferedRead {
     pub(crate) entry: keel_store::NewEntry,
-    pub(crate) reply: crate::error::Reply,
-    pub(crate) span: Option<crate::telemetry::SyscallSpan>,
+    pub(crate) span: Option<(crate::telemetry::SyscallSpan, crate::error::Reply)>,
 }

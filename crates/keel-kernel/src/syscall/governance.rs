@@ -210,8 +210,7 @@ impl Kernel {
                 outcome,
                 usage,
             ),
-            reply: outcome.clone(),
-            span,
+            span: span.map(|span| (span, outcome.clone())),
         });
         true
     }

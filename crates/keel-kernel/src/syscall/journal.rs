@@ -67,10 +67,10 @@ pub(crate) struct Effect {
 
 /// Journals a program's read; its span ends with the seq it got.
 async fn append_read(kernel: &Kernel, live: &Arc<LiveRun>, read: BufferedRead) -> keel_store::Result<Seq> {
-    let BufferedRead { entry, reply, span } = read;
+    let BufferedRead { entry, span } = read;
     let usage = entry.usage;
     let seq = kernel.append(live, entry).await;
-    if let (Ok(seq), Some(span)) = (&seq, span) {
+    if let (Ok(seq), Some((span, reply))) = (&seq, span) {
         span.end(crate::telemetry::Outcome {
             seq: Some(*seq),
             reply: reply.as_ref().map_err(|e| (e.kind.as_str(), e.message.as_str())),
