@@ -17,7 +17,8 @@
 //! 4. kv by (scope, key);
 //! 5. thread messages by (tenant, thread, index);
 //! 6. memory records by (tenant, namespace, key), then memory deletes by (tenant, key);
-//! 7. audit entries by seq.
+//! 7. triggers by (kind, name), then their fires by (kind, trigger, occasion);
+//! 8. audit entries by seq.
 //!
 //! Text keys sort by their bytes (UTF-8), as SQLite compares text; another backend sorts
 //! the same way (Postgres: `COLLATE "C"`), or two dumps of the same data would differ.
@@ -34,8 +35,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::{
-    ApiTokenRecord, AuditEntry, EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryRecord,
-    Result, RunRecord, Store, TenantRecord, ThreadMessage,
+    ApiTokenRecord, AuditEntry, EventRecord, FireRecord, JournalEntry, MailboxMessage, MemoryEmbedding,
+    MemoryRecord, Result, RunRecord, Store, TenantRecord, ThreadMessage, TriggerRecord,
 };
 
 /// One record of a store. See the module doc for the order a dump sends them in.
@@ -88,6 +89,10 @@ pub enum DumpItem {
         idempotency_key: String,
         deleted: bool,
     },
+    /// A schedule, webhook or event trigger, paused or not.
+    Trigger(TriggerRecord),
+    /// One occasion a trigger fired for (what keeps a fire from happening twice).
+    Fire(FireRecord),
     Audit(AuditEntry),
 }
 
@@ -106,6 +111,8 @@ impl DumpItem {
             DumpItem::Thread { .. } => "thread message",
             DumpItem::Memory { .. } => "memory record",
             DumpItem::MemoryDelete { .. } => "memory delete",
+            DumpItem::Trigger(_) => "trigger",
+            DumpItem::Fire(_) => "trigger fire",
             DumpItem::Audit(_) => "audit entry",
         }
     }
@@ -137,6 +144,10 @@ pub fn describe(item: &DumpItem) -> String {
         }
         DumpItem::MemoryDelete { tenant, idempotency_key, .. } => {
             format!("{kind} with key {idempotency_key:?} of tenant {tenant}")
+        }
+        DumpItem::Trigger(trigger) => format!("{kind} {} {:?}", trigger.kind, trigger.name),
+        DumpItem::Fire(fire) => {
+            format!("{kind} {:?} of {} {:?}", fire.occasion, fire.kind, fire.trigger)
         }
         DumpItem::Audit(entry) => format!("{kind} {}", entry.seq),
     }

@@ -13,12 +13,12 @@ use tokio::sync::mpsc;
 use super::{Must, complete_entry, now_ms, ok_completion, pending_entry, usage};
 use crate::dump::{self, DumpItem};
 use crate::{
-    ApiTokenRecord, AuditFilter, AuditRecord, MemoryEmbedding, MemorySearch, NewEvent, NewMessage, NewRun,
-    RunPatch, SearchMode, Store, TenantRecord,
+    ApiTokenRecord, AuditFilter, AuditRecord, FireRecord, MemoryEmbedding, MemorySearch, NewEvent,
+    NewMessage, NewRun, RunPatch, SearchMode, Store, TenantRecord, TriggerRecord,
 };
 
 /// Every kind of item a dump sends, by `DumpItem::kind`.
-const ALL_KINDS: [&str; 12] = [
+const ALL_KINDS: [&str; 14] = [
     "tenant",
     "api token",
     "run",
@@ -30,6 +30,8 @@ const ALL_KINDS: [&str; 12] = [
     "thread message",
     "memory record",
     "memory delete",
+    "trigger",
+    "trigger fire",
     "audit entry",
 ];
 
@@ -224,6 +226,38 @@ async fn fill(store: &dyn Store) -> Filled {
     store.mem_put(&tenant, "notes", "plain", json!(2), "no vector".into(), None, 31).await.must("mem_put");
     store.mem_put(&tenant, "notes", "gone", json!(3), "deleted".into(), None, 32).await.must("mem_put");
     assert!(store.mem_delete(&tenant, "notes", "gone", Some("delete-1")).await.must("mem_delete"));
+
+    // A paused schedule with a fired and a skipped tick, and a webhook with a delivery.
+    for (kind, name, paused) in [("schedule", "nightly", true), ("hook", "github", false)] {
+        let trigger = TriggerRecord {
+            kind: kind.to_owned(),
+            name: format!("{name}-{tenant}"),
+            tenant: tenant.clone(),
+            spec: json!({"cron": "0 9 * * *", "command": ["agent"]}),
+            paused,
+            since_ms: 40,
+            created_at_ms: 41,
+        };
+        store.trigger_create(trigger).await.must("trigger_create");
+    }
+    let fire = |kind: &str, name: &str, occasion: &str, run_id: Option<RunId>, outcome: &str| FireRecord {
+        kind: kind.to_owned(),
+        trigger: format!("{name}-{tenant}"),
+        occasion: occasion.to_owned(),
+        tenant: tenant.clone(),
+        at_ms: 50,
+        run_id,
+        outcome: outcome.to_owned(),
+        detail: (outcome == "skipped").then(|| "the last run is still going".to_owned()),
+        fired_at_ms: 51,
+    };
+    for fire in [
+        fire("schedule", "nightly", "1000", Some(other.clone()), "fired"),
+        fire("schedule", "nightly", "2000", None, "skipped"),
+        fire("hook", "github", "delivery-1", Some(run.clone()), "fired"),
+    ] {
+        assert!(store.trigger_fire(fire).await.must("trigger_fire").1, "a new occasion is recorded");
+    }
 
     let audit = |action: &str| AuditRecord {
         tenant: tenant.clone(),

@@ -15,6 +15,7 @@ use tokio_postgres::{IsolationLevel, Row};
 use super::audit::{self, AuditColumns};
 use super::queries::{self, column, execute, json_column, query_opt, query_rows};
 use super::tenants::{self, TENANT_COLUMNS, TOKEN_COLUMNS};
+use super::triggers;
 use super::writes::{put_blobs, put_chain};
 use super::{int, pg_error};
 use crate::chain::{Blob, EncodedEntry};
@@ -206,6 +207,22 @@ pub(super) async fn dump(client: &mut Object, sink: &Sender<Vec<DumpItem>>) -> R
                 deleted: column(row, "deleted", place)?,
             })
         },
+    )
+    .await?;
+    send_rows(
+        &transaction,
+        out,
+        "dumping triggers",
+        &format!("SELECT {} FROM triggers ORDER BY kind, name", triggers::TRIGGER_COLUMNS),
+        |row| triggers::decode_trigger(row).map(DumpItem::Trigger),
+    )
+    .await?;
+    send_rows(
+        &transaction,
+        out,
+        "dumping trigger fires",
+        &format!("SELECT {} FROM trigger_fires ORDER BY kind, trigger, occasion", triggers::FIRE_COLUMNS),
+        |row| triggers::decode_fire(row).map(DumpItem::Fire),
     )
     .await?;
     send_rows(
@@ -427,6 +444,13 @@ pub(super) async fn restore(transaction: &Transaction<'_>, items: Vec<DumpItem>)
                 )
                 .await?;
             }
+            DumpItem::Trigger(trigger) => triggers::create(transaction, &trigger).await?,
+            DumpItem::Fire(fire) => {
+                let (_, inserted) = triggers::fire(transaction, fire).await?;
+                if !inserted {
+                    return Err(Error::Corrupt("a dump holds one trigger fire twice".into()));
+                }
+            }
             DumpItem::Audit(entry) => {
                 audit.push(entry.seq, &entry.record, &entry.prev_hash, &entry.hash);
                 audit_head = Some((entry.seq, entry.hash));
@@ -539,7 +563,8 @@ pub(super) async fn is_empty(client: &impl GenericClient) -> Result<bool> {
         "checking the store is empty",
         "SELECT NOT (EXISTS (SELECT 1 FROM tenants) OR EXISTS (SELECT 1 FROM runs) \
          OR EXISTS (SELECT 1 FROM kv) OR EXISTS (SELECT 1 FROM thread_messages) \
-         OR EXISTS (SELECT 1 FROM memory) OR EXISTS (SELECT 1 FROM audit)) AS empty",
+         OR EXISTS (SELECT 1 FROM memory) OR EXISTS (SELECT 1 FROM triggers) \
+         OR EXISTS (SELECT 1 FROM trigger_fires) OR EXISTS (SELECT 1 FROM audit)) AS empty",
         &[],
     )
     .await?;

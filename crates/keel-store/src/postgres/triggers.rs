@@ -9,8 +9,8 @@ use super::int;
 use super::queries::{column, count, execute, json_column, query_opt, query_rows};
 use crate::{Error, FireRecord, Result, TriggerRecord};
 
-const TRIGGER_COLUMNS: &str = "kind, name, tenant, spec, paused, since_ms, created_at_ms";
-const FIRE_COLUMNS: &str = "kind, trigger, occasion, tenant, at_ms, run_id, outcome, detail, fired_at_ms";
+pub(super) const TRIGGER_COLUMNS: &str = "kind, name, tenant, spec, paused, since_ms, created_at_ms";
+pub(super) const FIRE_COLUMNS: &str = "kind, trigger, occasion, tenant, at_ms, run_id, outcome, detail, fired_at_ms";
 
 pub(super) async fn create(client: &impl GenericClient, trigger: &TriggerRecord) -> Result<()> {
     let inserted = execute(
@@ -175,7 +175,7 @@ pub(super) async fn unstarted(client: &impl GenericClient, kind: &str) -> Result
         .collect()
 }
 
-fn decode_trigger(row: &Row) -> Result<TriggerRecord> {
+pub(super) fn decode_trigger(row: &Row) -> Result<TriggerRecord> {
     let name: String = column(row, "name", "a trigger")?;
     let place = format!("trigger {name:?}");
     Ok(TriggerRecord {
@@ -189,7 +189,7 @@ fn decode_trigger(row: &Row) -> Result<TriggerRecord> {
     })
 }
 
-fn decode_fire(row: &Row) -> Result<FireRecord> {
+pub(super) fn decode_fire(row: &Row) -> Result<FireRecord> {
     let trigger: String = column(row, "trigger", "a trigger fire")?;
     let place = format!("a fire of trigger {trigger:?}");
     let run_id: Option<String> = column(row, "run_id", &place)?;

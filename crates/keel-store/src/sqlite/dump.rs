@@ -16,6 +16,7 @@ use super::queries::{
     seq_param,
 };
 use super::tenants::{TENANT_COLUMNS, TOKEN_COLUMNS, decode_tenant, decode_token};
+use super::triggers::{FIRE_COLUMNS, TRIGGER_COLUMNS, decode_fire, decode_trigger};
 use super::writer::{insert_entry, put_blob, run_sql, sql_error};
 use crate::chain::{Blob, EncodedEntry};
 use crate::dump::DUMP_BATCH;
@@ -68,6 +69,14 @@ pub(super) enum Cursor {
     /// After (tenant, idempotency key).
     MemoryDeletes {
         after: Option<(String, String)>,
+    },
+    /// After (kind, name).
+    Triggers {
+        after: Option<(String, String)>,
+    },
+    /// After (kind, trigger, occasion).
+    Fires {
+        after: Option<(String, String, String)>,
     },
     Audit {
         after: Seq,
@@ -333,7 +342,44 @@ fn read_section(
             };
             let read = deletes.len();
             items.extend(deletes);
-            if full(read) { Cursor::MemoryDeletes { after: next } } else { Cursor::Audit { after: 0 } }
+            if full(read) { Cursor::MemoryDeletes { after: next } } else { Cursor::Triggers { after: None } }
+        }
+        Cursor::Triggers { after } => {
+            let (kind, name) = after.map_or((None, None), |(kind, name)| (Some(kind), Some(name)));
+            let triggers = query_all(
+                connection,
+                "dumping triggers",
+                &format!(
+                    "SELECT {TRIGGER_COLUMNS} FROM triggers WHERE ?1 IS NULL OR (kind, name) > (?1, ?2) \
+                     ORDER BY kind, name LIMIT ?3"
+                ),
+                params![kind, name, limit],
+                decode_trigger,
+            )?;
+            let next = triggers.last().map(|trigger| (trigger.kind.clone(), trigger.name.clone()));
+            let read = triggers.len();
+            items.extend(triggers.into_iter().map(DumpItem::Trigger));
+            if full(read) { Cursor::Triggers { after: next } } else { Cursor::Fires { after: None } }
+        }
+        Cursor::Fires { after } => {
+            let (kind, trigger, occasion) =
+                after.map_or((None, None, None), |(a, b, c)| (Some(a), Some(b), Some(c)));
+            let fires = query_all(
+                connection,
+                "dumping trigger fires",
+                &format!(
+                    "SELECT {FIRE_COLUMNS} FROM trigger_fires \
+                     WHERE ?1 IS NULL OR (kind, trigger, occasion) > (?1, ?2, ?3) \
+                     ORDER BY kind, trigger, occasion LIMIT ?4"
+                ),
+                params![kind, trigger, occasion, limit],
+                decode_fire,
+            )?;
+            let next =
+                fires.last().map(|fire| (fire.kind.clone(), fire.trigger.clone(), fire.occasion.clone()));
+            let read = fires.len();
+            items.extend(fires.into_iter().map(DumpItem::Fire));
+            if full(read) { Cursor::Fires { after: next } } else { Cursor::Audit { after: 0 } }
         }
         Cursor::Audit { after } => {
             let filter = AuditFilter {
@@ -398,6 +444,8 @@ pub(super) fn is_empty(connection: &Connection) -> Result<bool> {
         "thread_messages",
         "memory",
         "memory_deletes",
+        "triggers",
+        "trigger_fires",
         "audit",
     ];
     let any = tables.map(|table| format!("EXISTS (SELECT 1 FROM {table})")).join(" OR ");
@@ -533,6 +581,13 @@ pub(super) fn restore(connection: &Connection, items: Vec<DumpItem>) -> Result<(
                     "INSERT INTO memory_deletes (tenant, idempotency_key, deleted) VALUES (?1, ?2, ?3)",
                     params![tenant, idempotency_key, deleted],
                 )?;
+            }
+            DumpItem::Trigger(trigger) => super::triggers::create(connection, &trigger)?,
+            DumpItem::Fire(fire) => {
+                let (_, inserted) = super::triggers::fire(connection, fire)?;
+                if !inserted {
+                    return Err(Error::Corrupt("a dump holds one trigger fire twice".into()));
+                }
             }
             DumpItem::Audit(entry) => {
                 super::audit::insert_entry(connection, &entry)?;

@@ -8,8 +8,8 @@ use super::queries::{query_all, query_first, seq_param};
 use super::writer::run_sql;
 use crate::{Error, FireRecord, Result, TriggerRecord};
 
-const TRIGGER_COLUMNS: &str = "kind, name, tenant, spec, paused, since_ms, created_at_ms";
-const FIRE_COLUMNS: &str = "kind, trigger, occasion, tenant, at_ms, run_id, outcome, detail, fired_at_ms";
+pub(super) const TRIGGER_COLUMNS: &str = "kind, name, tenant, spec, paused, since_ms, created_at_ms";
+pub(super) const FIRE_COLUMNS: &str = "kind, trigger, occasion, tenant, at_ms, run_id, outcome, detail, fired_at_ms";
 
 pub(super) fn create(connection: &Connection, trigger: &TriggerRecord) -> Result<()> {
     let inserted = run_sql(
@@ -173,7 +173,7 @@ pub(super) fn unstarted(connection: &Connection, kind: &str) -> Result<Vec<FireR
     )
 }
 
-fn decode_trigger(row: &Row<'_>) -> Result<TriggerRecord> {
+pub(super) fn decode_trigger(row: &Row<'_>) -> Result<TriggerRecord> {
     let read = |error: rusqlite::Error| Error::Corrupt(format!("a trigger row: {error}"));
     let spec: String = row.get(3).map_err(read)?;
     let since: i64 = row.get(5).map_err(read)?;
@@ -190,7 +190,7 @@ fn decode_trigger(row: &Row<'_>) -> Result<TriggerRecord> {
     })
 }
 
-fn decode_fire(row: &Row<'_>) -> Result<FireRecord> {
+pub(super) fn decode_fire(row: &Row<'_>) -> Result<FireRecord> {
     let read = |error: rusqlite::Error| Error::Corrupt(format!("a trigger fire row: {error}"));
     let at: i64 = row.get(4).map_err(read)?;
     let fired: i64 = row.get(8).map_err(read)?;
