@@ -97,6 +97,8 @@ pub async fn run_all(store: Arc<dyn Store>) {
     runs_list_by_tenant(&*store).await;
     triggers_create_list_pause_delete(&*store).await;
     trigger_fires_are_recorded_once(Arc::clone(&store)).await;
+    triggers_update_keeps_fires_and_pause(&*store).await;
+    runs_ended_after_pages_in_end_order(&*store).await;
     runs_list_sorted_searched_and_paged(&*store).await;
     costs_summed_by_bucket_tenant_and_model(&*store).await;
     runs_counted_by_tenant_and_state(&*store).await;

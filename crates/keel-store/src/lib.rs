@@ -173,6 +173,19 @@ pub trait Store: Send + Sync + 'static {
 
     async fn get_run(&self, id: &RunId) -> Result<Option<RunRecord>>;
 
+    /// Runs of `tenant` that ended after a point of (`ended_at_ms`, id) order: those that
+    /// ended after `after_ms`, or at `after_ms` with an id greater than `after_id` (when
+    /// given), oldest end first (ties by id), at most `limit`. A page ends at the last
+    /// run's (`ended_at_ms`, id), which the next page starts after. Served by an index, so
+    /// it costs what the runs read cost, not the tenant's whole history.
+    async fn runs_ended_after(
+        &self,
+        tenant: &str,
+        after_ms: u64,
+        after_id: Option<&RunId>,
+        limit: usize,
+    ) -> Result<Vec<RunRecord>>;
+
     /// Runs matching `filter`, in its order (newest first by default), from its offset.
     /// Filtering, ordering and paging happen in the store's query, so a page of a large
     /// store costs what its rows cost.
@@ -378,6 +391,10 @@ pub trait Store: Send + Sync + 'static {
     /// Pauses or resumes a trigger, setting `since_ms`; whether it exists. Durable on
     /// return.
     async fn trigger_set_paused(&self, kind: &str, name: &str, paused: bool, since_ms: u64) -> Result<bool>;
+
+    /// Replaces a trigger's tenant and spec, keeping its fires, `paused` and `since_ms`;
+    /// whether it exists. Durable on return.
+    async fn trigger_update(&self, kind: &str, name: &str, tenant: &str, spec: &Value) -> Result<bool>;
 
     /// Deletes a trigger and its fires; whether it existed. Durable on return.
     async fn trigger_delete(&self, kind: &str, name: &str) -> Result<bool>;

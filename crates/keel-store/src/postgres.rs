@@ -335,6 +335,17 @@ impl Store for PgStore {
         queries::load_run(&client, id).await
     }
 
+    async fn runs_ended_after(
+        &self,
+        tenant: &str,
+        after_ms: u64,
+        after_id: Option<&RunId>,
+        limit: usize,
+    ) -> Result<Vec<RunRecord>> {
+        let client = self.client("listing runs that ended").await?;
+        queries::runs_ended_after(&client, tenant, after_ms, after_id, limit).await
+    }
+
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
         let client = self.client("listing runs").await?;
         queries::list_runs(&client, filter).await
@@ -614,6 +625,11 @@ impl Store for PgStore {
     async fn trigger_set_paused(&self, kind: &str, name: &str, paused: bool, since_ms: u64) -> Result<bool> {
         let client = self.client("pausing or resuming a trigger").await?;
         triggers::set_paused(&client, kind, name, paused, since_ms).await.map_err(outcome_unknown)
+    }
+
+    async fn trigger_update(&self, kind: &str, name: &str, tenant: &str, spec: &Value) -> Result<bool> {
+        let client = self.client("updating a trigger").await?;
+        triggers::update(&client, kind, name, tenant, &spec.to_string()).await.map_err(outcome_unknown)
     }
 
     async fn trigger_delete(&self, kind: &str, name: &str) -> Result<bool> {

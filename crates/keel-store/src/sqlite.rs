@@ -267,6 +267,20 @@ impl Store for SqliteStore {
         self.read(move |connection| queries::load_run(connection, &id)).await
     }
 
+    async fn runs_ended_after(
+        &self,
+        tenant: &str,
+        after_ms: u64,
+        after_id: Option<&RunId>,
+        limit: usize,
+    ) -> Result<Vec<RunRecord>> {
+        let (tenant, after_id) = (tenant.to_owned(), after_id.cloned());
+        self.read(move |connection| {
+            queries::runs_ended_after(connection, &tenant, after_ms, after_id.as_ref(), limit)
+        })
+        .await
+    }
+
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
         let filter = filter.clone();
         self.read(move |connection| queries::list_runs(connection, &filter)).await
@@ -540,6 +554,17 @@ impl Store for SqliteStore {
         let (kind, name) = (kind.to_owned(), name.to_owned());
         self.write(|reply| {
             writer::in_own_savepoint(reply, move |c| triggers::set_paused(c, &kind, &name, paused, since_ms))
+        })
+        .await
+    }
+
+    async fn trigger_update(&self, kind: &str, name: &str, tenant: &str, spec: &Value) -> Result<bool> {
+        let owned = (kind.to_owned(), name.to_owned(), tenant.to_owned(), spec.to_string());
+        self.write(|reply| {
+            writer::in_own_savepoint(reply, move |c| {
+                let (kind, name, tenant, spec) = &owned;
+                triggers::update(c, kind, name, tenant, spec)
+            })
         })
         .await
     }

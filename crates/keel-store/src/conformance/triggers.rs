@@ -128,3 +128,93 @@ pub async fn trigger_fires_are_recorded_once(store: Arc<dyn Store>) {
     let settled = failed.iter().find(|f| f.occasion == "20000").expect("the settled fire");
     assert_eq!((settled.outcome.as_str(), settled.detail.as_deref()), ("failed", Some("sandbox refused")));
 }
+
+pub async fn triggers_update_keeps_fires_and_pause(store: &dyn Store) {
+    let name = format!("update-{}", RunId::generate(now_ms()));
+    store.trigger_create(trigger(&name, "before")).await.must("creating a trigger");
+    store.trigger_set_paused("schedule", &name, true, 7_000).await.must("pausing");
+    store.trigger_fire(fire(&name, 10_000, None)).await.must("recording a fire");
+    let spec = json!({"cron": "0 9 * * *", "declared": true});
+    assert!(store.trigger_update("schedule", &name, "after", &spec).await.must("updating a trigger"));
+    let read = store.trigger_get("schedule", &name).await.must("reading").expect("the updated trigger");
+    assert_eq!(
+        (read.tenant.as_str(), &read.spec, read.paused, read.since_ms, read.created_at_ms),
+        ("after", &spec, true, 7_000, 1_000),
+        "store conformance: an update replaces tenant and spec and keeps the rest"
+    );
+    let fires = store.trigger_fires("schedule", &name, 10).await.must("reading fires");
+    assert_eq!(fires.len(), 1, "store conformance: an update keeps the trigger's fires");
+    assert!(
+        !store.trigger_update("schedule", "missing", "t", &spec).await.must("updating a missing trigger"),
+        "store conformance: updating a missing trigger says so"
+    );
+    store.trigger_delete("schedule", &name).await.must("cleaning up");
+}
+
+pub async fn runs_ended_after_pages_in_end_order(store: &dyn Store) {
+    let tenant = format!("ended-{}", RunId::generate(now_ms()));
+    let base = now_ms();
+    // Five runs ending at 100, 200, 200, 200, 300 ms after `base`, one still live, and one
+    // of another tenant ending in the same window.
+    let mut ended = Vec::new();
+    for (offset, state) in [
+        (100, RunState::Succeeded),
+        (200, RunState::Failed),
+        (200, RunState::Succeeded),
+        (200, RunState::Cancelled),
+        (300, RunState::Succeeded),
+    ] {
+        let run = tenant_run(&tenant);
+        let id = store.create_run(run).await.must("creating a run").id;
+        let patch = crate::RunPatch {
+            state: Some(state),
+            ended_at_ms: Some(Some(base + offset)),
+            updated_at_ms: Some(base + offset),
+            ..Default::default()
+        };
+        store.update_run(&id, None, patch).await.must("ending a run");
+        ended.push((base + offset, id));
+    }
+    store.create_run(tenant_run(&tenant)).await.must("creating a live run");
+    let other = store.create_run(tenant_run("someone-else")).await.must("another tenant's run").id;
+    let patch = crate::RunPatch {
+        state: Some(RunState::Succeeded),
+        ended_at_ms: Some(Some(base + 150)),
+        ..Default::default()
+    };
+    store.update_run(&other, None, patch).await.must("ending another tenant's run");
+    ended.sort();
+    let expected: Vec<RunId> = ended.iter().map(|(_, id)| id.clone()).collect();
+
+    let all = store.runs_ended_after(&tenant, base, None, 100).await.must("listing ended runs");
+    let ids: Vec<RunId> = all.iter().map(|run| run.id.clone()).collect();
+    assert_eq!(ids, expected, "store conformance: a tenant's ended runs, oldest end first, ties by id");
+    let after = store.runs_ended_after(&tenant, base + 200, None, 100).await.must("listing after a time");
+    assert_eq!(
+        after.iter().map(|run| run.id.clone()).collect::<Vec<_>>(),
+        expected[4..],
+        "store conformance: strictly after the time when no id is given"
+    );
+    // Pages of two, each starting after the last one's (end, id), read each run once.
+    let mut paged = Vec::new();
+    let mut cursor: Option<(u64, RunId)> = None;
+    loop {
+        let (after_ms, after_id) = match &cursor {
+            Some((ms, id)) => (*ms, Some(id)),
+            None => (base, None),
+        };
+        let page = store.runs_ended_after(&tenant, after_ms, after_id, 2).await.must("a page of ended runs");
+        let Some(last) = page.last() else { break };
+        cursor = Some((last.ended_at_ms.expect("an ended run has its end"), last.id.clone()));
+        paged.extend(page.into_iter().map(|run| run.id));
+    }
+    assert_eq!(paged, expected, "store conformance: paging by (end, id) reads every ended run once");
+    assert!(
+        store.runs_ended_after(&tenant, base + 300, None, 10).await.must("listing after the last").is_empty()
+    );
+}
+
+/// A new live run of `tenant` (`new_run` makes the conformance tenant's).
+fn tenant_run(tenant: &str) -> crate::NewRun {
+    crate::NewRun { tenant: tenant.to_owned(), ..new_run(now_ms(), RunState::Running) }
+}

@@ -85,6 +85,30 @@ pub(super) async fn load_run(client: &impl GenericClient, id: &RunId) -> Result<
     query_opt(client, "reading a run", &sql, &[&id.as_str()]).await?.map(|row| decode_run(&row)).transpose()
 }
 
+/// See `Store::runs_ended_after`; `runs_by_end` serves it.
+pub(super) async fn runs_ended_after(
+    client: &impl GenericClient,
+    tenant: &str,
+    after_ms: u64,
+    after_id: Option<&RunId>,
+    limit: usize,
+) -> Result<Vec<RunRecord>> {
+    let sql = format!(
+        "SELECT {RUN_COLUMNS} FROM runs WHERE tenant = $1 AND ended_at_ms IS NOT NULL \
+         AND ended_at_ms >= $2 AND (ended_at_ms > $2 OR ($3::text IS NOT NULL AND id > $3)) \
+         ORDER BY ended_at_ms, id LIMIT $4"
+    );
+    let after_id = after_id.map(RunId::as_str);
+    let rows = query_rows(
+        client,
+        "listing runs that ended",
+        &sql,
+        &[&tenant, &int(after_ms), &after_id, &int(limit as u64)],
+    )
+    .await?;
+    rows.iter().map(decode_run).collect()
+}
+
 pub(super) async fn list_runs(client: &impl GenericClient, filter: &RunFilter) -> Result<Vec<RunRecord>> {
     let states: Option<Vec<&str>> =
         (!filter.states.is_empty()).then(|| filter.states.iter().map(|state| state.as_str()).collect());

@@ -42,6 +42,8 @@
 //! - **4**: the console's indexes, as SQLite's 7: `runs_by_cost`, `runs_by_tenant_cost`,
 //!   `journal_by_time`.
 //! - **5**: triggers and their fires, as SQLite's 8 (`crate::triggers`).
+//! - **6**: `runs_by_end`, ended runs by (tenant, end time, id), as SQLite's 9
+//!   (`runs_ended_after`).
 //!
 //! Where the tables live: the first schema of the connection's `search_path` (`public`
 //! unless the URL says otherwise, e.g. `?options=-csearch_path%3Dkeel`), so several
@@ -54,7 +56,7 @@ use crate::{Error, Result};
 
 /// Migration `i` brings a database from version `i` to version `i + 1`. Append only:
 /// a released migration never changes.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// The schema this build writes and reads.
 pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
@@ -63,6 +65,11 @@ pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
 /// starting at once migrate one after the other (the second finds nothing left to do).
 /// Any fixed number works; this one is "keel" in ASCII.
 const MIGRATION_LOCK: i64 = 0x6b65_656c;
+
+/// Version 6: ended runs by tenant and end time, as SQLite's version 9.
+const V6: &str = r#"
+CREATE INDEX runs_by_end ON runs (tenant, ended_at_ms, id) WHERE ended_at_ms IS NOT NULL;
+"#;
 
 /// Version 5: triggers and their fires, as SQLite's version 8.
 const V5: &str = r#"

@@ -10,7 +10,8 @@ use super::queries::{column, count, execute, json_column, query_opt, query_rows}
 use crate::{Error, FireRecord, Result, TriggerRecord};
 
 pub(super) const TRIGGER_COLUMNS: &str = "kind, name, tenant, spec, paused, since_ms, created_at_ms";
-pub(super) const FIRE_COLUMNS: &str = "kind, trigger, occasion, tenant, at_ms, run_id, outcome, detail, fired_at_ms";
+pub(super) const FIRE_COLUMNS: &str =
+    "kind, trigger, occasion, tenant, at_ms, run_id, outcome, detail, fired_at_ms";
 
 pub(super) async fn create(client: &impl GenericClient, trigger: &TriggerRecord) -> Result<()> {
     let inserted = execute(
@@ -49,6 +50,23 @@ pub(super) async fn set_paused(
         "pausing or resuming a trigger",
         "UPDATE triggers SET paused = $3, since_ms = $4 WHERE kind = $1 AND name = $2",
         &[&kind, &name, &paused, &int(since_ms)],
+    )
+    .await?;
+    Ok(changed > 0)
+}
+
+pub(super) async fn update(
+    client: &impl GenericClient,
+    kind: &str,
+    name: &str,
+    tenant: &str,
+    spec: &str,
+) -> Result<bool> {
+    let changed = execute(
+        client,
+        "updating a trigger",
+        "UPDATE triggers SET tenant = $3, spec = $4 WHERE kind = $1 AND name = $2",
+        &[&kind, &name, &tenant, &spec],
     )
     .await?;
     Ok(changed > 0)

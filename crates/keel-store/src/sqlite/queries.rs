@@ -82,6 +82,32 @@ pub(super) fn list_runs(connection: &Connection, filter: &RunFilter) -> Result<V
     query_all(connection, "listing runs", &sql, params_from_iter(values.iter()), decode_run)
 }
 
+/// See `Store::runs_ended_after`; `runs_by_end` serves it.
+pub(super) fn runs_ended_after(
+    connection: &Connection,
+    tenant: &str,
+    after_ms: u64,
+    after_id: Option<&RunId>,
+    limit: usize,
+) -> Result<Vec<RunRecord>> {
+    query_all(
+        connection,
+        "listing runs that ended",
+        &format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE tenant = ?1 AND ended_at_ms IS NOT NULL \
+             AND ended_at_ms >= ?2 AND (ended_at_ms > ?2 OR (?3 IS NOT NULL AND id > ?3)) \
+             ORDER BY ended_at_ms, id LIMIT ?4"
+        ),
+        params![
+            tenant,
+            seq_param(after_ms),
+            after_id.map(RunId::as_str),
+            i64::try_from(limit).unwrap_or(i64::MAX)
+        ],
+        decode_run,
+    )
+}
+
 /// The usage of completed `llm.chat` entries per (time bucket, tenant, model); see
 /// `Store::cost_summary`. The model is read from the entry's result (the kernel's
 /// `response.model`, or a top-level `model`), else its params.

@@ -49,6 +49,9 @@
 //!   the spec JSON, `paused` and `since_ms`; `trigger_fires` keyed by (kind, trigger,
 //!   occasion), so an occasion (a scheduled time, a delivery id) is recorded once, with
 //!   the run id chosen before the run is created; `fires_by_time` serves the newest fires.
+//! - **9**: `runs_by_end`, a partial index of ended runs by (tenant, end time, id):
+//!   `runs_ended_after`, which event triggers' catch-up reads (the runs that ended since
+//!   the last pass), costs the runs it reads.
 
 use std::time::Duration;
 
@@ -63,7 +66,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `i` brings a database from version `i` to version `i + 1`. Append only:
 /// a released migration never changes.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9];
 
 /// The schema this build writes and reads.
 pub(super) const SCHEMA_VERSION: usize = MIGRATIONS.len();
@@ -355,6 +358,12 @@ CREATE TABLE trigger_fires (
     PRIMARY KEY (kind, trigger, occasion)
 );
 CREATE INDEX fires_by_time ON trigger_fires (kind, trigger, at_ms);
+";
+
+/// Version 9: ended runs by tenant and end time (`Store::runs_ended_after`). Partial:
+/// live runs, which change state often, are not in it.
+const V9: &str = "
+CREATE INDEX runs_by_end ON runs (tenant, ended_at_ms, id) WHERE ended_at_ms IS NOT NULL;
 ";
 
 /// Settings of the one read-write connection. WAL lets readers run beside the writer;

@@ -9,7 +9,8 @@ use super::writer::run_sql;
 use crate::{Error, FireRecord, Result, TriggerRecord};
 
 pub(super) const TRIGGER_COLUMNS: &str = "kind, name, tenant, spec, paused, since_ms, created_at_ms";
-pub(super) const FIRE_COLUMNS: &str = "kind, trigger, occasion, tenant, at_ms, run_id, outcome, detail, fired_at_ms";
+pub(super) const FIRE_COLUMNS: &str =
+    "kind, trigger, occasion, tenant, at_ms, run_id, outcome, detail, fired_at_ms";
 
 pub(super) fn create(connection: &Connection, trigger: &TriggerRecord) -> Result<()> {
     let inserted = run_sql(
@@ -47,6 +48,22 @@ pub(super) fn set_paused(
         "pausing or resuming a trigger",
         "UPDATE triggers SET paused = ?3, since_ms = ?4 WHERE kind = ?1 AND name = ?2",
         params![kind, name, paused, seq_param(since)],
+    )?;
+    Ok(changed > 0)
+}
+
+pub(super) fn update(
+    connection: &Connection,
+    kind: &str,
+    name: &str,
+    tenant: &str,
+    spec: &str,
+) -> Result<bool> {
+    let changed = run_sql(
+        connection,
+        "updating a trigger",
+        "UPDATE triggers SET tenant = ?3, spec = ?4 WHERE kind = ?1 AND name = ?2",
+        params![kind, name, tenant, spec],
     )?;
     Ok(changed > 0)
 }

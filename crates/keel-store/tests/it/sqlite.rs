@@ -243,7 +243,7 @@ async fn a_version_1_database_is_migrated_to_memory() {
         "DROP TABLE memory_embeddings; DROP TABLE memory_fts; DROP TABLE memory; DROP TABLE memory_deletes; DROP TABLE message_chain; \
          DROP TABLE thread_messages; DROP TABLE mailbox; DROP TABLE subscriptions; \
          DROP TABLE audit; DROP TABLE audit_head; DROP TABLE api_tokens; DROP TABLE tenants; \
-         DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 1;",
+         DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 1;",
     )
     .unwrap();
     drop(raw);
@@ -268,7 +268,7 @@ async fn a_version_1_database_is_migrated_to_memory() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 8);
+    assert_eq!(version, 9);
 }
 
 /// A version-2 database (memory, no mailboxes) is migrated to version 3.
@@ -283,7 +283,7 @@ async fn a_version_2_database_is_migrated_to_mailboxes() {
     raw.execute_batch(
         "DROP TABLE memory_embeddings; DROP TRIGGER memory_embedding_deleted; \
          DROP TABLE mailbox; DROP TABLE subscriptions; DROP TABLE audit; DROP TABLE audit_head; \
-         DROP TABLE api_tokens; DROP TABLE tenants; DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 2;",
+         DROP TABLE api_tokens; DROP TABLE tenants; DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 2;",
     )
     .unwrap();
     drop(raw);
@@ -306,7 +306,7 @@ async fn a_version_2_database_is_migrated_to_mailboxes() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 8);
+    assert_eq!(version, 9);
 }
 
 /// A version-3 database (mailboxes, no audit log) is migrated to version 4 and starts an
@@ -321,7 +321,7 @@ async fn a_version_3_database_is_migrated_to_the_audit_log() {
     raw.execute_batch(
         "DROP TABLE memory_embeddings; DROP TRIGGER memory_embedding_deleted; \
          DROP TABLE audit; DROP TABLE audit_head; DROP TABLE api_tokens; DROP TABLE tenants; \
-         DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 3;",
+         DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 3;",
     )
     .unwrap();
     drop(raw);
@@ -344,7 +344,7 @@ async fn a_version_3_database_is_migrated_to_the_audit_log() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 8);
+    assert_eq!(version, 9);
 }
 
 /// A version-4 database (audit log, no tenants) is migrated to version 5: its runs keep
@@ -358,7 +358,7 @@ async fn a_version_4_database_is_migrated_to_tenants() {
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     raw.execute_batch(
         "DROP TABLE memory_embeddings; DROP TRIGGER memory_embedding_deleted; DROP TABLE api_tokens; \
-         DROP TABLE tenants; DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 4;",
+         DROP TABLE tenants; DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 4;",
     )
     .unwrap();
     drop(raw);
@@ -381,7 +381,7 @@ async fn a_version_4_database_is_migrated_to_tenants() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 8);
+    assert_eq!(version, 9);
 }
 
 /// A version-5 database (no embeddings) keeps its records, which search by text as
@@ -395,7 +395,7 @@ async fn a_version_5_database_is_migrated_to_embeddings() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     raw.execute_batch(
-        "DROP TRIGGER memory_embedding_deleted; DROP TABLE memory_embeddings; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 5;",
+        "DROP TRIGGER memory_embedding_deleted; DROP TABLE memory_embeddings; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 5;",
     )
     .unwrap();
     drop(raw);
@@ -414,7 +414,7 @@ async fn a_version_5_database_is_migrated_to_embeddings() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 8);
+    assert_eq!(version, 9);
 }
 
 /// A version-6 database (before the console's indexes) keeps its runs, gains the indexes,
@@ -428,7 +428,7 @@ async fn a_version_6_database_is_migrated_to_the_consoles_indexes() {
     let newer = store.create_run(new_run(2)).await.unwrap().id;
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
-    raw.execute_batch("DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 6;").unwrap();
+    raw.execute_batch("DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 6;").unwrap();
     drop(raw);
 
     let store = db.open();
@@ -438,7 +438,7 @@ async fn a_version_6_database_is_migrated_to_the_consoles_indexes() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 8);
+    assert_eq!(version, 9);
     let indexes: i64 = raw
         .query_row(
             "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' \
