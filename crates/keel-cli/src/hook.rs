@@ -133,7 +133,7 @@ fn print(view: &HookView, json: bool, verb: &str) -> Result<()> {
     if !verb.is_empty() {
         crate::outln!("{verb} hook {}", view.name)?;
     }
-    crate::outln!("name:      {} (tenant {})", view.name, view.tenant)?;
+    crate::outln!("{}", crate::render::trigger_name(&view.name, &view.tenant, view.declared))?;
     crate::outln!("url:       POST {}", view.path)?;
     let tolerance = view.tolerance_secs.map(|t| format!(", tolerance {t}s")).unwrap_or_default();
     crate::outln!("verify:    {} in {}{tolerance}", view.verify, view.signature_header)?;

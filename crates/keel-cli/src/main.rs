@@ -9,6 +9,7 @@ mod audit;
 mod client;
 mod commands;
 mod doctor;
+mod event;
 mod hook;
 mod migrate;
 mod nodes;
@@ -141,6 +142,12 @@ enum Command {
         after_help = "Examples:\n  keel hook create pushes --verify github --secret-env GITHUB_HOOK_SECRET -- python3 triage.py\n  keel hook list\n  keel hook show pushes\n  keel hook delete pushes"
     )]
     Hook(hook::HookArgs),
+    /// Runs started when a run of an agent ends (--after-run) or a message is published
+    /// on a topic (--topic), fired by `keel serve` once per occasion.
+    #[command(
+        after_help = "Examples:\n  keel event create summarize --after-run fetch.py -- python3 summarize.py\n  keel event create triage --topic tickets -- python3 triage.py\n  keel event list\n  keel event show summarize\n  keel event pause summarize"
+    )]
+    Event(event::EventArgs),
     /// A live view of the running kernel: runs with their state, cost rate, tokens/s and
     /// what each waits for; live slots, the queue and LLM queues. Keys pause, resume,
     /// stop (after a y/n) and follow a run's logs.
@@ -205,6 +212,7 @@ fn main() -> ExitCode {
             Command::Tenant(args) => tenant::tenant(ctx, args).await,
             Command::Schedule(args) => schedule::schedule(ctx, args).await,
             Command::Hook(args) => hook::hook(ctx, args).await,
+            Command::Event(args) => event::event(ctx, args).await,
             Command::Top(args) => top::top(ctx, args).await,
             Command::Nodes(args) => nodes::nodes(ctx, args).await,
             Command::Drain(args) => nodes::drain(ctx, args).await,

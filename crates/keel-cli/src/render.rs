@@ -480,6 +480,13 @@ pub fn audit_table(run: &str, entries: &[keel_protocol::api::AuditEntryView]) ->
     out
 }
 
+/// A trigger's name line in `keel schedule|hook|event show`: its tenant, and whether
+/// keel.toml declares it.
+pub fn trigger_name(name: &str, tenant: &str, declared: bool) -> String {
+    let declared = if declared { " (declared in keel.toml)" } else { "" };
+    format!("name:      {name} (tenant {tenant}){declared}")
+}
+
 /// Unix milliseconds as `2026-11-21T10:00:00Z`.
 pub fn utc_time(ms: u64) -> String {
     let time = std::time::UNIX_EPOCH + Duration::from_millis(ms);

@@ -140,7 +140,7 @@ fn print(view: &ScheduleView, json: bool, verb: &str) -> Result<()> {
     if !verb.is_empty() {
         crate::outln!("{verb} schedule {}", view.name)?;
     }
-    crate::outln!("name:      {} (tenant {})", view.name, view.tenant)?;
+    crate::outln!("{}", crate::render::trigger_name(&view.name, &view.tenant, view.declared))?;
     crate::outln!("cron:      {} in {}", view.cron, view.tz)?;
     crate::outln!(
         "policies:  overlap {}, catch-up {}, jitter {}s",

@@ -332,7 +332,7 @@ pub struct SignalParams {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ToolView {
     pub name: String,
-    /// builtin, command, mcp, agent.
+    /// builtin, command, mcp, agent, a2a.
     pub kind: String,
     pub description: String,
     #[schema(value_type = Object)]
@@ -343,7 +343,7 @@ pub struct ToolView {
     pub read_only: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<String>,
-    /// For an MCP server's tools: `connected`, or why it is not.
+    /// For an MCP server's tools and an A2A agent's skills: `connected`, or why it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
 }

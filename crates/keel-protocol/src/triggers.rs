@@ -1,4 +1,5 @@
-//! HTTP bodies and views of triggers: schedules (`/v1/schedules`) and webhooks (`/v1/hooks`).
+//! HTTP bodies and views of triggers: schedules (`/v1/schedules`), webhooks (`/v1/hooks`)
+//! and event triggers (`/v1/event-triggers`).
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -42,6 +43,10 @@ pub struct ScheduleView {
     pub catch_up: String,
     pub jitter_secs: u64,
     pub paused: bool,
+    /// Declared in keel.toml (`[[triggers.schedule]]`): the daemon makes it match the file
+    /// at each start, and it is removed there, not deleted through the API.
+    #[serde(default)]
+    pub declared: bool,
     pub command: Vec<String>,
     /// Unix milliseconds.
     pub created_at: u64,
@@ -105,6 +110,10 @@ pub struct HookView {
     pub tolerance_secs: Option<u64>,
     /// The path senders post to.
     pub path: String,
+    /// Declared in keel.toml (`[[triggers.hook]]`): the daemon makes it match the file at
+    /// each start, and it is removed there, not deleted through the API.
+    #[serde(default)]
+    pub declared: bool,
     pub command: Vec<String>,
     /// Unix milliseconds.
     pub created_at: u64,
@@ -132,4 +141,77 @@ pub struct HookAccepted {
     pub run_id: String,
     pub delivery_id: String,
     pub duplicate: bool,
+}
+
+/// `POST /v1/event-triggers`: a run started when a run of an agent ends (`after_run`), or
+/// when a message is published on a topic of the tenant (`topic`). Exactly one of the two.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEventTriggerParams {
+    /// Letters, digits, `-`, `_` and `.`, at most 64; unique among event triggers.
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,64}$")]
+    pub name: String,
+    /// The agent whose runs' ends fire it: the file name of the run's program, or of its
+    /// script when the program is an interpreter (`report.py` for `python3
+    /// jobs/report.py`), as traces name runs; `*` for every agent.
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 256, pattern = "^[^/\\x00-\\x1f\\x7f-\\x9f]+$")]
+    pub after_run: Option<String>,
+    /// With `after_run`: which ends fire it: `succeeded` (the default), `failed`,
+    /// `cancelled` or `ended` (any).
+    #[serde(default)]
+    #[schema(pattern = "^(succeeded|failed|cancelled|ended)$")]
+    pub on: Option<String>,
+    /// A topic of the tenant: every message published on it fires the trigger.
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 256, pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]+$")]
+    pub topic: Option<String>,
+    /// The run each fire starts; its input is `{"trigger": "event", "event", "on":
+    /// "run_end", "agent", "run_id", "state", "output", "error", "input"}` after a run,
+    /// `{"trigger": "event", "event", "on": "topic", "topic", "message", "from", "input"}`
+    /// for a message.
+    pub run: CreateRunParams,
+}
+
+/// An event trigger with its last fires.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventTriggerView {
+    pub name: String,
+    pub tenant: String,
+    /// The agent whose runs' ends fire it (`*`: every agent); absent for a topic trigger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_run: Option<String>,
+    /// With `after_run`: `succeeded`, `failed`, `cancelled` or `ended`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on: Option<String>,
+    /// The topic whose messages fire it; absent for a trigger after runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    pub paused: bool,
+    /// Declared in keel.toml (`[[triggers.event]]`): the daemon makes it match the file at
+    /// each start, and it is removed there, not deleted through the API.
+    pub declared: bool,
+    pub command: Vec<String>,
+    /// Unix milliseconds.
+    pub created_at: u64,
+    /// Newest first.
+    pub last_fires: Vec<EventFireView>,
+}
+
+/// One occasion an event trigger fired for (or skipped, when a chain of triggered runs
+/// went too deep).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventFireView {
+    /// The run that ended, or the publish (`RUN:SEQ`, the publishing run and its
+    /// journal entry).
+    pub occasion: String,
+    /// When the run ended or the message was published, Unix milliseconds.
+    pub at: u64,
+    /// The run the fire started.
+    pub run_id: Option<String>,
+    /// `fired`, `skipped` or `failed`.
+    pub outcome: String,
+    pub detail: Option<String>,
+    /// Unix milliseconds.
+    pub fired_at: u64,
 }

@@ -69,9 +69,10 @@ async fn show_hook(
 }
 
 /// Delete a webhook and its history of deliveries (its runs stay); answers the hook as it
-/// was. Deliveries to it answer 404 from then on.
+/// was. Deliveries to it answer 404 from then on. One declared in keel.toml is a 409:
+/// remove it there.
 #[utoipa::path(delete, path = "/v1/hooks/{name}", params(("name" = String, Path)),
-    responses((status = 200, body = HookView)), security(("bearer" = [])))]
+    responses((status = 200, body = HookView), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 async fn delete_hook(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,

@@ -70,9 +70,9 @@ async fn show_schedule(
 }
 
 /// Delete a schedule and its history of fires (its runs stay); answers the schedule as
-/// it was.
+/// it was. One declared in keel.toml is a 409: remove it there.
 #[utoipa::path(delete, path = "/v1/schedules/{name}", params(("name" = String, Path)),
-    responses((status = 200, body = ScheduleView)), security(("bearer" = [])))]
+    responses((status = 200, body = ScheduleView), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 async fn delete_schedule(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,

@@ -18,7 +18,7 @@ use keel_types::RunId;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::triggers::{HOOK, retry_later, validate_name};
+use super::triggers::{HOOK, is_declared, new_trigger, triggered_run, validate_name};
 use crate::run::CreateRun;
 use crate::{Error, Kernel, Principal, Result, now_ms};
 
@@ -99,11 +99,9 @@ fn delivery_request(
     header: &dyn Fn(&str) -> Option<String>,
     payload: Value,
 ) -> Result<CreateRun> {
-    let mut params = spec.run.clone();
-    let given = params.input.take();
     let event =
         header("X-GitHub-Event").or_else(|| payload.get("type").and_then(Value::as_str).map(str::to_owned));
-    let mut input = json!({
+    let input = json!({
         "trigger": "hook",
         "hook": hook,
         "delivery_id": delivery,
@@ -111,61 +109,47 @@ fn delivery_request(
         "event": event,
         "payload": payload,
     });
-    if let Some(given) = given {
-        input["input"] = given;
-    }
-    params.input = Some(input);
-    params.tenant = Some(tenant.to_owned());
-    let mut request = CreateRun::validate(params)?;
-    request.trigger = Some(format!("hook:{hook}"));
-    Ok(request)
+    triggered_run(&spec.run, tenant, input, format!("hook:{hook}"))
+}
+
+/// A hook to store, checked whole (its name, scheme, the secret's variable, set in the
+/// kernel's environment, and the run) for `principal`.
+pub(super) fn hook_record(principal: &Principal, params: CreateHookParams) -> Result<TriggerRecord> {
+    validate_name(HOOK, &params.name)?;
+    validate_secret_env(&params.secret_env)?;
+    let tenant = principal.run_tenant(params.run.tenant.as_deref())?;
+    let spec = HookSpec {
+        verify: params.verify,
+        header: params.header,
+        tolerance_secs: params.tolerance_secs,
+        secret_env: params.secret_env,
+        run: CreateRunParams { tenant: Some(tenant.clone()), ..params.run },
+    };
+    spec.verify()?;
+    secret(&spec, &params.name).map_err(|_| {
+        Error::InvalidRequest(format!(
+            "the kernel's environment has no {}: set the hook's secret there (where `keel serve` starts) \
+             first; it is read at each delivery and never stored",
+            spec.secret_env
+        ))
+    })?;
+    // The run is checked as a delivery would make it, so a bad run option fails now.
+    delivery_request(&params.name, &spec, &tenant, "check", &|_| None, Value::Null)?;
+    Ok(new_trigger(HOOK, params.name, tenant, &spec))
 }
 
 impl Kernel {
     /// `POST /v1/hooks`: checks the scheme, the secret's variable (set in the kernel's
     /// environment) and the run before anything is stored.
     pub async fn hook_create(&self, principal: &Principal, params: CreateHookParams) -> Result<HookView> {
-        validate_name(HOOK, &params.name)?;
-        validate_secret_env(&params.secret_env)?;
-        let tenant = principal.run_tenant(params.run.tenant.as_deref())?;
-        let spec = HookSpec {
-            verify: params.verify,
-            header: params.header,
-            tolerance_secs: params.tolerance_secs,
-            secret_env: params.secret_env,
-            run: CreateRunParams { tenant: Some(tenant.clone()), ..params.run },
-        };
-        spec.verify()?;
-        secret(&spec, &params.name).map_err(|_| {
-            Error::InvalidRequest(format!(
-                "the kernel's environment has no {}: set the hook's secret there (where `keel serve` starts) \
-                 first; it is read at each delivery and never stored",
-                spec.secret_env
-            ))
-        })?;
-        // The run is checked as a delivery would make it, so a bad run option fails now.
-        delivery_request(&params.name, &spec, &tenant, "check", &|_| None, Value::Null)?;
-        let now = now_ms();
-        let record = TriggerRecord {
-            kind: KIND.into(),
-            name: params.name.clone(),
-            tenant,
-            spec: serde_json::to_value(&spec).unwrap_or(Value::Null),
-            paused: false,
-            since_ms: now,
-            created_at_ms: now,
-        };
+        let record = hook_record(principal, params)?;
         self.trigger_store(HOOK, record.clone()).await?;
         self.hook_view(&record).await
     }
 
     /// `GET /v1/hooks`: the principal's hooks, by name.
     pub async fn hooks(&self, principal: &Principal) -> Result<Vec<HookView>> {
-        let mut views = Vec::new();
-        for record in self.trigger_listing(HOOK, principal).await? {
-            views.push(self.hook_view(&record).await?);
-        }
-        Ok(views)
+        self.trigger_views(HOOK, principal, |record| async move { self.hook_view(&record).await }).await
     }
 
     /// `GET /v1/hooks/{name}`.
@@ -175,10 +159,10 @@ impl Kernel {
     }
 
     /// Deletes a hook and its history of deliveries (its runs stay); the hook as it was.
+    /// One declared in keel.toml is refused (a conflict saying to remove it there).
     pub async fn hook_delete(&self, principal: &Principal, name: &str) -> Result<HookView> {
-        let record = self.trigger_for(HOOK, principal, name).await?;
-        let view = self.hook_view(&record).await?;
-        self.store().trigger_delete(KIND, name).await?;
+        let view = self.hook(principal, name).await?;
+        self.trigger_delete(HOOK, principal, name).await?;
         Ok(view)
     }
 
@@ -198,6 +182,7 @@ impl Kernel {
             },
             secret_env: spec.secret_env.clone(),
             path: format!("/v1/hooks/{}", record.name),
+            declared: is_declared(record),
             command: spec.run.command.clone(),
             created_at: record.created_at_ms,
             last_deliveries: fires
@@ -282,20 +267,8 @@ impl Kernel {
         }
         // From here on the delivery is accepted for the first time: a new one, or a
         // recorded one whose run a dead kernel never created (its sender had no 2xx).
-        let created = match delivery_request(name, &spec, &record.tenant, &delivery, header, payload) {
-            Ok(request) => self.create_as(run.clone(), request).await.map(drop),
-            Err(error) => Err(error),
-        };
-        match created {
-            Ok(()) | Err(Error::Store(keel_store::Error::RunExists(_))) => {}
-            Err(error) if retry_later(&error) => return Err(error),
-            Err(error) => {
-                let detail = error.to_string();
-                tracing::warn!("hook {name} could not start its run for delivery {delivery}: {detail}");
-                self.store().trigger_fire_settle(KIND, name, &delivery, "failed", Some(&detail)).await?;
-                return Err(error);
-            }
-        }
+        let request = delivery_request(name, &spec, &record.tenant, &delivery, header, payload);
+        self.start_fired(HOOK, &fire, request).await?;
         if !wrote && fire.outcome != "fired" {
             self.store().trigger_fire_settle(KIND, name, &delivery, "fired", None).await?;
         }

@@ -20,7 +20,9 @@ use keel_types::RunId;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::triggers::{SCHEDULE, retry_later, validate_name};
+use super::triggers::{
+    SCHEDULE, is_declared, new_fire, new_trigger, retry_later, triggered_run, validate_name,
+};
 use crate::run::CreateRun;
 use crate::{Error, Kernel, Principal, Result, now_ms};
 
@@ -88,22 +90,32 @@ impl Parsings {
 
 /// The run a fire starts: the schedule's run with an input naming the schedule and tick.
 fn fire_request(name: &str, parsed: &Parsed, tick_ms: u64, tenant: &str) -> Result<CreateRun> {
-    let mut params = parsed.spec.run.clone();
-    let given = params.input.take();
-    let mut input = json!({
+    let input = json!({
         "trigger": "schedule",
         "schedule": name,
         "scheduled_at": parsed.schedule.local_time(tick_ms),
         "scheduled_at_ms": tick_ms,
     });
-    if let Some(given) = given {
-        input["input"] = given;
-    }
-    params.input = Some(input);
-    params.tenant = Some(tenant.to_owned());
-    let mut request = CreateRun::validate(params)?;
-    request.trigger = Some(format!("schedule:{name}"));
-    Ok(request)
+    triggered_run(&parsed.spec.run, tenant, input, format!("schedule:{name}"))
+}
+
+/// A schedule to store, checked whole (cron, zone, policies, the run) for `principal`.
+pub(super) fn schedule_record(principal: &Principal, params: CreateScheduleParams) -> Result<TriggerRecord> {
+    validate_name(SCHEDULE, &params.name)?;
+    let tenant = principal.run_tenant(params.run.tenant.as_deref())?;
+    let jitter_secs = params.jitter_secs.unwrap_or(0);
+    let spec = ScheduleSpec {
+        cron: params.cron.clone(),
+        tz: params.tz.clone().unwrap_or_else(|| "UTC".into()),
+        overlap: params.overlap.clone().unwrap_or_else(|| "skip".into()),
+        catch_up: params.catch_up.clone().unwrap_or_else(|| "latest".into()),
+        jitter_ms: jitter_secs.saturating_mul(1000),
+        run: CreateRunParams { tenant: Some(tenant.clone()), ..params.run },
+    };
+    let parsed = parse(spec)?;
+    // The run is checked as a fire would make it, so a bad run option fails now.
+    fire_request(&params.name, &parsed, 0, &tenant)?;
+    Ok(new_trigger(SCHEDULE, params.name, tenant, &parsed.spec))
 }
 
 impl Kernel {
@@ -114,30 +126,7 @@ impl Kernel {
         principal: &Principal,
         params: CreateScheduleParams,
     ) -> Result<ScheduleView> {
-        validate_name(SCHEDULE, &params.name)?;
-        let tenant = principal.run_tenant(params.run.tenant.as_deref())?;
-        let jitter_secs = params.jitter_secs.unwrap_or(0);
-        let spec = ScheduleSpec {
-            cron: params.cron.clone(),
-            tz: params.tz.clone().unwrap_or_else(|| "UTC".into()),
-            overlap: params.overlap.clone().unwrap_or_else(|| "skip".into()),
-            catch_up: params.catch_up.clone().unwrap_or_else(|| "latest".into()),
-            jitter_ms: jitter_secs.saturating_mul(1000),
-            run: CreateRunParams { tenant: Some(tenant.clone()), ..params.run },
-        };
-        let parsed = parse(spec)?;
-        // The run is checked as a fire would make it, so a bad run option fails now.
-        fire_request(&params.name, &parsed, 0, &tenant)?;
-        let now = now_ms();
-        let record = TriggerRecord {
-            kind: KIND.into(),
-            name: params.name.clone(),
-            tenant,
-            spec: serde_json::to_value(&parsed.spec).unwrap_or(Value::Null),
-            paused: false,
-            since_ms: now,
-            created_at_ms: now,
-        };
+        let record = schedule_record(principal, params)?;
         self.trigger_store(SCHEDULE, record.clone()).await?;
         self.inner.schedules_changed.notify_one();
         self.schedule_view(&record).await
@@ -145,11 +134,8 @@ impl Kernel {
 
     /// `GET /v1/schedules`: the principal's schedules, by name.
     pub async fn schedules(&self, principal: &Principal) -> Result<Vec<ScheduleView>> {
-        let mut views = Vec::new();
-        for record in self.trigger_listing(SCHEDULE, principal).await? {
-            views.push(self.schedule_view(&record).await?);
-        }
-        Ok(views)
+        self.trigger_views(SCHEDULE, principal, |record| async move { self.schedule_view(&record).await })
+            .await
     }
 
     /// `GET /v1/schedules/{name}`.
@@ -173,10 +159,10 @@ impl Kernel {
     }
 
     /// Deletes a schedule and its history of fires (its runs stay); the schedule as it was.
+    /// One declared in keel.toml is refused (a conflict saying to remove it there).
     pub async fn schedule_delete(&self, principal: &Principal, name: &str) -> Result<ScheduleView> {
-        let record = self.schedule_for(principal, name).await?;
-        let view = self.schedule_view(&record).await?;
-        self.store().trigger_delete(KIND, name).await?;
+        let view = self.schedule(principal, name).await?;
+        self.trigger_delete(SCHEDULE, principal, name).await?;
         Ok(view)
     }
 
@@ -218,6 +204,7 @@ impl Kernel {
             catch_up: parsed.policies.catch_up.to_string(),
             jitter_secs: parsed.spec.jitter_ms / 1000,
             paused: record.paused,
+            declared: is_declared(record),
             command: parsed.spec.run.command.clone(),
             created_at: record.created_at_ms,
             last_fires: fires
@@ -244,48 +231,11 @@ impl Kernel {
         tick_ms: u64,
         occasion: String,
     ) -> Result<Option<RunId>> {
-        let now = now_ms();
-        let fire = FireRecord {
-            kind: KIND.into(),
-            trigger: record.name.clone(),
-            occasion,
-            tenant: record.tenant.clone(),
-            at_ms: tick_ms,
-            run_id: Some(RunId::generate(now)),
-            outcome: "fired".into(),
-            detail: None,
-            fired_at_ms: now,
-        };
-        let (fire, wrote) = self.store().trigger_fire(fire).await?;
-        if !wrote {
-            return Ok(None);
-        }
-        self.start_fired(&fire, parsed).await
-    }
-
-    /// Creates the run a recorded fire names (idempotent: an existing run is left alone).
-    async fn start_fired(&self, fire: &FireRecord, parsed: &Parsed) -> Result<Option<RunId>> {
-        let Some(run) = fire.run_id.clone() else { return Ok(None) };
-        let created = match fire_request(&fire.trigger, parsed, fire.at_ms, &fire.tenant) {
-            Ok(request) => self.create_as(run.clone(), request).await.map(drop),
-            Err(error) => Err(error),
-        };
-        match created {
-            Ok(()) | Err(Error::Store(keel_store::Error::RunExists(_))) => Ok(Some(run)),
-            Err(error) if retry_later(&error) => Err(error),
-            Err(error) => {
-                let detail = error.to_string();
-                tracing::warn!(
-                    "schedule {} could not start its run for {}: {detail}",
-                    fire.trigger,
-                    fire.occasion
-                );
-                self.store()
-                    .trigger_fire_settle(KIND, &fire.trigger, &fire.occasion, "failed", Some(&detail))
-                    .await?;
-                Err(error)
-            }
-        }
+        let fire = new_fire(SCHEDULE, record, occasion, tick_ms);
+        self.fire_and_start(SCHEDULE, fire, |fire| {
+            fire_request(&fire.trigger, parsed, fire.at_ms, &fire.tenant)
+        })
+        .await
     }
 
     /// Starts the loop that fires schedules (the daemon does; an embedded kernel does not).
@@ -327,7 +277,8 @@ impl Kernel {
         for fire in self.store().trigger_fires_unstarted(KIND).await? {
             let Some(record) = self.store().trigger_get(KIND, &fire.trigger).await? else { continue };
             let parsed = parse_record(&record)?;
-            if let Err(error) = self.start_fired(&fire, &parsed).await {
+            let request = fire_request(&fire.trigger, &parsed, fire.at_ms, &fire.tenant);
+            if let Err(error) = self.start_fired(SCHEDULE, &fire, request).await {
                 tracing::warn!(
                     "the recorded fire {} of {} did not start: {error}",
                     fire.occasion,

@@ -130,6 +130,7 @@ impl Kernel {
                 self.return_slice(&parent, &updated);
                 self.request_wake(&parent);
             }
+            self.event_run_ended(&updated);
         }
         let mut data = json!({ "state": next.as_str(), "from": current.state.as_str() });
         if let Some(reason) = updated.wait_reason {

@@ -18,4 +18,4 @@ mod swap;
 pub use control::{Answer, Command};
 pub(crate) use registry::{BufferedRead, Launching, LiveRun, PendingAsk, Replay};
 pub use spec::CreateRun;
-pub(crate) use spec::RunSpec;
+pub(crate) use spec::{MAX_INPUT_BYTES, RunSpec};

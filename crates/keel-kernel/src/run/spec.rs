@@ -40,6 +40,9 @@ pub struct CreateRun {
     pub priority: Option<String>,
     /// What started the run by itself (`schedule:NAME`); `None`: a caller.
     pub trigger: Option<String>,
+    /// How many event-trigger fires led to the run (`keel_core::event_trigger`): one more
+    /// than the run that fired it, or than its parent's for a child; 0 otherwise.
+    pub event_depth: u32,
 }
 
 impl CreateRun {
@@ -128,6 +131,7 @@ impl CreateRun {
             parent: None,
             priority: params.priority,
             trigger: None,
+            event_depth: 0,
         })
     }
 
@@ -150,6 +154,7 @@ impl CreateRun {
             parent: self.parent.clone(),
             priority: self.priority.clone(),
             trigger: self.trigger.clone(),
+            event_depth: self.event_depth,
         }
     }
 }
@@ -180,6 +185,8 @@ impl CreateRun {
             parent: Some(parent.id.clone()),
             priority: spec.priority,
             trigger: None,
+            // A child is as deep as its parent: a loop through spawned runs is bounded too.
+            event_depth: spec.event_depth,
         })
     }
 
@@ -199,7 +206,7 @@ impl CreateRun {
 
 /// The largest `input` a run may be given, in bytes of JSON (it travels in the
 /// environment).
-const MAX_INPUT_BYTES: usize = 120 * 1024;
+pub(crate) const MAX_INPUT_BYTES: usize = 120 * 1024;
 
 /// The version of the stored spec format this kernel writes. Specs written before the
 /// field existed have none and read as version 1 (the same fields).
@@ -250,6 +257,13 @@ pub(crate) struct RunSpec {
     /// What started the run by itself (`schedule:NAME`); absent: a caller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) trigger: Option<String>,
+    /// How many event-trigger fires led to the run; absent: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) event_depth: u32,
+}
+
+fn is_zero(depth: &u32) -> bool {
+    *depth == 0
 }
 
 impl RunSpec {
@@ -341,6 +355,10 @@ mod tests {
         assert_eq!(spec.parent.as_ref().map(RunId::as_str), Some("run_00000000000000000000000001"));
         assert_eq!(spec.priority(), Priority::High);
         assert_eq!(RunSpec::of(&record(spec.to_value())).unwrap(), spec, "written and read by one type");
+        assert_eq!(spec.event_depth, 0, "a spec from before event triggers is no fires deep");
+        let deep = RunSpec { event_depth: 3, trigger: Some("event:next".into()), ..spec };
+        assert_eq!(deep.to_value()["event_depth"], 3);
+        assert_eq!(RunSpec::of(&record(deep.to_value())).unwrap(), deep);
     }
 
     #[test]

@@ -237,6 +237,11 @@ impl Kernel {
                             // A receiver swapped out while waiting comes back for it.
                             self.request_wake(run);
                         }
+                        // A run's publish fires the event triggers on its topic, recorded
+                        // before its result is journaled (keyed by the publish's key).
+                        if let (Some(topic), Some(from), Some(key)) = (&topic, from, &new.idempotency_key) {
+                            self.event_published(tenant, from, topic, &new.message, key).await;
+                        }
                         return Ok(result);
                     }
                     Err(StoreError::RunNotFound(run)) => return Err(not_found(&run)),

@@ -121,6 +121,8 @@ faulty_store! {
     delegate {
         fn create_run(&self, run: NewRun) -> Result<RunRecord>;
         fn get_run(&self, id: &RunId) -> Result<Option<RunRecord>>;
+        fn runs_ended_after(&self, tenant: &str, after_ms: u64, after_id: Option<&RunId>, limit: usize)
+            -> Result<Vec<RunRecord>>;
         fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>>;
         fn cost_summary(&self, filter: &CostFilter) -> Result<Vec<CostBucket>>;
         fn count_runs(&self) -> Result<Vec<keel_store::RunCount>>;
@@ -160,6 +162,7 @@ faulty_store! {
         fn trigger_get(&self, kind: &str, name: &str) -> Result<Option<keel_store::TriggerRecord>>;
         fn trigger_list(&self, kind: &str, tenant: Option<&str>) -> Result<Vec<keel_store::TriggerRecord>>;
         fn trigger_set_paused(&self, kind: &str, name: &str, paused: bool, since_ms: u64) -> Result<bool>;
+        fn trigger_update(&self, kind: &str, name: &str, tenant: &str, spec: &Value) -> Result<bool>;
         fn trigger_delete(&self, kind: &str, name: &str) -> Result<bool>;
         fn trigger_fire(&self, fire: keel_store::FireRecord) -> Result<(keel_store::FireRecord, bool)>;
         fn trigger_fire_settle(&self, kind: &str, trigger: &str, occasion: &str, outcome: &str, detail: Option<&str>) -> Result<()>;

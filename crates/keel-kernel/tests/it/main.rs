@@ -5,6 +5,7 @@
 
 mod approvals;
 mod budgets;
+mod event_triggers;
 mod exec_llm;
 mod faults;
 mod gateway;
