@@ -1,7 +1,9 @@
 //! The tool registry and the tools' executors. The registry holds every tool the kernel
 //! knows: the built-ins (`echo`, `kv.*`, `fs.*`, `http.fetch`), command tools and agents
 //! as tools from the `[tools]` table of keel.toml, and the tools of mounted MCP servers
-//! (`mcp:<server>/<tool>`, listed when the server is first needed). Governance (grants,
+//! (`mcp:<server>/<tool>`, listed when the server is first needed), and the skills of
+//! remote A2A agents (`a2a:<agent>/<skill>`, listed when the agent's card is first
+//! read). Governance (grants,
 //! schemas, rate limits, approvals, crash policies, audit) is in `dispatch.rs`; here is
 //! what a tool is and how each kind runs.
 
@@ -13,6 +15,7 @@ use std::time::{Duration, Instant};
 use keel_protocol::api::ToolView;
 use keel_protocol::rpc::ToolSpec;
 use keel_sandbox::plan::inside;
+use keel_tools::a2a::A2aAgentDef;
 use keel_tools::config::{McpServerDef, ToolsConfig};
 use keel_tools::{Policy, ToolDef, ToolKind};
 use serde_json::json;
@@ -30,6 +33,8 @@ pub(crate) struct Registry {
     fixed: BTreeMap<String, ToolDef>,
     /// Mounted MCP servers by name.
     pub(crate) mcp: BTreeMap<String, Arc<McpMount>>,
+    /// Remote A2A agents by name.
+    pub(crate) a2a: BTreeMap<String, Arc<A2aMount>>,
     config: ToolsConfig,
     limiter: keel_tools::ratelimit::Limiter,
 }
@@ -39,6 +44,16 @@ pub(crate) struct McpMount {
     def: McpServerDef,
     client: tokio::sync::Mutex<Option<Arc<keel_mcp::Client>>>,
     /// Its tools as of the last connection.
+    tools: RwLock<BTreeMap<String, ToolDef>>,
+    /// `connected`, `not connected yet`, or why the last attempt failed.
+    status: Mutex<String>,
+}
+
+/// One remote A2A agent: its card read on first use, read again while that fails.
+pub(crate) struct A2aMount {
+    def: A2aAgentDef,
+    client: tokio::sync::Mutex<Option<Arc<keel_tools::a2a::Client>>>,
+    /// Its skills as tools, from the card.
     tools: RwLock<BTreeMap<String, ToolDef>>,
     /// `connected`, `not connected yet`, or why the last attempt failed.
     status: Mutex<String>,
@@ -71,13 +86,30 @@ impl Registry {
                 (def.name.clone(), Arc::new(mount))
             })
             .collect();
-        Registry { fixed, mcp, config, limiter: keel_tools::ratelimit::Limiter::new() }
+        let a2a = config
+            .a2a
+            .iter()
+            .map(|def| {
+                let mount = A2aMount {
+                    def: def.clone(),
+                    client: tokio::sync::Mutex::new(None),
+                    tools: RwLock::default(),
+                    status: Mutex::new("not connected yet".into()),
+                };
+                (def.name.clone(), Arc::new(mount))
+            })
+            .collect();
+        Registry { fixed, mcp, a2a, config, limiter: keel_tools::ratelimit::Limiter::new() }
     }
 
     /// The policy of a tool the registry has seen (MCP tools once listed).
     pub(crate) fn policy_of(&self, name: &str) -> Option<Policy> {
         if let Some(def) = self.fixed.get(name) {
             return Some(def.policy.clone());
+        }
+        if let Some((agent, skill)) = keel_tools::a2a::split_name(name) {
+            let tools = self.a2a.get(agent)?.tools.read().unwrap_or_else(|p| p.into_inner());
+            return tools.get(skill).map(|d| d.policy.clone());
         }
         let (server, tool) = split_mcp(name)?;
         let mount = self.mcp.get(server)?;
@@ -90,6 +122,9 @@ impl Registry {
     pub(crate) async fn resolve(&self, name: &str) -> Result<ToolDef, String> {
         if let Some(def) = self.fixed.get(name) {
             return Ok(def.clone());
+        }
+        if let Some((agent, skill)) = keel_tools::a2a::split_name(name) {
+            return self.resolve_a2a(agent, skill).await;
         }
         let Some((server, tool)) = split_mcp(name) else {
             return Err(format!("no tool {name:?}"));
@@ -165,15 +200,75 @@ impl Registry {
         Ok(connected)
     }
 
-    /// Every tool, connecting the MCP servers that are not yet (those that fail are
-    /// left out, their status says why).
+    async fn resolve_a2a(&self, agent: &str, skill: &str) -> Result<ToolDef, String> {
+        let Some(mount) = self.a2a.get(agent) else {
+            let agents: Vec<&str> = self.a2a.keys().map(String::as_str).collect();
+            return Err(format!(
+                "no A2A agent {agent:?} is configured (configured: {}); add it under [[tools.a2a]] in keel.toml",
+                if agents.is_empty() { "none".to_owned() } else { agents.join(", ") }
+            ));
+        };
+        self.connect_a2a(mount).await?;
+        let tools = mount.tools.read().unwrap_or_else(|p| p.into_inner());
+        tools.get(skill).cloned().ok_or_else(|| {
+            let known: Vec<&str> = tools.keys().map(String::as_str).collect();
+            format!("A2A agent {agent:?} has no skill {skill:?}; its card lists: {}", known.join(", "))
+        })
+    }
+
+    /// The client of an A2A agent, reading its card first if that has not succeeded yet.
+    /// A card once read is kept for the kernel's life.
+    pub(crate) async fn connect_a2a(&self, mount: &A2aMount) -> Result<Arc<keel_tools::a2a::Client>, String> {
+        let mut client = mount.client.lock().await;
+        if let Some(existing) = client.as_ref() {
+            return Ok(existing.clone());
+        }
+        let (connected, card) = match keel_tools::a2a::Client::connect(&mount.def).await {
+            Ok(connected) => connected,
+            Err(message) => {
+                *lock(&mount.status) = message.clone();
+                return Err(message);
+            }
+        };
+        let mut tools = BTreeMap::new();
+        for mut def in keel_tools::a2a::tools(&mount.def, &card) {
+            self.config.apply_policies(&mut def);
+            if let ToolKind::A2a { skill, .. } = &def.kind {
+                tools.insert(skill.clone(), def);
+            }
+        }
+        *mount.tools.write().unwrap_or_else(|p| p.into_inner()) = tools;
+        *lock(&mount.status) = "connected".into();
+        let connected = Arc::new(connected);
+        *client = Some(connected.clone());
+        Ok(connected)
+    }
+
+    /// The variables of the kernel's environment that hold A2A agents' tokens: never
+    /// handed to an agent process.
+    pub(crate) fn holds_secret(&self, variable: &str) -> bool {
+        self.a2a.values().any(|mount| mount.def.token_env.as_deref() == Some(variable))
+    }
+
+    /// Every tool, connecting the MCP servers and reading the A2A cards that are not yet
+    /// (those that fail are left out, their status says why).
     pub(crate) async fn all(&self) -> Vec<ToolDef> {
         let mut defs: Vec<ToolDef> = self.fixed.values().cloned().collect();
         let connects = self.mcp.values().map(|mount| async move {
             let _ = self.connect(mount).await;
         });
-        futures_util::future::join_all(connects).await;
+        let reads = self.a2a.values().map(|mount| async move {
+            let _ = self.connect_a2a(mount).await;
+        });
+        futures_util::future::join(
+            futures_util::future::join_all(connects),
+            futures_util::future::join_all(reads),
+        )
+        .await;
         for mount in self.mcp.values() {
+            defs.extend(mount.tools.read().unwrap_or_else(|p| p.into_inner()).values().cloned());
+        }
+        for mount in self.a2a.values() {
             defs.extend(mount.tools.read().unwrap_or_else(|p| p.into_inner()).values().cloned());
         }
         defs
@@ -192,6 +287,26 @@ impl Registry {
                     name: format!("mcp:{name}/*"),
                     kind: "mcp".into(),
                     description: format!("the tools of MCP server {name:?}"),
+                    input_schema: json!({}),
+                    requires_approval: !mount.def.requires_approval.is_empty(),
+                    crash: mount.def.crash.as_str().into(),
+                    read_only: false,
+                    rate_limit: mount.def.rate_limit.as_ref().map(ToString::to_string),
+                    status: Some(status),
+                });
+            }
+        }
+        for (name, mount) in &self.a2a {
+            let status = lock(&mount.status).clone();
+            let prefix = format!("a2a:{name}/");
+            for view in views.iter_mut().filter(|v| v.name.starts_with(&prefix)) {
+                view.status = Some(status.clone());
+            }
+            if status != "connected" {
+                views.push(ToolView {
+                    name: format!("a2a:{name}/*"),
+                    kind: "a2a".into(),
+                    description: format!("the skills of A2A agent {name:?} ({})", mount.def.url),
                     input_schema: json!({}),
                     requires_approval: !mount.def.requires_approval.is_empty(),
                     crash: mount.def.crash.as_str().into(),
@@ -255,6 +370,7 @@ pub(crate) fn kind_name(kind: &ToolKind) -> &'static str {
         ToolKind::Command(_) => "command",
         ToolKind::Mcp { .. } => "mcp",
         ToolKind::Agent(_) => "agent",
+        ToolKind::A2a { .. } => "a2a",
     }
 }
 

@@ -1,5 +1,5 @@
-//! The `[tools]` table of keel.toml: command tools, MCP servers, agents as tools, and
-//! policy overrides by tool name or pattern. Other tables of the file are ignored. Every
+//! The `[tools]` table of keel.toml: command tools, MCP servers, agents as tools, remote
+//! A2A agents, and policy overrides by tool name or pattern. Other tables of the file are ignored. Every
 //! entry is checked when the file is loaded; an error names the entry and the field and
 //! says what to write instead.
 
@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::a2a::A2aAgentDef;
 use crate::grant::Pattern;
 use crate::{AgentTool, BUILTIN_NAMES, CommandTool, CrashPolicy, Policy, RateLimit, ToolDef, ToolKind};
 
@@ -100,6 +101,8 @@ pub struct ToolsConfig {
     pub commands: Vec<ToolDef>,
     pub mcp: Vec<McpServerDef>,
     pub agents: Vec<ToolDef>,
+    /// `[[tools.a2a]]`: remote A2A agents whose skills are tools.
+    pub a2a: Vec<A2aAgentDef>,
     /// `[tools.policy."<pattern>"]` in file order; later ones win.
     pub policies: Vec<(String, PolicyOverride)>,
 }
@@ -168,6 +171,20 @@ struct RawMcp {
     timeout_secs: Option<u64>,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawA2a {
+    name: String,
+    url: String,
+    card_url: Option<String>,
+    token_env: Option<String>,
+    requires_approval: Option<Approval>,
+    #[serde(default)]
+    crash: CrashPolicy,
+    rate_limit: Option<RateLimit>,
+    timeout_secs: Option<u64>,
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawTools {
@@ -177,6 +194,8 @@ struct RawTools {
     mcp: Vec<RawMcp>,
     #[serde(default)]
     agent: Vec<RawAgent>,
+    #[serde(default)]
+    a2a: Vec<RawA2a>,
     /// A TOML table keeps its keys sorted; file order comes from the text (see
     /// [`policy_order`]).
     #[serde(default)]
@@ -235,6 +254,45 @@ fn check_env(entry: &str, env: &BTreeMap<String, String>) -> Result<()> {
                 format!("env: {key:?}: KEEL_* variables are set by Keel; pick another name"),
             ));
         }
+    }
+    Ok(())
+}
+
+fn check_url(entry: &str, field: &str, url: &str) -> Result<()> {
+    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+    match rest {
+        Some(rest) if !rest.is_empty() && !rest.starts_with('/') && !url.contains(char::is_whitespace) => {
+            Ok(())
+        }
+        _ => Err(invalid(
+            entry,
+            format!(
+                "{field} {url:?} must be an http:// or https:// URL, e.g. {field} = \"http://127.0.0.1:9999/\""
+            ),
+        )),
+    }
+}
+
+/// A variable of the kernel's environment holding a secret: a plain name, not Keel's own.
+fn check_token_env(entry: &str, name: &str) -> Result<()> {
+    let plain = !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !plain {
+        return Err(invalid(
+            entry,
+            format!(
+                "token_env {name:?} is not an environment variable name: use letters, digits and '_', not starting with a digit, e.g. token_env = \"RESEARCH_TOKEN\""
+            ),
+        ));
+    }
+    if name.starts_with("KEEL_") {
+        return Err(invalid(
+            entry,
+            format!(
+                "token_env {name}: KEEL_* variables are the kernel's own settings; name another variable"
+            ),
+        ));
     }
     Ok(())
 }
@@ -436,6 +494,49 @@ impl ToolsConfig {
                 cwd: raw.cwd,
             });
         }
+        let mut agents = HashSet::new();
+        for (index, raw) in raw.a2a.into_iter().enumerate() {
+            let entry = format!("[[tools.a2a]] #{} ({:?})", index + 1, raw.name);
+            check_name(&entry, &raw.name, false)?;
+            if !agents.insert(raw.name.clone()) {
+                return Err(invalid(
+                    &entry,
+                    format!("agent name {:?} is used twice; names must be unique", raw.name),
+                ));
+            }
+            let requires_approval = match raw.requires_approval {
+                None | Some(Approval::All(false)) => Vec::new(),
+                Some(Approval::All(true)) => vec!["*".to_owned()],
+                Some(Approval::Patterns(patterns)) => {
+                    for pattern in &patterns {
+                        Pattern::parse(pattern)
+                            .map_err(|e| invalid(&entry, format!("requires_approval: {e}")))?;
+                    }
+                    patterns
+                }
+            };
+            check_url(&entry, "url", &raw.url)?;
+            let card_url = match raw.card_url {
+                Some(card_url) => {
+                    check_url(&entry, "card_url", &card_url)?;
+                    card_url
+                }
+                None => crate::a2a::card_url(&raw.url),
+            };
+            if let Some(name) = &raw.token_env {
+                check_token_env(&entry, name)?;
+            }
+            config.a2a.push(A2aAgentDef {
+                timeout: timeout(&entry, raw.timeout_secs)?,
+                name: raw.name,
+                url: raw.url,
+                card_url,
+                token_env: raw.token_env,
+                requires_approval,
+                crash: raw.crash,
+                rate_limit: raw.rate_limit,
+            });
+        }
         let keys = policy_order(text, raw.policy.keys().cloned().collect());
         for key in keys {
             let entry = format!("[tools.policy.{:?}]", key);
@@ -461,8 +562,8 @@ impl ToolsConfig {
         }
     }
 
-    /// Every tool this config defines directly (command tools and agents; MCP tools are
-    /// known once their servers answer), with policy overrides applied, after the
+    /// Every tool this config defines directly (command tools and agents; MCP tools and
+    /// A2A skills are known once their servers answer), with policy overrides applied, after the
     /// built-ins (overrides applied too).
     pub fn tools(&self) -> Vec<ToolDef> {
         let mut tools = crate::builtins();
@@ -609,6 +710,102 @@ timeout_secs = 7
     }
 
     const CMD: &str = "[[tools.command]]\nname = \"wc\"\ndescription = \"d\"\ncommand = [\"wc\"]\n";
+
+    #[test]
+    fn a2a_agents_parse_with_their_card_url_token_and_policy() {
+        let text = r#"
+[[tools.a2a]]
+name = "research"
+url = "http://127.0.0.1:9999/"
+token_env = "RESEARCH_TOKEN"
+timeout_secs = 120
+requires_approval = ["*"]
+rate_limit = "2/s"
+
+[[tools.a2a]]
+name = "notes"
+url = "https://notes.example/a2a"
+card_url = "https://notes.example/card.json"
+requires_approval = ["write_*"]
+crash = "fail"
+
+[tools.policy."a2a:notes/*"]
+timeout_secs = 9
+"#;
+        let config = ToolsConfig::from_keel_toml(text).unwrap();
+        let research = &config.a2a[0];
+        assert_eq!(research.card_url, "http://127.0.0.1:9999/.well-known/agent-card.json");
+        assert_eq!(research.token_env.as_deref(), Some("RESEARCH_TOKEN"));
+        assert_eq!(
+            research.policy_for("anything"),
+            Policy {
+                requires_approval: true,
+                crash: CrashPolicy::Retry,
+                read_only: false,
+                rate_limit: Some("2/s".parse().unwrap()),
+                timeout: Duration::from_secs(120),
+            }
+        );
+        assert_eq!(research.tool_name("echo"), "a2a:research/echo");
+        let notes = &config.a2a[1];
+        assert_eq!(notes.card_url, "https://notes.example/card.json");
+        assert_eq!((notes.token_env.as_deref(), notes.crash), (None, CrashPolicy::Fail));
+        assert!(notes.policy_for("write_note").requires_approval);
+        assert!(!notes.policy_for("read_note").requires_approval);
+        assert_eq!(notes.timeout, crate::DEFAULT_TIMEOUT);
+        let mut tool = ToolDef {
+            name: notes.tool_name("read_note"),
+            description: String::new(),
+            input_schema: json!({}),
+            kind: ToolKind::A2a { agent: "notes".into(), skill: "read_note".into() },
+            policy: notes.policy_for("read_note"),
+        };
+        config.apply_policies(&mut tool);
+        assert_eq!(tool.policy.timeout, Duration::from_secs(9));
+        // An A2A agent may share a name with an MCP server: the prefixes keep them apart.
+        let both = "[[tools.mcp]]\nname = \"x\"\nurl = \"http://h\"\n[[tools.a2a]]\nname = \"x\"\nurl = \"http://h\"\n";
+        assert_eq!(ToolsConfig::from_keel_toml(both).unwrap().a2a[0].name, "x");
+    }
+
+    #[test]
+    fn bad_a2a_entries_name_the_entry_and_what_to_write() {
+        let a2a = |extra: &str| format!("[[tools.a2a]]\nname = \"research\"\nurl = \"http://h:1/\"\n{extra}");
+        let cases: &[(String, &[&str])] = &[
+            ("[[tools.a2a]]\nname = \"research\"\n".into(), &["missing field `url`"]),
+            (a2a("colour = 1\n"), &["unknown field `colour`"]),
+            (a2a("read_only = true\n"), &["unknown field `read_only`"]),
+            (
+                a2a("").replace("http://h:1/", "h:1"),
+                &["[[tools.a2a]] #1 (\"research\")", "url \"h:1\"", "http://"],
+            ),
+            (a2a("").replace("http://h:1/", "http://"), &["#1 (\"research\")", "url \"http://\""]),
+            (a2a("card_url = \"/card.json\"\n"), &["#1 (\"research\")", "card_url", "http://"]),
+            (
+                a2a("token_env = \"MY-TOKEN\"\n"),
+                &["#1 (\"research\")", "token_env \"MY-TOKEN\"", "RESEARCH_TOKEN"],
+            ),
+            (a2a("token_env = \"1TOKEN\"\n"), &["not an environment variable name"]),
+            (a2a("token_env = \"KEEL_API_TOKEN\"\n"), &["KEEL_API_TOKEN", "kernel's own"]),
+            (a2a("timeout_secs = 0\n"), &["#1 (\"research\")", "timeout_secs = 0", "1 to"]),
+            (
+                a2a("requires_approval = [\"bad pattern\"]\n"),
+                &["#1 (\"research\")", "requires_approval", "whitespace"],
+            ),
+            (a2a("crash = \"sometimes\"\n"), &["unknown variant `sometimes`"]),
+            (a2a("rate_limit = \"fast\"\n"), &["rate limit \"fast\""]),
+            (
+                a2a("").replace("\"research\"", "\"Re search\""),
+                &["[[tools.a2a]] #1 (\"Re search\")", "a-z 0-9 _ -"],
+            ),
+            (format!("{}{}", a2a(""), a2a("")), &["[[tools.a2a]] #2 (\"research\")", "used twice"]),
+        ];
+        for (text, says) in cases {
+            let message = error(text);
+            for part in *says {
+                assert!(message.contains(part), "{text}\n--> {message}\n(wanted {part:?})");
+            }
+        }
+    }
 
     #[test]
     fn bad_entries_say_which_and_what_to_write() {

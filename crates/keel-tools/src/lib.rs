@@ -9,10 +9,13 @@
 //! - `ratelimit`: token buckets per tool, pure with injected time;
 //! - `fs`: the workspace file tools, confined beneath a root with `openat2`;
 //! - `http`: `http.fetch` through the run's egress proxy (and nowhere without one);
-//! - `command`: a command tool run in Keel's process sandbox, JSON in and out.
+//! - `command`: a command tool run in Keel's process sandbox, JSON in and out;
+//! - `a2a`: a remote A2A agent's skills as tools: its card read, a call sent, and a call
+//!   cut off by a crash looked up at the remote rather than sent twice.
 //!
 //! Nothing here journals, budgets or asks for approval: the kernel does, around these.
 
+pub mod a2a;
 pub mod command;
 pub mod config;
 pub mod fs;
@@ -171,6 +174,12 @@ pub enum ToolKind {
         tool: String,
     },
     Agent(AgentTool),
+    /// The skill `skill` of the remote A2A agent named `agent` (shown as
+    /// `a2a:<agent>/<skill>`).
+    A2a {
+        agent: String,
+        skill: String,
+    },
 }
 
 /// A tool as agents see it (name, description, input schema) and as the kernel runs and

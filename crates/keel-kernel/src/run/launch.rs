@@ -282,9 +282,14 @@ impl Kernel {
         // Tier `none` is for development: the agent sees the kernel's environment, like
         // any child process. Sandboxed tiers start from an empty one: only what Keel sets
         // and what the run passes with `--env`.
-        // Provider credentials stay in the kernel: never inherited, even by tier `none`.
+        // Provider credentials and A2A agents' tokens stay in the kernel: never
+        // inherited, even by tier `none`.
         let mut env: BTreeMap<String, String> = if shares_host {
-            std::env::vars().filter(|(k, _)| !k.starts_with("KEEL_") && !is_provider_secret(k)).collect()
+            std::env::vars()
+                .filter(|(k, _)| {
+                    !k.starts_with("KEEL_") && !is_provider_secret(k) && !self.inner.tools.holds_secret(k)
+                })
+                .collect()
         } else {
             [("HOME", inside::WORKSPACE), ("TMPDIR", inside::TMP), ("LANG", "C.UTF-8")]
                 .into_iter()

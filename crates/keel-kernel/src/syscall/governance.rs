@@ -118,7 +118,7 @@ impl Kernel {
                 self.inner.telemetry.syscall(&live.id, live.attempt, journal.method, &journal.params)
             });
             let outcome = self
-                .run_tool(live, &def, args.clone(), &key)
+                .run_tool(live, &def, args.clone(), &key, false)
                 .await
                 .map(|r| json!({ "result": r }))
                 .map_err(|e| tool_error(&name, e));
@@ -151,11 +151,11 @@ impl Kernel {
         let effect = |seq: Option<Seq>| async move {
             let seq = seq.unwrap_or_default();
             let reply = match self.gate(live, def, args, seq, retried).await {
-                Ok(()) => {
+                Ok(recovering) => {
                     // The key ties the effect to this journal entry: a retry after a crash
                     // passes the same one, so a tool can make its effect happen once.
                     let key = format!("{}:{seq}", live.id);
-                    self.run_tool(live, def, args.clone(), &key)
+                    self.run_tool(live, def, args.clone(), &key, recovering)
                         .await
                         .map(|r| json!({ "result": r }))
                         .map_err(|e| tool_error(&name, e))
@@ -215,7 +215,9 @@ impl Kernel {
         true
     }
 
-    /// Approval, and after a crash the tool's crash-window policy. `Ok` means: run it.
+    /// Approval, and after a crash the tool's crash-window policy. `Ok` means: run it;
+    /// `Ok(true)` that this runs a call a crash cut off (a tool that can ask its remote
+    /// what the first attempt did, an A2A agent, asks before doing it again).
     async fn gate(
         &self,
         live: &Arc<LiveRun>,
@@ -223,7 +225,7 @@ impl Kernel {
         args: &Value,
         seq: Seq,
         retried: bool,
-    ) -> Result<(), SyscallError> {
+    ) -> Result<bool, SyscallError> {
         let name = &def.name;
         if def.policy.requires_approval {
             // Decided before the crash: the tool may have started. Decided only now: it
@@ -240,10 +242,10 @@ impl Kernel {
                 ));
             }
             if !(retried && decided_before) {
-                return Ok(());
+                return Ok(false);
             }
         } else if !retried {
-            return Ok(());
+            return Ok(false);
         }
         self.emit(
             &live.id,
@@ -251,12 +253,12 @@ impl Kernel {
             json!({ "call": seq, "tool": name, "policy": def.policy.crash.as_str() }),
         );
         match def.policy.crash {
-            CrashPolicy::Retry => Ok(()),
+            CrashPolicy::Retry => Ok(true),
             CrashPolicy::Ask => {
                 let decision =
                     self.await_approval(live, seq, name, args, ApprovalKind::RetryAfterCrash).await?;
                 if decision.approve {
-                    Ok(())
+                    Ok(true)
                 } else {
                     Err(SyscallError::new(
                         ErrorKind::ToolError,

@@ -1,6 +1,6 @@
 //! Running a governed tool for a run: the granted set, each kind's executor (built-ins,
-//! command tools in the run's sandbox, MCP calls, agents as tools), `http.fetch`'s
-//! client through the run's egress proxy.
+//! command tools in the run's sandbox, MCP calls, agents as tools, remote A2A agents'
+//! skills), `http.fetch`'s client through the run's egress proxy.
 
 use crate::Kernel;
 use crate::run::LiveRun;
@@ -19,15 +19,17 @@ impl Kernel {
     }
 
     /// Runs one tool call whose governance passed. `key` is the call's idempotency key
-    /// (`run_id:seq`), handed to tools that can use it.
+    /// (`run_id:seq`), handed to tools that can use it; `recovering` says the call was
+    /// cut off by a crash and runs again (an A2A call looks up what the remote has first).
     pub(crate) async fn run_tool(
         &self,
         live: &Arc<LiveRun>,
         def: &ToolDef,
         args: Value,
         key: &str,
+        recovering: bool,
     ) -> Result<Value, String> {
-        let work = self.run_tool_untimed(live, def, args, key);
+        let work = self.run_tool_untimed(live, def, args, key, recovering);
         match tokio::time::timeout(def.policy.timeout, work).await {
             Ok(outcome) => outcome,
             Err(_) => Err(format!(
@@ -44,6 +46,7 @@ impl Kernel {
         def: &ToolDef,
         args: Value,
         key: &str,
+        recovering: bool,
     ) -> Result<Value, String> {
         match &def.kind {
             ToolKind::Builtin => self.run_builtin(live, &def.name, args).await,
@@ -77,6 +80,12 @@ impl Kernel {
                 client.call(tool, args).await.map_err(|e| e.to_string())
             }
             ToolKind::Agent(tool) => self.run_agent_tool(live, &def.name, tool, args, key).await,
+            ToolKind::A2a { agent, skill } => {
+                let mount =
+                    self.inner.tools.a2a.get(agent).ok_or_else(|| format!("no A2A agent {agent:?}"))?;
+                let client = self.inner.tools.connect_a2a(mount).await?;
+                client.call(skill, &args, key, recovering).await
+            }
         }
     }
 
