@@ -2,6 +2,7 @@
 //! `--addr`), or, when none runs, a kernel embedded in this process that serves the same
 //! HTTP API on an ephemeral loopback port. Either way commands use one [`Client`].
 
+mod event_triggers;
 mod hooks;
 mod schedules;
 
@@ -581,12 +582,26 @@ pub async fn start_kernel(dir: DataDir, start: KernelStart) -> Result<Kernel> {
     let tools = keel_tools::config::ToolsConfig::from_keel_toml(config_text.as_deref().unwrap_or(""))
         .map_err(|e| anyhow!("{e}"))
         .with_context(|| format!("kernel config {}", config_path.display()))?;
+    let agents = keel_kernel::AgentsConfig::from_keel_toml(config_text.as_deref().unwrap_or(""))
+        .map_err(|e| anyhow!("{e}"))
+        .with_context(|| format!("kernel config {}", config_path.display()))?;
     let mut scheduler = keel_kernel::SchedulerConfig::from_keel_toml(config_text.as_deref().unwrap_or(""))
         .map_err(|e| anyhow!("{e}"))
         .with_context(|| format!("kernel config {}", config_path.display()))?;
     if max_live.is_some() {
         scheduler.max_live_per_node = max_live;
     }
+    // Triggers keel.toml declares, checked whole before anything starts (the daemon's).
+    let declared = if serving {
+        let base = config_path.parent().unwrap_or(std::path::Path::new("."));
+        Some(
+            keel_kernel::DeclaredTriggers::from_keel_toml(config_text.as_deref().unwrap_or(""), base)
+                .map_err(|e| anyhow!("{e}"))
+                .with_context(|| format!("kernel config {}", config_path.display()))?,
+        )
+    } else {
+        None
+    };
     // Interpreter workers are this binary, started with a hidden argument.
     let interp_worker = std::env::current_exe().ok().map(|program| keel_interp::WorkerCommand {
         program,
@@ -617,6 +632,7 @@ pub async fn start_kernel(dir: DataDir, start: KernelStart) -> Result<Kernel> {
         llm,
         egress: Arc::new(egress),
         tools,
+        agents,
         interp_worker,
         swap_after,
         scheduler,
@@ -643,8 +659,24 @@ pub async fn start_kernel(dir: DataDir, start: KernelStart) -> Result<Kernel> {
     });
     // Only now: relaunched agents reach the gateway at once.
     if serving {
+        // The store's triggers match keel.toml before anything fires.
+        if let Some(declared) = declared {
+            let changes = kernel
+                .declare_triggers(&declared)
+                .await
+                .with_context(|| format!("kernel config {}", config_path.display()))?;
+            if changes != keel_kernel::DeclaredChanges::default() {
+                tracing::info!(
+                    "keel.toml triggers: created {:?}, updated {:?}, deleted {:?}",
+                    changes.created,
+                    changes.updated,
+                    changes.deleted
+                );
+            }
+        }
         kernel.start_recovery().await.context("listing the runs to recover")?;
         kernel.start_schedules();
+        kernel.start_event_triggers();
     }
     Ok(kernel)
 }

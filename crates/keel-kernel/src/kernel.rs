@@ -2,10 +2,13 @@
 //! ([`KernelOptions`]), starting it, and its public API. Everything else in the crate is
 //! `pub(crate)`: the methods here are the kernel's whole surface.
 
+mod a2a;
 mod agui;
 mod audit;
 mod cluster;
 mod console;
+mod declared;
+mod event_triggers;
 mod gateway;
 mod hooks;
 mod metrics;
@@ -15,8 +18,10 @@ mod status;
 mod tenants;
 mod triggers;
 
+pub use a2a::{A2aAnswer, A2aStream};
 pub use agui::{AguiIds, AguiStream};
 pub use console::{RunChange, RunChanges};
+pub use declared::{DeclaredChanges, DeclaredTriggers};
 pub use hooks::MAX_HOOK_BODY;
 pub use queries::{AuditQuery, RunQuery, RunSort};
 
@@ -69,6 +74,8 @@ pub struct KernelOptions {
     /// The `[tools]` table of keel.toml: command tools, MCP servers, agents as tools and
     /// policy overrides.
     pub tools: keel_tools::config::ToolsConfig,
+    /// The `[[agents]]` of keel.toml: those with `a2a = true` are served over A2A.
+    pub agents: crate::agents::AgentsConfig,
     /// How to start an interpreter worker (`keel` itself with a hidden argument); `None`
     /// leaves `code.exec` for python/javascript unavailable, saying so.
     pub interp_worker: Option<keel_interp::WorkerCommand>,
@@ -142,10 +149,14 @@ pub(crate) struct Inner {
     pub(crate) run_ended: tokio::sync::Notify,
     /// A schedule was created or resumed: the schedule loop looks again at once.
     pub(crate) schedules_changed: tokio::sync::Notify,
+    /// Event triggers' fires in flight, and whether this kernel starts their runs.
+    pub(crate) event_firing: event_triggers::EventFiring,
     /// The most undelivered messages a run's mailbox holds (`KEEL_MAILBOX_CAPACITY`).
     pub(crate) mailbox_capacity: u64,
     /// Every tool the kernel knows (built-ins, keel.toml's, mounted MCP servers').
     pub(crate) tools: crate::tools::Registry,
+    /// keel.toml's `[[agents]]` (the A2A server's).
+    pub(crate) agents: crate::agents::AgentsConfig,
     /// Interpreter workers for `code.exec`.
     pub(crate) interp: Option<keel_interp::Pool>,
     /// This node's cluster membership, when it shares its store with other nodes.
@@ -224,6 +235,7 @@ impl Kernel {
                 live_deltas: Arc::default(),
                 run_ended: tokio::sync::Notify::new(),
                 schedules_changed: tokio::sync::Notify::new(),
+                event_firing: Default::default(),
                 stop_trees,
                 wakeups,
                 admissions,
@@ -231,6 +243,7 @@ impl Kernel {
                 launches,
                 mailbox_capacity: crate::mailboxes::capacity_from_env(),
                 tools: crate::tools::Registry::new(options.tools),
+                agents: options.agents,
                 interp: options
                     .interp_worker
                     .map(|worker| keel_interp::Pool::new(keel_interp::PoolConfig { worker, size: 2 })),

@@ -6,7 +6,9 @@
 //! Everything that acts on a run enters through [`Kernel::execute`] as a [`Command`]
 //! (HTTP and CLI parse into it) or through the syscall socket; queries are plain methods.
 
+mod a2a;
 mod admission;
+mod agents;
 mod agui;
 mod approvals;
 mod audit;
@@ -32,6 +34,7 @@ mod tools;
 mod views;
 
 pub use admission::SchedulerConfig;
+pub use agents::{AgentDecl, AgentsConfig, Skill};
 
 /// Now, in Unix milliseconds (0 if the clock is before 1970).
 pub(crate) fn now_ms() -> u64 {
@@ -47,8 +50,8 @@ pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
 pub use error::{Error, Result};
 pub use events::EventStream;
 pub use kernel::{
-    AguiIds, AguiStream, AuditQuery, ClusterMember, Kernel, KernelOptions, MAX_HOOK_BODY, RunChange,
-    RunChanges, RunQuery, RunSort,
+    A2aAnswer, A2aStream, AguiIds, AguiStream, AuditQuery, ClusterMember, DeclaredChanges, DeclaredTriggers,
+    Kernel, KernelOptions, MAX_HOOK_BODY, RunChange, RunChanges, RunQuery, RunSort,
 };
 pub use metrics::Format as MetricsFormat;
 pub use paths::{DataDir, LockedDataDir};

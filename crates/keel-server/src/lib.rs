@@ -4,10 +4,12 @@
 //! directory, or a tenant's token, which confines the request to that tenant (see
 //! `keel_kernel::Principal`).
 
+mod a2a;
 mod agui;
 mod audit;
 mod cluster;
 mod console;
+mod event_triggers;
 mod gateway;
 mod hooks;
 mod mcp;
@@ -74,6 +76,7 @@ pub fn openapi_doc() -> serde_json::Value {
     doc.merge(<tenants::TenantsApiDoc as OpenApi>::openapi());
     doc.merge(<schedules::SchedulesApiDoc as OpenApi>::openapi());
     doc.merge(<hooks::HooksApiDoc as OpenApi>::openapi());
+    doc.merge(<event_triggers::EventTriggersApiDoc as OpenApi>::openapi());
     doc.merge(<metrics::MetricsApiDoc as OpenApi>::openapi());
     CommonResponses.modify(&mut doc);
     // An OpenApi document always serializes (strings, numbers and maps only).
@@ -225,10 +228,12 @@ pub fn router(kernel: Kernel, token: String) -> Router {
         .route("/v1/memory/{namespace}/{key}", put(memory_put).get(memory_get).delete(memory_delete))
         .route("/v1/threads/{id}", get(thread_read))
         .merge(agui::routes())
+        .merge(a2a::routes())
         .merge(audit::routes())
         .merge(tenants::routes())
         .merge(schedules::routes())
         .merge(hooks::routes())
+        .merge(event_triggers::routes())
         .merge(cluster::routes())
         .merge(console::routes())
         .merge(metrics::routes())
@@ -241,6 +246,8 @@ pub fn router(kernel: Kernel, token: String) -> Router {
         .merge(console::file_routes())
         // A delivery's signature is its proof: no token (the hooks' other routes take one).
         .merge(hooks::delivery_routes())
+        // Agent cards are public: they say which token the JSON-RPC endpoints take.
+        .merge(a2a::card_routes())
         .merge(protected)
         // Its own bearer-token check (MCP's 401 with `WWW-Authenticate`), then the same
         // principals as the routes above.

@@ -13,19 +13,10 @@ use serde_json::{Value, json};
 
 use crate::harness::{Keel, agent, agents};
 
-/// The daemon's address and operator token.
-fn daemon(keel: &Keel) -> (String, String) {
-    let info: Value =
-        serde_json::from_str(&std::fs::read_to_string(keel.data.path().join("kernel.json")).unwrap())
-            .unwrap();
-    let token = std::fs::read_to_string(keel.data.path().join("api-token")).unwrap();
-    (format!("http://{}", info["addr"].as_str().unwrap()), token.trim().to_owned())
-}
-
 /// Runs the AG-UI client with `config` (plus the daemon's address and token); returns
 /// what it printed: `{run, events, texts}`.
 fn client(keel: &Keel, token: Option<&str>, mut config: Value) -> Value {
-    let (base, operator) = daemon(keel);
+    let (base, operator) = keel.api();
     config["base"] = json!(base);
     config["token"] = json!(token.unwrap_or(&operator));
     let out = Command::new("python3")
@@ -131,7 +122,7 @@ fn a_run_streams_as_agui_events_live_then_as_history() {
     // A tenant's token does not see the operator's run: the same 404 as a missing one.
     keel.ok(&["tenant", "create", "acme"]);
     let acme = keel.ok(&["tenant", "token", "acme"]).trim().to_owned();
-    let (base, _) = daemon(&keel);
+    let (base, _) = keel.api();
     let out = curl(&base, &acme, "GET", &format!("/v1/runs/{run}/agui"), None);
     assert!(out.starts_with("404"), "{out}");
 }
@@ -164,7 +155,7 @@ fn run_agent_input(forwarded: Value) -> Value {
 fn post_agui_starts_a_run_from_a_run_agent_input_and_refuses_bad_input() {
     let mut keel = Keel::new();
     keel.start_daemon();
-    let (base, token) = daemon(&keel);
+    let (base, token) = keel.api();
     let command = json!(["python3", agent("agui_agent.py")]);
 
     // Bad input answers 400 saying what is wrong, and starts nothing.

@@ -51,18 +51,9 @@ fn playwright() -> PathBuf {
     package
 }
 
-/// The daemon's address and operator token.
-fn daemon(keel: &Keel) -> (String, String) {
-    let info: Value =
-        serde_json::from_str(&std::fs::read_to_string(keel.data.path().join("kernel.json")).unwrap())
-            .unwrap();
-    let token = std::fs::read_to_string(keel.data.path().join("api-token")).unwrap();
-    (format!("http://{}", info["addr"].as_str().unwrap()), token.trim().to_owned())
-}
-
 /// Runs `console.mjs <scenario>` against the daemon; returns the JSON it printed.
 fn scenario(keel: &Keel, name: &str, extra: Value) -> Value {
-    let (base, token) = daemon(keel);
+    let (base, token) = keel.api();
     let artifacts = target_dir().join("console-artifacts");
     std::fs::create_dir_all(&artifacts).unwrap();
     let mut config = json!({

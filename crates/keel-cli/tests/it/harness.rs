@@ -112,6 +112,15 @@ impl Keel {
         });
     }
 
+    /// The daemon's API: its base URL (`http://host:port`) and the operator's token.
+    pub fn api(&self) -> (String, String) {
+        let info: Value =
+            serde_json::from_str(&std::fs::read_to_string(self.data.path().join("kernel.json")).unwrap())
+                .unwrap();
+        let token = std::fs::read_to_string(self.data.path().join("api-token")).unwrap();
+        (format!("http://{}", info["addr"].as_str().unwrap()), token.trim().to_owned())
+    }
+
     /// The pid of the running daemon.
     pub fn daemon_pid(&self) -> u32 {
         self.daemon.as_ref().expect("daemon running").id()
@@ -221,4 +230,40 @@ pub fn alive(pid: u32) -> bool {
 pub fn proc_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit(')').next()?.trim_start().chars().next()
+}
+
+/// The official A2A SDK the A2A tests run, as pinned in scripts/test-requirements.txt.
+pub const A2A_SDK: &str = "a2a-sdk[http-server]==1.3.0";
+
+/// A Python with the official A2A SDK (`a2a-sdk` 1.3.0: its client, and its server with
+/// Starlette and uvicorn): `KEEL_TEST_PYTHON` or `python3`, after `pip install` of
+/// [`A2A_SDK`] when it lacks it (once per test process). Panics saying what to install
+/// when that fails. `tests/fixtures/a2a_remote.py` is a remote agent served by it.
+pub fn a2a_python() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    let found = PYTHON.get_or_init(|| {
+        let python = std::env::var("KEEL_TEST_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+        let check = "import importlib.metadata as m, a2a.client, a2a.server.routes, uvicorn, starlette\n\
+                     assert m.version('a2a-sdk') == '1.3.0', m.version('a2a-sdk')";
+        let ready =
+            || Command::new(&python).args(["-c", check]).output().is_ok_and(|out| out.status.success());
+        if !ready() {
+            let out = Command::new(&python)
+                .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", A2A_SDK])
+                .output()
+                .map_err(|e| {
+                    format!("could not run `{python} -m pip` ({e}); install Python 3.10+ with pip")
+                })?;
+            if !out.status.success() || !ready() {
+                return Err(format!(
+                    "`{python} -m pip install '{A2A_SDK}'` did not make the A2A SDK importable ({}); install \
+                     scripts/test-requirements.txt:\n{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+        Ok(PathBuf::from(python))
+    });
+    found.clone().unwrap_or_else(|e| panic!("{e}"))
 }

@@ -2,6 +2,8 @@
 //! with SIGKILL, bad input, the HTTP API, and memory. Agents are the Python programs in
 //! `tests/agents`, and one Node program on the TypeScript SDK (`ts_agent.js`).
 
+mod a2a;
+mod a2a_client;
 mod agui;
 mod api;
 mod audit;
@@ -13,6 +15,7 @@ mod cluster_faults;
 mod console;
 mod control;
 mod crash;
+mod events;
 mod exec_inputs;
 mod frameworks;
 mod gateway;

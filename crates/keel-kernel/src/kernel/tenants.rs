@@ -6,7 +6,7 @@ use crate::tenants::{
     ADMISSION, LIVE_STATES, Principal, QUOTA_RETRY_AFTER_SECS, mint_token, now_ms, quota_of, tenant_view,
     token_hash, valid_prefix, validate_name, validate_quota,
 };
-use crate::{Command, CreateRun, Error, Kernel, Result};
+use crate::{CreateRun, Error, Kernel, Result};
 use keel_protocol::api::{CreateRunParams, CreateTenantParams, QuotaParams, TenantView, TokenCreatedView};
 use keel_store::{ApiTokenRecord, RunFilter, RunRecord, TenantRecord};
 use keel_types::RunId;
@@ -122,7 +122,19 @@ impl Kernel {
     pub(crate) async fn create_within_quota(
         &self,
         principal: &Principal,
+        params: CreateRunParams,
+    ) -> Result<RunRecord> {
+        self.create_within_quota_as(principal, RunId::generate(crate::now_ms()), params, None).await
+    }
+
+    /// `create_within_quota` under an id chosen before (recorded elsewhere first, so a
+    /// retry finds the same run), naming what started it (`a2a:NAME`).
+    pub(crate) async fn create_within_quota_as(
+        &self,
+        principal: &Principal,
+        id: RunId,
         mut params: CreateRunParams,
+        trigger: Option<String>,
     ) -> Result<RunRecord> {
         let tenant = principal.run_tenant(params.tenant.as_deref())?;
         params.tenant = Some(tenant.clone());
@@ -132,10 +144,11 @@ impl Kernel {
         {
             params.budget.get_or_insert_with(Default::default).usd = Some(usd);
         }
-        let request = CreateRun::validate(params)?;
+        let mut request = CreateRun::validate(params)?;
+        request.trigger = trigger;
         let _admission = ADMISSION.lock().await;
         self.check_run_quota(&tenant, &quota).await?;
-        self.act(Command::Create(request)).await
+        self.create_as(id, request).await
     }
 
     /// Refuses a new run of `tenant` when it already has `max_runs` live runs.

@@ -114,6 +114,7 @@ impl TestKernel {
             llm: keel_llm::Router::empty(),
             egress: Default::default(),
             tools,
+            agents: Default::default(),
             interp_worker: self.setup.interp.then(|| keel_interp::WorkerCommand {
                 program: env!("CARGO_BIN_EXE_keel-kernel-test-worker").into(),
                 args: Vec::new(),

@@ -103,6 +103,7 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
             llm: keel_llm::Router::empty(),
             egress: Default::default(),
             tools: Default::default(),
+            agents: Default::default(),
             interp_worker: None,
             swap_after: None,
             scheduler: Default::default(),
