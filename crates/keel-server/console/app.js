@@ -503,13 +503,23 @@ function topUpForm(runId, onDone, { loop = false } = {}) {
   return form;
 }
 
+/** What is typed in a run's message box, by run: the run page is drawn again at each of
+ *  the run's changes, and a draft must outlive that. */
+const messageDrafts = new Map();
+
 function messageForm(runId) {
   const text = h("textarea", { name: "message", rows: 2, placeholder: '{"hello": "agent"}  (JSON; plain text is sent as a string)', "aria-label": "message" });
+  text.value = messageDrafts.get(runId) || "";
+  text.addEventListener("input", () => messageDrafts.set(runId, text.value));
   const error = h("div", { class: "error", role: "alert" });
   const form = h("form", { "data-form": "message" }, text, h("div", { class: "row" }, h("button", { type: "submit" }, "Send message")), error);
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
     error.textContent = "";
+    if (!text.value.trim()) {
+      error.textContent = "Write the message first: JSON, or plain text.";
+      return;
+    }
     let message;
     try {
       message = JSON.parse(text.value);
@@ -520,6 +530,7 @@ function messageForm(runId) {
       const sent = await api(`/v1/runs/${runId}/messages`, { method: "POST", body: { message } });
       toast(`Message ${sent.seq} sent.`);
       text.value = "";
+      messageDrafts.delete(runId);
     } catch (err) {
       error.textContent = err.message;
     }
