@@ -5,8 +5,10 @@
 //! - A2A: a blocking `SendMessage` on its own connection, timed from the request to the
 //!   answer holding the completed task (the message recorded, the run created, launched,
 //!   ended, and read back as a task).
-//! - Floor: `keel run --sandbox TIER -- true`, the CLI process from start to exit (it
-//!   submits the run to the daemon and waits for its end).
+//! - A direct `keel run --sandbox TIER -- true`: the CLI process from start to exit (it
+//!   submits the run to the daemon and waits for its end), as the issue asks.
+//! - The API's floor: `POST /v1/runs` of the same run, then its event stream
+//!   (`/v1/runs/{id}/events?follow=true`) read until it closes at the run's end.
 //!
 //! cargo bench -p keel-cli --bench a2a
 //!
@@ -64,7 +66,22 @@ fn main() {
         assert!(status.success(), "keel run {i}: {status}");
     }
 
-    for (name, samples) in [("A2A SendMessage (blocking)", &mut a2a), ("keel run (floor)", &mut direct)] {
+    let run = json!({"command": ["true"], "sandbox": {"tier": tier}});
+    let mut floor = Vec::with_capacity(n);
+    for _ in 0..n {
+        let started = Instant::now();
+        let id = api.create_run(&run);
+        let (status, _) = api.get(&format!("/v1/runs/{id}/events?follow=true"));
+        floor.push(started.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(status, 200, "events of {id}");
+        assert_eq!(api.run(&id)["state"], "succeeded", "run {id}");
+    }
+
+    for (name, samples) in [
+        ("A2A SendMessage (blocking)", &mut a2a),
+        ("keel run (the CLI, start to exit)", &mut direct),
+        ("POST /v1/runs + its events to the end (floor)", &mut floor),
+    ] {
         let (p50, p99) = api::percentiles(samples);
         let max = samples.last().copied().unwrap_or(0.0);
         println!("| {name} | {} | {p50:.1} | {p99:.1} | {max:.1} |", samples.len());
