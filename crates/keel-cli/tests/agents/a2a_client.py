@@ -186,13 +186,17 @@ async def main():
 
     # Subscribe to it, and answer from the other client while subscribed.
     subscribed = []
+    following = asyncio.Event()
 
     async def follow():
         async for event in streaming.subscribe(SubscribeToTaskRequest(id=task_id)):
             subscribed.append(event)
+            following.set()
 
     follower = asyncio.create_task(follow())
-    await asyncio.sleep(1.0)
+    # Answer only once the subscription holds the task (its first event), however slow
+    # the machine: an answer before that would end the task before it is followed.
+    await asyncio.wait_for(following.wait(), 30)
     await send(client, user("Lyon", task_id=task_id))
     await asyncio.wait_for(follower, 30)
     kinds = [e.WhichOneof("payload") for e in subscribed]
@@ -221,7 +225,7 @@ async def main():
     )
     assert config.id == "cfg-1" and config.url == hook_url, config
     await send(client, user("Nice", task_id=pushed.id))
-    for _ in range(200):
+    for _ in range(600):  # up to 30 s on a loaded machine
         ended = [
             r for r in Hook.received
             if r["body"].get("statusUpdate", {}).get("status", {}).get("state") == "TASK_STATE_COMPLETED"
