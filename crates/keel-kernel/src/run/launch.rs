@@ -63,7 +63,14 @@ impl Kernel {
         let record = match created {
             Ok(record) => record,
             Err(err) => {
-                self.release_slot(&id);
+                // A run already under this id owns whatever slot the id holds (admitting
+                // a live id takes no new one): give it back only if no live run has it.
+                let owned = matches!(err, keel_store::Error::RunExists(_))
+                    && matches!(self.inner.store.get_run(&id).await, Ok(Some(existing))
+                        if !existing.state.is_terminal() && !crate::swap::is_swapped(&existing));
+                if !owned {
+                    self.release_slot(&id);
+                }
                 return Err(err.into());
             }
         };

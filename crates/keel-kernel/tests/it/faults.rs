@@ -47,12 +47,27 @@ pub enum Cut {
 #[derive(Default)]
 pub struct Faults {
     planned: Mutex<HashMap<Write, VecDeque<Cut>>>,
+    /// How many of the next `get_run` calls answer that the run does not exist (a read
+    /// that lost a race with the run's creation).
+    hidden_runs: Mutex<usize>,
 }
 
 impl Faults {
     /// The next `cuts.len()` calls of `write` are cut off, in order, as `cuts` says.
     pub fn cut_next(&self, write: Write, cuts: &[Cut]) {
         self.planned.lock().unwrap().entry(write).or_default().extend(cuts);
+    }
+
+    /// The next `n` `get_run` calls answer `None`, as if the run were not there yet.
+    pub fn hide_next_runs(&self, n: usize) {
+        *self.hidden_runs.lock().unwrap() += n;
+    }
+
+    fn hides_run(&self) -> bool {
+        let mut hidden = self.hidden_runs.lock().unwrap();
+        let hide = *hidden > 0;
+        *hidden = hidden.saturating_sub(1);
+        hide
     }
 
     /// How many planned cuts no call has met yet.
@@ -117,10 +132,15 @@ faulty_store! {
             let write = if expected.is_some() { Write::Transition } else { Write::PatchRun };
             self.write(write, self.inner.update_run(id, expected, patch)).await
         }
+        async fn get_run(&self, id: &RunId) -> Result<Option<RunRecord>> {
+            if self.faults.hides_run() {
+                return Ok(None);
+            }
+            self.inner.get_run(id).await
+        }
     }
     delegate {
         fn create_run(&self, run: NewRun) -> Result<RunRecord>;
-        fn get_run(&self, id: &RunId) -> Result<Option<RunRecord>>;
         fn runs_ended_after(&self, tenant: &str, after_ms: u64, after_id: Option<&RunId>, limit: usize)
             -> Result<Vec<RunRecord>>;
         fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>>;

@@ -42,6 +42,8 @@ pub struct Setup {
     pub interp: bool,
     /// Run the kernel on a store whose writes this plan may cut off (`faults.rs`).
     pub faults: Option<Arc<crate::faults::Faults>>,
+    /// keel.toml's `[scheduler]` caps (none by default).
+    pub scheduler: keel_kernel::SchedulerConfig,
 }
 
 pub struct TestKernel {
@@ -120,7 +122,7 @@ impl TestKernel {
                 args: Vec::new(),
             }),
             swap_after: self.setup.swap_after,
-            scheduler: Default::default(),
+            scheduler: self.setup.scheduler.clone(),
             cluster: None,
             telemetry: keel_kernel::Telemetry::disabled(),
         };
