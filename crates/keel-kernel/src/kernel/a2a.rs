@@ -152,10 +152,9 @@ impl Kernel {
                 let nothing_to_follow =
                     (RpcError::UNSUPPORTED_OPERATION, "there is nothing to follow; GetTask reads it");
                 let record = self.a2a_live(principal, agent, params, nothing_to_follow).await?;
-                let task = self.a2a_task(&record).await.map_err(rpc_error)?;
-                let view = self.a2a_view(&record.id).await.map_err(rpc_error)?;
+                let (task, now) = self.a2a_snapshot(&record).await.map_err(rpc_error)?;
                 let mut stream = self.a2a_stream(&record, version, request.id.clone(), None, true);
-                stream.last = Some(key(&view, task.status.state));
+                stream.last = Some(now);
                 stream.out.push_back(StreamEvent::Task(task));
                 Ok(Reply::Stream(Box::new(stream)))
             }
@@ -270,9 +269,8 @@ impl Kernel {
         if streaming {
             if new {
                 // A new task's stream opens with the task, as it is now.
-                let task = self.a2a_task(&record).await.map_err(rpc_error)?;
-                let view = self.a2a_view(&record.id).await.map_err(rpc_error)?;
-                stream.last = Some(key(&view, task.status.state));
+                let (task, now) = self.a2a_snapshot(&record).await.map_err(rpc_error)?;
+                stream.last = Some(now);
                 stream.done = task.status.state.is_interrupted();
                 stream.out.push_back(StreamEvent::Task(task));
             }
@@ -356,7 +354,7 @@ impl Kernel {
                 ),
             ));
         }
-        let view = self.a2a_view(&record.id).await.map_err(rpc_error)?;
+        let view = self.view(&record, None).await.map_err(rpc_error)?;
         let state = map::task_state(&view.state, view.wait_reason.as_deref());
         let baseline = key(&view, state);
         if state == TaskState::InputRequired {
@@ -501,6 +499,12 @@ impl Kernel {
 
     /// The whole task a run is, with its history (the journal's answered questions).
     async fn a2a_task(&self, record: &RunRecord) -> Result<Task> {
+        Ok(self.a2a_snapshot(record).await?.0)
+    }
+
+    /// The task a run is, and the key a stream compares its later states with, from one
+    /// view of the run.
+    async fn a2a_snapshot(&self, record: &RunRecord) -> Result<(Task, (TaskState, u64))> {
         let view = self.view(record, None).await?;
         let input = RunSpec::of(record).ok().and_then(|spec| spec.input);
         let exchanges: Vec<Exchange> = self
@@ -510,7 +514,9 @@ impl Kernel {
             .iter()
             .filter_map(|entry| map::exchange(&entry.method, entry.seq, &entry.params, entry.result.as_ref()))
             .collect();
-        Ok(map::task(&view, input.as_ref(), &exchanges))
+        let task = map::task(&view, input.as_ref(), &exchanges);
+        let now = key(&view, task.status.state);
+        Ok((task, now))
     }
 
     fn a2a_stream(

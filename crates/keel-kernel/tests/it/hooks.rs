@@ -11,9 +11,8 @@ use serde_json::json;
 
 use crate::harness::TestKernel;
 
-#[test]
-fn a_delivery_recorded_before_a_crash_is_created_by_its_redelivery() {
-    let mut test = TestKernel::start();
+/// Creates the hook `pushes` (GitHub signatures, a run of `true`); its secret.
+fn create_hook(test: &TestKernel) -> String {
     // The secret is a variable of the kernel's environment; PATH is one every test
     // process has (setting a variable would race the other tests' threads).
     let secret = std::env::var("PATH").expect("PATH is set");
@@ -31,6 +30,13 @@ fn a_delivery_recorded_before_a_crash_is_created_by_its_redelivery() {
     };
     test.on_kernel(|kernel| async move { kernel.hook_create(&Principal::Admin, params).await })
         .expect("the hook is created");
+    secret
+}
+
+#[test]
+fn a_delivery_recorded_before_a_crash_is_created_by_its_redelivery() {
+    let mut test = TestKernel::start();
+    let secret = create_hook(&test);
 
     // A kernel that recorded delivery d-1 and died before creating its run.
     let recorded = RunId::generate(1);
@@ -87,21 +93,7 @@ fn a_create_refused_for_a_live_runs_id_leaves_that_run_its_slot() {
         scheduler: keel_kernel::SchedulerConfig::from_keel_toml("[scheduler]\nmax_live = 1\n").unwrap(),
         ..Default::default()
     });
-    let secret = std::env::var("PATH").expect("PATH is set");
-    let run: CreateRunParams = serde_json::from_value(json!({
-        "command": ["true"], "cwd": test.scratch(), "sandbox": {"tier": "none"},
-    }))
-    .unwrap();
-    let params = CreateHookParams {
-        name: "pushes".into(),
-        verify: "github".into(),
-        secret_env: "PATH".into(),
-        header: None,
-        tolerance_secs: None,
-        run,
-    };
-    test.on_kernel(|kernel| async move { kernel.hook_create(&Principal::Admin, params).await })
-        .expect("the hook is created");
+    let secret = create_hook(&test);
 
     // The run of a first delivery, live and holding the only slot.
     let live = test.create_run(json!({}));
