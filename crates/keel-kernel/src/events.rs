@@ -101,16 +101,20 @@ async fn write_loop(
                 Message::Flush(done) => flushes.push(done),
             }
         }
-        for (run, events) in per_run {
+        // Every run's events at once, so a store that group-commits (SQLite's writer)
+        // makes them durable in one commit rather than one per run.
+        let appends = per_run.iter().map(|(run, events)| {
+            // A store that is away (a database restarting) is waited for, the events kept;
+            // any other refusal (a run another node took over) drops them.
+            crate::outage::retry_while(run, || true, false, || store.append_events(run, events))
+        });
+        let appended = futures_util::future::join_all(appends).await;
+        for ((run, events), appended) in per_run.into_iter().zip(appended) {
             // Output lines change nothing a listing shows; anything else may.
             let output_only = events.iter().all(|event| {
                 event.kind == keel_protocol::EventKind::Stdout.as_str()
                     || event.kind == keel_protocol::EventKind::Stderr.as_str()
             });
-            // A store that is away (a database restarting) is waited for, the events kept;
-            // any other refusal (a run another node took over) drops them.
-            let appended =
-                crate::outage::retry_while(&run, || true, false, || store.append_events(&run, &events)).await;
             match appended {
                 Ok(last) => {
                     let heads = heads.lock().unwrap_or_else(|p| p.into_inner());

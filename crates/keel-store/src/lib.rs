@@ -39,9 +39,9 @@ pub use dump::DumpItem;
 pub use postgres::{PgNode, PgStore};
 pub use records::{
     ApiTokenRecord, AuditBreak, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, CostBucket,
-    CostFilter, EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord,
-    MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, RunCount, RunFilter, RunOrder, RunPatch, RunRecord,
-    SearchMode, StoreStats, TenantRecord, ThreadMessage,
+    CostFilter, EventRecord, JournalEntry, MailboxDone, MailboxMessage, MailboxOp, MailboxResult,
+    MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, RunCount,
+    RunFilter, RunOrder, RunPatch, RunRecord, SearchMode, StoreStats, TenantRecord, ThreadMessage,
 };
 pub use sqlite::SqliteStore;
 pub use triggers::{FireRecord, TriggerRecord};
@@ -321,6 +321,23 @@ pub trait Store: Send + Sync + 'static {
         run: &RunId,
         idempotency_key: Option<&str>,
     ) -> Result<Option<MailboxMessage>>;
+
+    /// Performs `op` and appends `entry` to `run`'s journal recording it, in one
+    /// transaction: the mailbox write and its journal entry are durable together or not at
+    /// all. The entry is appended complete, its `result` replaced by `result_of` what the op
+    /// came to (the caller's wire shape; the store does not know it), and its usage added to
+    /// the run's totals as `append_entry` adds it. Returns the entry's seq and the outcome.
+    ///
+    /// A send fails as `mailbox_send` fails (`RunNotFound`, `MailboxFull`) and writes
+    /// nothing, journal included. A receive from an empty mailbox writes nothing and
+    /// returns `None`. The message a receive takes is never taken again. Durable on return.
+    async fn journal_mailbox(
+        &self,
+        run: &RunId,
+        entry: NewEntry,
+        op: MailboxOp,
+        result_of: MailboxResult,
+    ) -> Result<Option<(Seq, MailboxDone)>>;
 
     /// How many undelivered messages the run's mailbox holds.
     async fn mailbox_len(&self, run: &RunId) -> Result<u64>;

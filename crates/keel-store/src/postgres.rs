@@ -48,9 +48,9 @@ use crate::chain::Blob;
 use crate::chain::{EncodedCompletion, EncodedEntry};
 use crate::{
     ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, CostBucket, CostFilter,
-    DumpItem, Error, EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord,
-    MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, Result, RunCount, RunFilter, RunPatch, RunRecord,
-    Seq, Store, StoreStats, TenantRecord, ThreadMessage,
+    DumpItem, Error, EventRecord, JournalEntry, MailboxDone, MailboxMessage, MailboxOp, MailboxResult,
+    MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, Result,
+    RunCount, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats, TenantRecord, ThreadMessage,
 };
 pub use cluster::PgNode;
 use fence::Fences;
@@ -549,6 +549,39 @@ impl Store for PgStore {
         let message = writes::mailbox_receive(&transaction, run, idempotency_key).await?;
         commit(transaction).await?;
         Ok(message)
+    }
+
+    async fn journal_mailbox(
+        &self,
+        run: &RunId,
+        entry: NewEntry,
+        op: MailboxOp,
+        result_of: MailboxResult,
+    ) -> Result<Option<(Seq, MailboxDone)>> {
+        let mut entry = EncodedEntry::of(NewEntry { result: None, ..entry });
+        let mut client = self.client("journaling a mailbox write").await?;
+        let unstored = self.chain_ends.unstored(&client, &entry.params_chain).await?;
+        let transaction = begin(&mut client).await?;
+        self.fences.check(&transaction, run).await?;
+        let done = match op {
+            MailboxOp::Send { to, message } => {
+                let text = message.message.to_string();
+                // Both run rows, in id order: two runs sending to each other at once then
+                // wait for one another instead of deadlocking.
+                writes::lock_runs(&transaction, &[run, &to]).await?;
+                MailboxDone::Sent(writes::mailbox_send(&transaction, &to, &message, &text).await?)
+            }
+            MailboxOp::Receive => match writes::mailbox_receive(&transaction, run, None).await? {
+                Some(message) => MailboxDone::Received(message),
+                // Nothing taken, nothing written: the transaction rolls back on drop.
+                None => return Ok(None),
+            },
+        };
+        entry.result = Some(Blob::of(&result_of(&done)));
+        let seq = writes::append_entry(&transaction, run, &entry, unstored).await?;
+        commit(transaction).await?;
+        self.chain_ends.committed(&entry.params_chain);
+        Ok(Some((seq, done)))
     }
 
     async fn mailbox_len(&self, run: &RunId) -> Result<u64> {

@@ -378,6 +378,30 @@ pub struct NewMessage {
     pub sent_at_ms: u64,
 }
 
+/// A mailbox write made in the same transaction as the journal entry that records it
+/// (`Store::journal_mailbox`): the write and its entry are durable together or not at all,
+/// so neither needs an intent of its own.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MailboxOp {
+    /// Puts `message` in run `to`'s mailbox, checked as `Store::mailbox_send` checks it.
+    Send { to: RunId, message: NewMessage },
+    /// Takes the oldest undelivered message of the journaling run's own mailbox.
+    Receive,
+}
+
+/// Makes the result a journaled mailbox write records from what it came to (the
+/// caller's wire shape, which the store does not know).
+pub type MailboxResult = for<'a> fn(&'a MailboxDone) -> serde_json::Value;
+
+/// What a journaled mailbox write came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MailboxDone {
+    /// The message's seq in the receiving run's mailbox.
+    Sent(Seq),
+    /// The message taken.
+    Received(MailboxMessage),
+}
+
 /// A message of a run's mailbox as stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MailboxMessage {

@@ -30,9 +30,9 @@ use crate::chain::Blob;
 use crate::chain::{EncodedCompletion, EncodedEntry};
 use crate::{
     ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, CostBucket, CostFilter,
-    DumpItem, Error, EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord,
-    MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, Result, RunCount, RunFilter, RunPatch, RunRecord,
-    Seq, Store, StoreStats, TenantRecord, ThreadMessage,
+    DumpItem, Error, EventRecord, JournalEntry, MailboxDone, MailboxMessage, MailboxOp, MailboxResult,
+    MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, Result,
+    RunCount, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats, TenantRecord, ThreadMessage,
 };
 use crate::{FireRecord, TriggerRecord};
 use writer::{EncodedEvent, WriteCommand};
@@ -472,6 +472,22 @@ impl Store for SqliteStore {
         let run = run.clone();
         let idempotency_key = idempotency_key.map(str::to_owned);
         self.write(|reply| WriteCommand::MailboxReceive { run, idempotency_key, reply }).await
+    }
+
+    async fn journal_mailbox(
+        &self,
+        run: &RunId,
+        entry: NewEntry,
+        op: MailboxOp,
+        result_of: MailboxResult,
+    ) -> Result<Option<(Seq, MailboxDone)>> {
+        let entry = EncodedEntry::of(NewEntry { result: None, ..entry });
+        let text = match &op {
+            MailboxOp::Send { message, .. } => message.message.to_string(),
+            MailboxOp::Receive => String::new(),
+        };
+        let run = run.clone();
+        self.write(|reply| WriteCommand::JournalMailbox { run, entry, op, text, result_of, reply }).await
     }
 
     async fn mailbox_len(&self, run: &RunId) -> Result<u64> {

@@ -82,6 +82,8 @@ impl Call {
             Call::Mem(call) if call.is_write() => Journaling::IntentThenResult,
             // A read journals what it read, so replay answers it however memory changed.
             Call::Mem(_) => COMPLETE,
+            // A send or receive (not retrying an intent) is journaled in the same commit
+            // as its mailbox write (`Kernel::journaled_in_store`, in `perform_ipc`).
             Call::Ipc(call) if call.has_intent() => Journaling::IntentThenResult,
             // Naming and subscribing are idempotent on their own.
             Call::Ipc(_) => COMPLETE,
@@ -329,13 +331,13 @@ impl Kernel {
                     listener.journaled(seq);
                     return reply_of(&entry);
                 }
-                self.perform(live, method, call, params, Some(seq), listener).await
+                self.perform(live, method, call, params, hash, Some(seq), listener).await
             }
             Decision::Live { first } => {
                 if first {
                     self.go_live(live).await;
                 }
-                self.perform(live, method, call, params, None, listener).await
+                self.perform(live, method, call, params, hash, None, listener).await
             }
         }
     }
@@ -363,10 +365,10 @@ impl Kernel {
         method: &str,
         call: Call,
         params: Value,
+        hash: String,
         reuse: Option<Seq>,
         listener: Listener,
     ) -> Reply {
-        let hash = params_hash(method, &params);
         let journal = journal::Call { live, method, params, hash, reuse };
         let how = call.journaling();
         match call {

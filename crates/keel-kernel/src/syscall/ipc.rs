@@ -3,11 +3,17 @@
 //! message goes to the mailbox of every subscriber of the tenant's topic. Params are
 //! checked here before anything is journaled.
 //!
-//! Send, receive and publish are journaled as intent, then result. The journal entry's key `run_id:seq`
-//! is the store's idempotency key: a send retried in the crash window writes nothing new
-//! and answers the first seq (a publish, the first deliveries); a receive retried in the crash window answers the message
-//! the first attempt took. Once the result is journaled, replay answers it without
-//! touching the mailbox, so every message reaches the receiver's journal exactly once.
+//! A send and a receive are one commit each: the mailbox write and the call's complete
+//! journal entry are one store transaction (`Store::journal_mailbox`), so a crash leaves
+//! both or neither, and no intent is needed. Replay answers the entry without touching
+//! the mailbox, so every message reaches the receiver's journal exactly once.
+//!
+//! A publish (which also records event-trigger fires) is journaled as intent, then
+//! result, as is a send or receive whose intent a crash left pending (written by a kernel
+//! before the one-commit rule). The journal entry's key `run_id:seq` is then the store's
+//! idempotency key: a send retried in the crash window writes nothing new and answers the
+//! first seq (a publish, the first deliveries); a receive answers the message the first
+//! attempt took.
 //!
 //! Waiting is per mailbox ([`Mailboxes`]): a receiver waits for a send to its own
 //! mailbox, and a sender waiting for room in a full mailbox is woken, one per message
@@ -22,7 +28,7 @@ use std::time::Duration;
 use keel_protocol::rpc::{
     ErrorKind, IpcMessage, IpcPublishParams, IpcRecvParams, IpcRegisterParams, IpcSendParams, IpcTopicParams,
 };
-use keel_store::{Error as StoreError, NewMessage, Seq};
+use keel_store::{Error as StoreError, MailboxDone, MailboxOp, NewMessage, Seq};
 use keel_types::RunId;
 use serde_json::{Value, json};
 
@@ -30,7 +36,7 @@ use crate::Kernel;
 use crate::mailboxes::MailboxWait;
 use crate::now_ms;
 use crate::run::LiveRun;
-use crate::syscall::{Reply, SyscallError, internal, parse};
+use crate::syscall::{InStore, Reply, SyscallError, internal, parse};
 
 const MAX_CORRELATION_ID_BYTES: usize = 256;
 const MAX_TOPIC_BYTES: usize = 256;
@@ -174,6 +180,33 @@ pub fn check(method: &str, params: &Value) -> Result<IpcCall, SyscallError> {
     })
 }
 
+/// How a receive takes its message.
+#[derive(Clone, Copy)]
+enum Take<'a> {
+    /// Marked with the key of its journaled intent (a receive retried after a crash).
+    Keyed(&'a str),
+    /// In the same commit as the call's journal entry.
+    Journaled(&'a InStore<'a>),
+}
+
+/// What a send or receive answers, and its journal keeps: a send its message's seq in
+/// the receiver's mailbox, a receive the message.
+fn mailbox_result(done: &MailboxDone) -> Value {
+    match done {
+        MailboxDone::Sent(seq) => json!({ "seq": seq }),
+        MailboxDone::Received(message) => {
+            let message = IpcMessage {
+                from: message.from.as_ref().map(|id| id.as_str().to_owned()),
+                seq: message.seq,
+                message: message.message.clone(),
+                correlation_id: message.correlation_id.clone(),
+                topic: message.topic.clone(),
+            };
+            json!({ "message": message })
+        }
+    }
+}
+
 fn not_found(to: &RunId) -> SyscallError {
     SyscallError::new(ErrorKind::NotFound, format!("ipc.send: no run {to} (of this tenant)"))
 }
@@ -188,6 +221,7 @@ impl Kernel {
         from: Option<&RunId>,
         call: IpcCall,
         idempotency_key: Option<String>,
+        journal: Option<&InStore<'_>>,
         still_wanted: impl Fn() -> bool,
     ) -> Result<Value, SyscallError> {
         let (to, topic, message, correlation_id, wait) = match call {
@@ -216,19 +250,26 @@ impl Kernel {
                 if let Some(notified) = notified.as_mut().as_pin_mut() {
                     notified.enable();
                 }
-                let outcome = match (&to, &topic) {
-                    (Some(to), _) => self
+                let outcome = match (&to, &topic, journal) {
+                    (Some(to), _, Some(journal)) => {
+                        let send = MailboxOp::Send { to: to.clone(), message: new.clone() };
+                        journal.write(send, mailbox_result).await.and_then(|written| match written {
+                            Some((_, result)) => Ok((result, vec![to.clone()])),
+                            None => Err(keel_store::Error::Corrupt("a send wrote nothing".to_owned())),
+                        })
+                    }
+                    (Some(to), _, None) => self
                         .store()
                         .mailbox_send(to, new.clone())
                         .await
                         .map(|seq| (json!({ "seq": seq }), vec![to.clone()])),
-                    (None, Some(topic)) => {
+                    (None, Some(topic), _) => {
                         self.store().topic_publish(topic, new.clone()).await.map(|delivered| {
                             let receivers = delivered.iter().map(|(run, _)| run.clone()).collect();
                             (json!({ "delivered": delivered.len() }), receivers)
                         })
                     }
-                    (None, None) => return Err(internal("a send without a target")),
+                    (None, None, _) => return Err(internal("a send without a target")),
                 };
                 match outcome {
                     Ok((result, receivers)) => {
@@ -285,7 +326,7 @@ impl Kernel {
         &self,
         live: &Arc<LiveRun>,
         timeout_ms: Option<u64>,
-        idempotency_key: &str,
+        take: Take<'_>,
     ) -> Result<Value, SyscallError> {
         let deadline = timeout_ms.map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
         let _waiting = crate::swap::Busy::new(&live.waiting_calls);
@@ -298,27 +339,29 @@ impl Kernel {
         loop {
             let mut notified = pin!(mailbox.waits.arrived.notified());
             notified.as_mut().enable();
-            let received =
-                self.store().mailbox_receive(&live.id, Some(idempotency_key)).await.map_err(internal)?;
+            let received = match take {
+                Take::Keyed(key) => self
+                    .store()
+                    .mailbox_receive(&live.id, Some(key))
+                    .await
+                    .map_err(internal)?
+                    .map(|message| mailbox_result(&MailboxDone::Received(message))),
+                Take::Journaled(journal) => {
+                    journal.write(MailboxOp::Receive, mailbox_result).await.map_err(internal)?.map(|(_, r)| r)
+                }
+            };
             if parked && received.is_some() {
                 self.wake_run(live, keel_types::WaitReason::Message).await;
             } else if received.is_none() && long && !parked && tokio::time::Instant::now() >= park_after {
                 self.park_run(live, keel_types::WaitReason::Message).await;
                 parked = true;
             }
-            if let Some(message) = received {
+            if let Some(received) = received {
                 // Senders waiting for room here wake now; one on another node finds the
                 // room at its next poll (a notice per message received would cost a
                 // database round trip on every receive).
                 self.inner.mailboxes.taken(&live.id);
-                let message = IpcMessage {
-                    from: message.from.map(|id| id.as_str().to_owned()),
-                    seq: message.seq,
-                    message: message.message,
-                    correlation_id: message.correlation_id,
-                    topic: message.topic,
-                };
-                return Ok(json!({ "message": message }));
+                return Ok(received);
             }
             if !self.is_current(live) {
                 return Err(SyscallError::new(
@@ -478,7 +521,7 @@ impl Kernel {
     ) -> Result<Value, SyscallError> {
         let call = check("ipc.send", &params)?;
         let call = self.resolve_send(tenant, call).await?;
-        self.mailbox_send(tenant, None, call, None, || true).await
+        self.mailbox_send(tenant, None, call, None, None, || true).await
     }
 }
 
@@ -512,6 +555,22 @@ impl Kernel {
                 ));
             }
         }
+        let fresh = journal.reuse.is_none();
+        if fresh && matches!(call, IpcCall::Send { .. } | IpcCall::Recv { .. }) {
+            // The mailbox write and the call's journal entry are one commit.
+            return self
+                .journaled_in_store(journal, async |in_store| match call {
+                    IpcCall::Recv { timeout_ms } => {
+                        self.mailbox_recv(live, timeout_ms, Take::Journaled(in_store)).await
+                    }
+                    send => {
+                        let still_wanted = || self.is_current(live);
+                        self.mailbox_send(&tenant, Some(&live.id), send, None, Some(in_store), still_wanted)
+                            .await
+                    }
+                })
+                .await;
+        }
         if !call.has_intent() {
             // Idempotent on its own: a crash before the entry is journaled makes the
             // replayed agent do it again, to the same effect.
@@ -521,11 +580,11 @@ impl Kernel {
         let effect = |seq: Option<Seq>| async move {
             let key = format!("{}:{}", live.id, seq.unwrap_or_default());
             Effect::reply(match call {
-                IpcCall::Recv { timeout_ms } => self.mailbox_recv(live, timeout_ms, &key).await,
+                IpcCall::Recv { timeout_ms } => self.mailbox_recv(live, timeout_ms, Take::Keyed(&key)).await,
                 subscribe @ IpcCall::Subscribe { .. } => self.subscribe(&tenant, &live.id, subscribe).await,
                 send @ (IpcCall::Send { .. } | IpcCall::Publish { .. }) => {
-                    self.mailbox_send(&tenant, Some(&live.id), send, Some(key), || self.is_current(live))
-                        .await
+                    let still_wanted = || self.is_current(live);
+                    self.mailbox_send(&tenant, Some(&live.id), send, Some(key), None, still_wanted).await
                 }
                 IpcCall::SendNamed { .. } | IpcCall::Register { .. } => {
                     Err(internal("names are resolved above"))

@@ -13,9 +13,10 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use keel_protocol::EventKind;
-use keel_store::{Completion, NewEntry, Seq};
+use keel_store::{Completion, MailboxOp, MailboxResult, NewEntry, Seq};
 use keel_types::{EntryStatus, Usage};
 use serde_json::{Value, json};
 
@@ -217,6 +218,56 @@ impl Kernel {
         }
     }
 
+    /// Runs `perform` under the rule for a call whose effect is a write to the store
+    /// itself (a mailbox send or receive): `perform` makes the write with
+    /// [`InStore::write`], which journals the call complete in the same commit
+    /// ([`keel_store::Store::journal_mailbox`]), so neither is ever durable without the
+    /// other and no intent is needed. An answer made without a write (a receive that timed
+    /// out empty, a full mailbox answered `would_block`) is journaled complete after it;
+    /// one that leaves nothing to replay (an unknown target, a call cut off) is not.
+    pub(crate) async fn journaled_in_store(
+        &self,
+        call: Call<'_>,
+        perform: impl AsyncFnOnce(&InStore<'_>) -> Reply,
+    ) -> Reply {
+        let Call { live, method, params, hash, reuse: _ } = call;
+        let span = self.inner.telemetry.syscall(&live.id, live.attempt, method, &params);
+        let in_store = InStore {
+            kernel: self,
+            live,
+            method,
+            params: params.clone(),
+            hash: hash.clone(),
+            written: AtomicU64::new(0),
+        };
+        let reply = perform(&in_store).await;
+        let written = Some(in_store.written.load(Ordering::SeqCst)).filter(|&seq| seq != 0);
+        let recorded = match written {
+            Some(seq) => {
+                self.emit_syscall(live, seq, method, EntryStatus::Ok, json!({}));
+                Ok(Some(seq))
+            }
+            None if journals_outcome(&reply) => self
+                .record_outcome(live, method, params, hash, &reply, Usage::default(), json!({}))
+                .await
+                .map(Some),
+            None => Ok(None),
+        };
+        let (reply, seq) = match recorded {
+            Ok(seq) => (reply, seq),
+            Err(err) => (Err(err), None),
+        };
+        if let Some(span) = span {
+            span.end(crate::telemetry::Outcome {
+                seq,
+                reply: reply.as_ref().map_err(|e| (e.kind.as_str(), e.message.as_str())),
+                usage: Usage::default(),
+                provider: None,
+            });
+        }
+        reply
+    }
+
     /// Journals a call without an outside effect complete at once, as it came out, and
     /// reports it as a `syscall` event with `extra` fields merged in.
     #[allow(clippy::too_many_arguments, reason = "the parts of one journal entry")]
@@ -382,5 +433,80 @@ impl Kernel {
             event.extend(extra);
         }
         self.emit(&live.id, EventKind::Syscall, event);
+    }
+}
+
+/// Whether an answer made without a store write is journaled (see
+/// [`Kernel::journaled_in_store`]): a result, and a refusal the agent must see again on
+/// replay (`would_block`). Not an unknown target (nothing to replay), nor a call cut off.
+fn journals_outcome(reply: &Reply) -> bool {
+    match reply {
+        Ok(_) => true,
+        Err(err) => err.is(keel_protocol::rpc::ErrorKind::WouldBlock),
+    }
+}
+
+/// A call whose effect is a store write, on its way to the journal with it (see
+/// [`Kernel::journaled_in_store`]).
+pub(crate) struct InStore<'a> {
+    kernel: &'a Kernel,
+    pub(crate) live: &'a Arc<LiveRun>,
+    method: &'a str,
+    params: Value,
+    hash: String,
+    /// The seq of the entry written with the call's effect (0: none yet).
+    written: AtomicU64,
+}
+
+impl InStore<'_> {
+    /// Makes the mailbox write `op` and journals the call complete in the same commit,
+    /// its result `result_of` the outcome: the entry's seq and that result. `None` when a
+    /// receive found nothing (nothing written); a refusal (`MailboxFull`, `RunNotFound`)
+    /// wrote nothing either. Waits out a store outage; a commit cut off (`OutcomeUnknown`)
+    /// is resolved by reading the journal back, and made again only if it did not land
+    /// (then neither the entry nor the write did: they are one transaction).
+    pub(crate) async fn write(
+        &self,
+        op: MailboxOp,
+        result_of: MailboxResult,
+    ) -> keel_store::Result<Option<(Seq, Value)>> {
+        let (kernel, live) = (self.kernel, self.live);
+        let entry = completed_entry(
+            live.attempt,
+            self.method,
+            self.params.clone(),
+            self.hash.clone(),
+            &Ok(Value::Null),
+            Usage::default(),
+        );
+        let _timer = kernel.inner.metrics.journal_commit(crate::metrics::JournalOp::Append);
+        loop {
+            let written = kernel
+                .while_current(live, || {
+                    kernel.store().journal_mailbox(&live.id, entry.clone(), op.clone(), result_of)
+                })
+                .await;
+            match written {
+                Err(keel_store::Error::OutcomeUnknown { .. }) if kernel.is_current(live) => {
+                    let journal = kernel.while_current(live, || kernel.store().journal(&live.id, 0)).await?;
+                    let landed = journal.iter().rev().find(|e| {
+                        e.attempt == entry.attempt
+                            && e.method == entry.method
+                            && e.params_hash == entry.params_hash
+                            && e.started_at_ms == entry.started_at_ms
+                    });
+                    if let Some(landed) = landed {
+                        self.written.store(landed.seq, Ordering::SeqCst);
+                        return Ok(Some((landed.seq, landed.result.clone().unwrap_or(Value::Null))));
+                    }
+                    tracing::info!(run = %live.id, "a mailbox write whose commit was cut off did not land; writing it again");
+                }
+                Ok(Some((seq, done))) => {
+                    self.written.store(seq, Ordering::SeqCst);
+                    return Ok(Some((seq, result_of(&done))));
+                }
+                other => return other.map(|_| None),
+            }
+        }
     }
 }

@@ -20,5 +20,5 @@ pub(crate) use gateway::mcp_host;
 
 pub(crate) use crate::error::{Reply, SyscallError, internal};
 pub(crate) use dispatch::{Listener, ToolCall, parse};
-pub(crate) use journal::{Call as JournalCall, Effect, Journaling, completed_entry};
+pub(crate) use journal::{Call as JournalCall, Effect, InStore, Journaling, completed_entry};
 pub(crate) use socket::listen;

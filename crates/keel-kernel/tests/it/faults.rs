@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex};
 use keel_sdk::user;
 use keel_store::{
     ApiTokenRecord, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, CostBucket, CostFilter,
-    DumpItem, Error, EventRecord, JournalEntry, MailboxMessage, MemoryEmbedding, MemoryHit, MemoryRecord,
-    MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, Result, RunFilter, RunPatch, RunRecord, Seq, Store,
-    StoreStats, TenantRecord, ThreadMessage,
+    DumpItem, Error, EventRecord, JournalEntry, MailboxDone, MailboxMessage, MailboxOp, MailboxResult,
+    MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, Result,
+    RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats, TenantRecord, ThreadMessage,
 };
 use keel_types::{EntryStatus, RunId, RunState};
 use serde_json::{Value, json};
@@ -32,6 +32,8 @@ pub enum Write {
     PatchRun,
     /// `update_run` with an expected state: a lifecycle transition's compare-and-set.
     Transition,
+    /// `journal_mailbox`: a send or receive with its journal entry, in one commit.
+    JournalMailbox,
 }
 
 /// How a planned write is cut off: both answer `OutcomeUnknown`.
@@ -131,6 +133,10 @@ faulty_store! {
         async fn update_run(&self, id: &RunId, expected: Option<RunState>, patch: RunPatch) -> Result<RunRecord> {
             let write = if expected.is_some() { Write::Transition } else { Write::PatchRun };
             self.write(write, self.inner.update_run(id, expected, patch)).await
+        }
+        async fn journal_mailbox(&self, run: &RunId, entry: NewEntry, op: MailboxOp,
+            result_of: MailboxResult) -> Result<Option<(Seq, MailboxDone)>> {
+            self.write(Write::JournalMailbox, self.inner.journal_mailbox(run, entry, op, result_of)).await
         }
         async fn get_run(&self, id: &RunId) -> Result<Option<RunRecord>> {
             if self.faults.hides_run() {
@@ -268,6 +274,38 @@ fn a_completion_cut_off_is_read_back_and_made_once() {
         assert_eq!(journal[0].result, Some(json!({"result": true})), "{cut:?}");
         assert!(journal[1].result.as_ref().is_some_and(|r| r.to_string().contains("\"one\"")), "{cut:?}");
         assert_eq!(test.get(&run).provider_calls, 1, "{cut:?}: the model call is counted once");
+        finish(&test, &run, &mut agent, json!({"cut": format!("{cut:?}")}));
+    }
+}
+
+#[test]
+fn a_mailbox_write_cut_off_delivers_its_message_once() {
+    for cut in [Cut::Landed, Cut::Lost] {
+        let (test, faults, run, mut agent) = faulty_run();
+        // A send to itself, then the receive, each with its journal entry in one commit
+        // that is cut off: read back if it landed, made again if not, never twice.
+        faults.cut_next(Write::JournalMailbox, &[cut]);
+        let sent = agent.send(run.as_str(), &json!({"n": 1}), None, true);
+        assert_eq!(sent.unwrap_or_else(|err| panic!("{cut:?}: ipc.send answers: {err}")), 1, "{cut:?}");
+        assert_eq!(faults.left(), 0, "{cut:?}: the send was cut off");
+        faults.cut_next(Write::JournalMailbox, &[cut]);
+        let got = agent.recv(Some(5_000)).unwrap_or_else(|err| panic!("{cut:?}: ipc.recv answers: {err}"));
+        let got = got.unwrap_or_else(|| panic!("{cut:?}: the message is received"));
+        assert_eq!((got.seq, &got.message), (1, &json!({"n": 1})), "{cut:?}");
+        assert_eq!(faults.left(), 0, "{cut:?}: the receive was cut off");
+        let none = agent.recv(Some(10)).unwrap_or_else(|err| panic!("{cut:?}: ipc.recv answers: {err}"));
+        assert_eq!(none, None, "{cut:?}: the message is not delivered twice");
+
+        let ok = EntryStatus::Ok;
+        let methods = [("ipc.send".into(), ok), ("ipc.recv".into(), ok), ("ipc.recv".into(), ok)];
+        assert_eq!(journaled(&test, &run), methods, "{cut:?}");
+        let journal = test.journal(&run);
+        assert_eq!(journal[0].result, Some(json!({"seq": 1})), "{cut:?}");
+        assert_eq!(
+            journal[1].result.as_ref().and_then(|r| r.pointer("/message/message")),
+            Some(&json!({"n": 1}))
+        );
+        assert_eq!(journal[2].result, Some(json!({"message": null})), "{cut:?}");
         finish(&test, &run, &mut agent, json!({"cut": format!("{cut:?}")}));
     }
 }

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use keel_types::{RunId, RunState};
 use serde_json::{Value, json};
 
-use super::{Must, fresh_run, join_all, now_ms};
-use crate::{Error, NewMessage, RunPatch, Seq, Store};
+use super::{Must, complete_entry, fresh_run, join_all, now_ms};
+use crate::{Error, MailboxDone, MailboxOp, NewMessage, RunPatch, Seq, Store};
+use keel_types::{EntryStatus, Usage};
 
 fn mail(from: Option<&RunId>, message: Value, capacity: u64, key: Option<&str>) -> NewMessage {
     NewMessage {
@@ -95,6 +96,84 @@ pub async fn mailbox_idempotent_send_and_receive(store: &dyn Store) {
     let late = store.mailbox_receive(&to, Some("r:3")).await.must("receive again").expect("a message");
     assert_eq!(late.message, json!("c"), "a key whose first receive found nothing may take a message");
     assert_eq!(store.mailbox_receive(&to, Some("r:1")).await.must("receive").map(|m| m.seq), Some(first));
+}
+
+/// The result a journaled mailbox write records: what it came to, in a shape of the test's.
+fn recorded(done: &MailboxDone) -> Value {
+    match done {
+        MailboxDone::Sent(seq) => json!({ "sent": seq }),
+        MailboxDone::Received(message) => json!({ "took": message.seq, "message": message.message }),
+    }
+}
+
+/// A send or receive journaled with its entry: both land in one write, the entry complete
+/// with the result made from the outcome; a refused send and an empty receive write
+/// neither; a message taken so is never taken again.
+pub async fn mailbox_writes_journaled_with_their_entry(store: &dyn Store) {
+    let (from, to) = (fresh_run(store).await, fresh_run(store).await);
+    let entry = |method: &str| complete_entry(method, json!({"to": "x"}), EntryStatus::Ok, Usage::default());
+    let send = |message: &str| MailboxOp::Send {
+        to: to.clone(),
+        message: mail(Some(&from), json!(message), 2, None),
+    };
+
+    let (seq, done) = store
+        .journal_mailbox(&from, entry("ipc.send"), send("a"), recorded)
+        .await
+        .must("journal_mailbox send")
+        .expect("a send always writes");
+    assert_eq!((seq, &done), (1, &MailboxDone::Sent(1)));
+    let journal = store.journal(&from, 0).await.must("journal");
+    assert_eq!(journal.len(), 1);
+    assert_eq!(journal[0].status, EntryStatus::Ok, "appended complete");
+    assert_eq!(journal[0].result, Some(json!({"sent": 1})), "the result is made from the outcome");
+    assert_eq!(journal[0].method, "ipc.send");
+    assert_eq!(store.mailbox_len(&to).await.must("mailbox_len"), 1);
+
+    store.journal_mailbox(&from, entry("ipc.send"), send("b"), recorded).await.must("second send");
+    expect_error!(
+        store.journal_mailbox(&from, entry("ipc.send"), send("c"), recorded).await,
+        Error::MailboxFull { capacity: 2, .. },
+        "a journaled send to a full mailbox",
+    );
+    assert_eq!(store.journal(&from, 0).await.must("journal").len(), 2, "a refused send journals nothing");
+    let mut foreign = mail(Some(&from), json!("x"), 10, None);
+    foreign.tenant = "conformance-other".to_owned();
+    expect_error!(
+        store
+            .journal_mailbox(&from, entry("ipc.send"), MailboxOp::Send { to: to.clone(), message: foreign }, recorded)
+            .await,
+        Error::RunNotFound(ref id) if *id == to,
+        "a journaled send to another tenant's run",
+    );
+    assert_eq!(store.journal(&from, 0).await.must("journal").len(), 2, "a send to no run journals nothing");
+
+    let (seq, done) = store
+        .journal_mailbox(&to, entry("ipc.recv"), MailboxOp::Receive, recorded)
+        .await
+        .must("journal_mailbox receive")
+        .expect("a message");
+    assert_eq!(seq, 1);
+    let MailboxDone::Received(message) = done else { panic!("a receive answers Received, got {done:?}") };
+    assert_eq!((message.seq, &message.message, message.from.as_ref()), (1, &json!("a"), Some(&from)));
+    let journal = store.journal(&to, 0).await.must("journal");
+    assert_eq!(journal[0].result, Some(json!({"took": 1, "message": "a"})));
+    let next = store.mailbox_receive(&to, None).await.must("mailbox_receive").expect("the second");
+    assert_eq!(next.message, json!("b"), "the message a journaled receive took is not taken again");
+    assert_eq!(
+        store
+            .journal_mailbox(&to, entry("ipc.recv"), MailboxOp::Receive, recorded)
+            .await
+            .must("empty receive"),
+        None,
+    );
+    assert_eq!(store.journal(&to, 0).await.must("journal").len(), 1, "an empty receive journals nothing");
+    let missing = RunId::generate(now_ms());
+    expect_error!(
+        store.journal_mailbox(&missing, entry("ipc.recv"), MailboxOp::Receive, recorded).await,
+        Error::RunNotFound(_),
+        "a journaled receive of no run",
+    );
 }
 
 /// A send to a run of another tenant, or to no run, is `RunNotFound`; receiving from or

@@ -500,6 +500,17 @@ async fn lock_run(transaction: &Transaction<'_>, run: &RunId) -> Result<String> 
     queries::column(&row, "tenant", &format!("run {run}"))
 }
 
+/// Locks the rows of `runs` (missing ones are skipped) in id order, the order every
+/// transaction locking more than one run takes them in.
+pub(super) async fn lock_runs(transaction: &Transaction<'_>, runs: &[&RunId]) -> Result<()> {
+    let ids: Vec<&str> = runs.iter().map(|run| run.as_str()).collect();
+    transaction
+        .query("SELECT id FROM runs WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE", &[&ids])
+        .await
+        .map_err(pg_error("locking runs"))?;
+    Ok(())
+}
+
 /// Sends under the target run's row lock, so the capacity check, the seq and the insert
 /// see every other send and receive of that mailbox.
 pub(super) async fn mailbox_send(

@@ -12,7 +12,10 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::queries::{self, seq_param};
 use crate::chain::{self, Blob, ChainLink, EncodedCompletion, EncodedEntry};
-use crate::{Error, MailboxMessage, MemoryEmbedding, NewMessage, NewRun, Result, RunPatch, RunRecord, Seq};
+use crate::{
+    Error, MailboxDone, MailboxMessage, MailboxOp, MailboxResult, MemoryEmbedding, NewMessage, NewRun,
+    Result, RunPatch, RunRecord, Seq,
+};
 use crate::{mailbox, search};
 
 /// The most commands one transaction serves. Bounds how long the first caller of a big
@@ -105,6 +108,16 @@ pub(super) enum WriteCommand {
         run: RunId,
         idempotency_key: Option<String>,
         reply: Reply<Option<MailboxMessage>>,
+    },
+    JournalMailbox {
+        run: RunId,
+        /// The entry, its result still to be made from the op's outcome.
+        entry: EncodedEntry,
+        op: MailboxOp,
+        /// A send's message as JSON text.
+        text: String,
+        result_of: MailboxResult,
+        reply: Reply<Option<(Seq, MailboxDone)>>,
     },
     TopicSubscribe {
         tenant: String,
@@ -295,6 +308,9 @@ fn apply(connection: &Connection, command: WriteCommand) -> Box<dyn Answer> {
         WriteCommand::MailboxReceive { run, idempotency_key, reply } => {
             answer(reply, in_savepoint(connection, |c| mailbox_receive(c, &run, idempotency_key.as_deref())))
         }
+        WriteCommand::JournalMailbox { run, entry, op, text, result_of, reply } => {
+            answer(reply, in_savepoint(connection, |c| journal_mailbox(c, &run, entry, op, &text, result_of)))
+        }
         WriteCommand::TopicSubscribe { tenant, topic, run, subscribe, reply } => {
             answer(reply, in_savepoint(connection, |c| topic_subscribe(c, &tenant, &topic, &run, subscribe)))
         }
@@ -339,6 +355,7 @@ impl WriteCommand {
             WriteCommand::MemDelete { reply, .. } => answer(reply, Err(error)),
             WriteCommand::MailboxSend { reply, .. } => answer(reply, Err(error)),
             WriteCommand::MailboxReceive { reply, .. } => answer(reply, Err(error)),
+            WriteCommand::JournalMailbox { reply, .. } => answer(reply, Err(error)),
             WriteCommand::TopicSubscribe { reply, .. } => answer(reply, Err(error)),
             WriteCommand::TopicPublish { reply, .. } => answer(reply, Err(error)),
             WriteCommand::AuditAppend { reply, .. } => answer(reply, Err(error)),
@@ -887,24 +904,38 @@ fn mailbox_receive(
     key: Option<&str>,
 ) -> Result<Option<MailboxMessage>> {
     queries::require_run(connection, run)?;
-    let select = |condition: &str, key: Option<&str>| {
-        queries::query_first(
+    if let Some(key) = key {
+        let earlier = queries::query_first(
             connection,
             "reading a mailbox message",
             &format!(
-                "SELECT {} FROM mailbox WHERE run_id = ?1 AND {condition} ORDER BY seq LIMIT 1",
+                "SELECT {} FROM mailbox WHERE run_id = ?1 AND receive_key = ?2",
                 queries::MAILBOX_COLUMNS
             ),
             params![run.as_str(), key],
             |row| queries::decode_message(row, run),
-        )
-    };
-    if let Some(key) = key
-        && let Some(earlier) = select("receive_key = ?2", Some(key))?
-    {
-        return Ok(Some(earlier));
+        )?;
+        if earlier.is_some() {
+            return Ok(earlier);
+        }
     }
-    let Some(message) = select("receive_key IS NULL AND ?2 IS NULL", None)? else {
+    take_oldest(connection, run, key)
+}
+
+/// Takes the oldest undelivered message of a mailbox whose run was checked, marking it
+/// with `key` (or a marker of its own).
+fn take_oldest(connection: &Connection, run: &RunId, key: Option<&str>) -> Result<Option<MailboxMessage>> {
+    let oldest = queries::query_first(
+        connection,
+        "reading a mailbox message",
+        &format!(
+            "SELECT {} FROM mailbox WHERE run_id = ?1 AND receive_key IS NULL ORDER BY seq LIMIT 1",
+            queries::MAILBOX_COLUMNS
+        ),
+        params![run.as_str()],
+        |row| queries::decode_message(row, run),
+    )?;
+    let Some(message) = oldest else {
         return Ok(None);
     };
     let marker = key.map_or_else(|| mailbox::delivered_marker(message.seq), str::to_owned);
@@ -915,6 +946,36 @@ fn mailbox_receive(
         params![run.as_str(), message.seq, marker],
     )?;
     Ok(Some(message))
+}
+
+/// A mailbox write and the journal entry recording it, in the command's savepoint: an
+/// error anywhere leaves neither.
+fn journal_mailbox(
+    connection: &Connection,
+    run: &RunId,
+    mut entry: EncodedEntry,
+    op: MailboxOp,
+    text: &str,
+    result_of: MailboxResult,
+) -> Result<Option<(Seq, MailboxDone)>> {
+    queries::require_run(connection, run)?;
+    let done = match op {
+        MailboxOp::Send { to, message } => {
+            require_tenant_run(connection, &message.tenant, &to)?;
+            MailboxDone::Sent(deliver(connection, &to, &message, text)?)
+        }
+        MailboxOp::Receive => match take_oldest(connection, run, None)? {
+            Some(message) => MailboxDone::Received(message),
+            None => return Ok(None),
+        },
+    };
+    entry.result = Some(Blob::of(&result_of(&done)));
+    let seq = queries::last_journal_seq(connection, run)? + 1;
+    insert_entry(connection, run, seq, &entry)?;
+    if matches!(entry.status, EntryStatus::Ok | EntryStatus::Error) && entry.usage != Usage::default() {
+        add_usage(connection, run, &entry.usage, false)?;
+    }
+    Ok(Some((seq, done)))
 }
 
 /// Stores the nodes of a message chain that are not stored yet (see
