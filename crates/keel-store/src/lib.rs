@@ -229,7 +229,11 @@ pub trait Store: Send + Sync + 'static {
     async fn latest_entry(&self, run: &RunId, method: &str) -> Result<Option<JournalEntry>>;
 
     /// Appends events to the run's log in order; returns the seq of the last one (with
-    /// no events, the current last seq: 0 for an empty log). Durable on return.
+    /// no events, the current last seq: 0 for an empty log). Committed on return, and
+    /// kept if the process is killed, but not flushed on their own: events are a record
+    /// of what the journal and the run already hold durably, so a store may let the next
+    /// durable write (which makes everything committed before it durable too) or its next
+    /// checkpoint flush them. A power cut before then can lose the newest events only.
     async fn append_events(&self, run: &RunId, events: &[NewEvent]) -> Result<Seq>;
 
     /// Up to `limit` events with seq greater than `after`, in order.

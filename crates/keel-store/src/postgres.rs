@@ -427,6 +427,12 @@ impl Store for PgStore {
     async fn append_events(&self, run: &RunId, events: &[NewEvent]) -> Result<Seq> {
         let mut client = self.client("appending events").await?;
         let transaction = begin(&mut client).await?;
+        // Committed without waiting for the flush (see the trait): the server writes the
+        // commit record in order, so a later durable commit covers these too.
+        transaction
+            .batch_execute("SET LOCAL synchronous_commit = off")
+            .await
+            .map_err(pg_error("committing events without waiting for the flush"))?;
         self.fences.check(&transaction, run).await?;
         let last = writes::append_events(&transaction, run, events).await?;
         commit(transaction).await?;

@@ -164,6 +164,13 @@ pub(super) enum WriteCommand {
     },
 }
 
+impl WriteCommand {
+    /// Whether the command's caller is promised a flushed commit. Run events are not.
+    fn needs_flush(&self) -> bool {
+        !matches!(self, WriteCommand::AppendEvents { .. })
+    }
+}
+
 /// A `NewEvent` with its data as JSON text.
 pub(super) struct EncodedEvent {
     pub(super) ts_ms: u64,
@@ -180,6 +187,8 @@ pub(super) fn sql_error(step: &'static str) -> impl FnOnce(rusqlite::Error) -> E
 /// commands already queued are still served first. Dropping `connection` closes the file.
 pub(super) fn run(connection: Connection, mut commands: mpsc::Receiver<WriteCommand>) {
     let mut batch = VecDeque::with_capacity(MAX_BATCH);
+    // The connection starts with `synchronous=FULL` (see `schema::configure_writer`).
+    let mut flushing = true;
     while let Some(first) = commands.blocking_recv() {
         batch.push_back(first);
         // Whatever queued up while the previous batch was being fsynced joins this one:
@@ -188,6 +197,17 @@ pub(super) fn run(connection: Connection, mut commands: mpsc::Receiver<WriteComm
             match commands.try_recv() {
                 Ok(command) => batch.push_back(command),
                 Err(_) => break,
+            }
+        }
+        // A batch of run events only commits without flushing the WAL: they are durable
+        // with the next commit that flushes, which covers every frame before it (see
+        // `Store::append_events`). Anything else in the batch flushes it all.
+        let flush = batch.iter().any(WriteCommand::needs_flush);
+        if flush != flushing {
+            let pragma = if flush { "PRAGMA synchronous = FULL" } else { "PRAGMA synchronous = NORMAL" };
+            match connection.execute_batch(pragma) {
+                Ok(()) => flushing = flush,
+                Err(error) => tracing::error!(%error, "keel-store could not run {pragma}"),
             }
         }
         while !batch.is_empty() {
