@@ -555,7 +555,8 @@ pub(super) fn mailbox_len(connection: &Connection, run: &RunId) -> Result<u64> {
     let len = query_first(
         connection,
         "counting a mailbox",
-        "SELECT COUNT(*) FROM mailbox WHERE run_id = ?1 AND receive_key IS NULL",
+        // Named: SQLite otherwise counts over every message the run ever received.
+        "SELECT COUNT(*) FROM mailbox INDEXED BY mailbox_undelivered WHERE run_id = ?1 AND receive_key IS NULL",
         params![run.as_str()],
         |row| row.get::<_, u64>(0).map_err(sql_error("reading a mailbox length")),
     )?;

@@ -943,13 +943,16 @@ fn mailbox_receive(
 }
 
 /// Takes the oldest undelivered message of a mailbox whose run was checked, marking it
-/// with `key` (or a marker of its own).
+/// with `key` (or a marker of its own). Delivered rows stay, so the partial index of the
+/// undelivered ones is named: without it SQLite walked the run's whole mailbox history
+/// by primary key, a cost that grew with every message the run ever received.
 fn take_oldest(connection: &Connection, run: &RunId, key: Option<&str>) -> Result<Option<MailboxMessage>> {
     let oldest = queries::query_first(
         connection,
         "reading a mailbox message",
         &format!(
-            "SELECT {} FROM mailbox WHERE run_id = ?1 AND receive_key IS NULL ORDER BY seq LIMIT 1",
+            "SELECT {} FROM mailbox INDEXED BY mailbox_undelivered \
+             WHERE run_id = ?1 AND receive_key IS NULL ORDER BY seq LIMIT 1",
             queries::MAILBOX_COLUMNS
         ),
         params![run.as_str()],
