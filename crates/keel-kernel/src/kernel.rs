@@ -342,6 +342,13 @@ impl Kernel {
         Ok(self.inner.store.list_runs(filter).await?)
     }
 
+    /// How many syscalls of the run's live agent are being served now (0 when it has no
+    /// live agent here), waits included: a receive waiting for a message, a send waiting
+    /// for room. For diagnostics and tests; nothing of it is journaled.
+    pub fn calls_in_flight(&self, run: &RunId) -> usize {
+        self.live(run).map_or(0, |live| live.inflight.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
     /// The open `human.ask` question of a waiting or paused run (with its form, if any).
     async fn open_question(&self, run: &RunId) -> Result<Option<HumanAskParams>> {
         if let Some(live) = self.live(run)

@@ -487,6 +487,7 @@ impl Store for SqliteStore {
             MailboxOp::Receive => String::new(),
         };
         let run = run.clone();
+        let (entry, op) = (Box::new(entry), Box::new(op));
         self.write(|reply| WriteCommand::JournalMailbox { run, entry, op, text, result_of, reply }).await
     }
 

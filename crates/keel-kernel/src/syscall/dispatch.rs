@@ -359,6 +359,7 @@ impl Kernel {
     }
 
     /// Performs a checked call under its journaling rule (see `journal.rs`).
+    #[allow(clippy::too_many_arguments, reason = "the parts of one checked call")]
     async fn perform(
         &self,
         live: &Arc<LiveRun>,

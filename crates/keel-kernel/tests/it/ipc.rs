@@ -79,12 +79,12 @@ fn a_full_mailbox_refuses_a_send_that_will_not_wait() {
     assert!(message.contains("nothing was sent"), "{message}");
     // A waiting send waits for room, and gets it when the receiver takes a message.
     let waiting = in_background(move || sender_agent.send(receiver.as_str(), &json!(4), None, true));
-    wait_for("the waiting send's intent", || {
-        test.journal(&sender)
-            .iter()
-            .any(|e| e.method == "ipc.send" && e.status == EntryStatus::Pending)
-            .then_some(())
+    let id = sender.clone();
+    wait_for("the send to wait for room", || {
+        let id = id.clone();
+        (test.on_kernel(|kernel| async move { kernel.calls_in_flight(&id) }) == 1).then_some(())
     });
+    assert_eq!(test.journal(&sender).len(), 3, "a waiting send journals nothing yet");
     let received: Vec<_> =
         (0..3).map(|_| receiver_agent.recv(Some(5_000)).unwrap().unwrap().message).collect();
     assert_eq!(received, [json!(1), json!(2), json!(4)], "the refused message was never sent");
@@ -100,15 +100,17 @@ fn each_message_reaches_the_receivers_journal_exactly_once_across_a_crash() {
     send_as_operator(&test, &run, json!("m1"));
     send_as_operator(&test, &run, json!("m2"));
     assert_eq!(agent.recv(None).unwrap().unwrap().message, json!("m1"));
-    // A receive caught waiting by the crash: its intent is journaled, no message taken yet.
+    // A receive caught waiting by the crash: nothing journaled for it, no message taken.
     let waiting = in_background(move || {
         let second = agent.recv(None).unwrap().unwrap().message;
         let third = agent.recv(None);
         (second, third)
     });
+    let id = run.clone();
     wait_for("the third receive to wait", || {
-        let journal = test.journal(&run);
-        (journal.len() == 3 && journal[2].status == EntryStatus::Pending).then_some(())
+        let id = id.clone();
+        let in_flight = test.on_kernel(|kernel| async move { kernel.calls_in_flight(&id) });
+        (test.journal(&run).len() == 2 && in_flight == 1).then_some(())
     });
 
     test.crash_and_restart();

@@ -112,8 +112,8 @@ pub(super) enum WriteCommand {
     JournalMailbox {
         run: RunId,
         /// The entry, its result still to be made from the op's outcome.
-        entry: EncodedEntry,
-        op: MailboxOp,
+        entry: Box<EncodedEntry>,
+        op: Box<MailboxOp>,
         /// A send's message as JSON text.
         text: String,
         result_of: MailboxResult,
@@ -328,9 +328,10 @@ fn apply(connection: &Connection, command: WriteCommand) -> Box<dyn Answer> {
         WriteCommand::MailboxReceive { run, idempotency_key, reply } => {
             answer(reply, in_savepoint(connection, |c| mailbox_receive(c, &run, idempotency_key.as_deref())))
         }
-        WriteCommand::JournalMailbox { run, entry, op, text, result_of, reply } => {
-            answer(reply, in_savepoint(connection, |c| journal_mailbox(c, &run, entry, op, &text, result_of)))
-        }
+        WriteCommand::JournalMailbox { run, entry, op, text, result_of, reply } => answer(
+            reply,
+            in_savepoint(connection, |c| journal_mailbox(c, &run, *entry, *op, &text, result_of)),
+        ),
         WriteCommand::TopicSubscribe { tenant, topic, run, subscribe, reply } => {
             answer(reply, in_savepoint(connection, |c| topic_subscribe(c, &tenant, &topic, &run, subscribe)))
         }
