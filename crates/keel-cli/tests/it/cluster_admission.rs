@@ -102,7 +102,16 @@ fn caps_count_every_node_and_a_queued_run_starts_where_there_is_room() {
             .find(|e| e["method"] == method)
             .map(|e| e["started_at"].as_u64().unwrap())
     };
-    let waited_from = wait_for("the older normal run to start", || started(&n1.inspect(&queued), "ipc.recv"));
+    // Its launch, from its events (its waiting receive journals nothing until a message
+    // comes).
+    let launched = || {
+        let logs = n1.ok(&["logs", &queued, "--json"]);
+        logs.lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .find(|event| event["kind"] == "launch")
+            .and_then(|event| event["ts"].as_u64())
+    };
+    let waited_from = wait_for("the older normal run to start", launched);
     let urgent_exit = started(&urgent_done, "run.exit").unwrap();
     assert!(urgent_exit <= waited_from, "the urgent run ({urgent_exit}) went first ({waited_from})");
 
