@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use keel_protocol::EventKind;
-use keel_store::{Completion, MailboxOp, MailboxResult, NewEntry, Seq};
+use keel_store::{Completion, JournalEntry, MailboxOp, MailboxResult, NewEntry, Seq};
 use keel_types::{EntryStatus, Usage};
 use serde_json::{Value, json};
 
@@ -320,14 +320,7 @@ impl Kernel {
         loop {
             match self.while_current(live, || self.store().append_entry(&live.id, entry.clone())).await {
                 Err(keel_store::Error::OutcomeUnknown { .. }) if self.is_current(live) => {
-                    let journal = self.while_current(live, || self.store().journal(&live.id, 0)).await?;
-                    let landed = journal.iter().rev().find(|e| {
-                        e.attempt == entry.attempt
-                            && e.method == entry.method
-                            && e.params_hash == entry.params_hash
-                            && e.started_at_ms == entry.started_at_ms
-                    });
-                    if let Some(landed) = landed {
+                    if let Some(landed) = self.landed(live, &entry).await? {
                         return Ok(landed.seq);
                     }
                     tracing::info!(run = %live.id, "a journal append whose commit was cut off did not land; writing it again");
@@ -335,6 +328,22 @@ impl Kernel {
                 outcome => return outcome,
             }
         }
+    }
+
+    /// The entry of an append whose commit was cut off, if it landed: this attempt's, with
+    /// the same method, params and start time, read back from the journal.
+    async fn landed(
+        &self,
+        live: &Arc<LiveRun>,
+        entry: &NewEntry,
+    ) -> keel_store::Result<Option<JournalEntry>> {
+        let journal = self.while_current(live, || self.store().journal(&live.id, 0)).await?;
+        Ok(journal.into_iter().rev().find(|e| {
+            e.attempt == entry.attempt
+                && e.method == entry.method
+                && e.params_hash == entry.params_hash
+                && e.started_at_ms == entry.started_at_ms
+        }))
     }
 
     /// Records the outcome of a pending entry and reports it as a `syscall` event.
@@ -488,16 +497,9 @@ impl InStore<'_> {
                 .await;
             match written {
                 Err(keel_store::Error::OutcomeUnknown { .. }) if kernel.is_current(live) => {
-                    let journal = kernel.while_current(live, || kernel.store().journal(&live.id, 0)).await?;
-                    let landed = journal.iter().rev().find(|e| {
-                        e.attempt == entry.attempt
-                            && e.method == entry.method
-                            && e.params_hash == entry.params_hash
-                            && e.started_at_ms == entry.started_at_ms
-                    });
-                    if let Some(landed) = landed {
+                    if let Some(landed) = kernel.landed(live, &entry).await? {
                         self.written.store(landed.seq, Ordering::SeqCst);
-                        return Ok(Some((landed.seq, landed.result.clone().unwrap_or(Value::Null))));
+                        return Ok(Some((landed.seq, landed.result.unwrap_or(Value::Null))));
                     }
                     tracing::info!(run = %live.id, "a mailbox write whose commit was cut off did not land; writing it again");
                 }
