@@ -4,9 +4,11 @@
 //!
 //! The writer is started with the event log (`EventLog::start`) and flushed with it
 //! (`EventLog::flush`, which `Kernel::shutdown` awaits), so a record queued before
-//! shutdown is in the store when the kernel is gone. A record is durable only once
-//! written: a kernel killed within a few milliseconds of an action can lose its record,
-//! never reorder or alter one.
+//! shutdown is in the store when the kernel is gone. A record is kept only once written:
+//! a kernel killed within a few milliseconds of an action can lose its record, never
+//! reorder or alter one. The write is committed without a flush of its own (the next
+//! durable commit flushes it, see `Store::audit_append`), so it never holds up a journal
+//! commit queued behind it.
 
 use std::collections::HashMap;
 use std::sync::Arc;

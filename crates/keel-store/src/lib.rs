@@ -363,7 +363,10 @@ pub trait Store: Send + Sync + 'static {
     /// Appends records to the audit log, in order, in one transaction, and returns their
     /// seqs. The chain continues from the current head: entries are linear even when
     /// appends race (a backend serializes them). The head (last seq and hash) is updated
-    /// in the same transaction. Durable on return.
+    /// in the same transaction. Committed on return and kept if the process is killed, but,
+    /// like events, not flushed on their own: the next durable write flushes them. A power
+    /// cut before then can lose the newest records only, never a link in the middle of the
+    /// chain (a store's commits become durable in order).
     async fn audit_append(&self, records: Vec<AuditRecord>) -> Result<Vec<Seq>>;
 
     /// Audit entries matching `filter`, in seq order.

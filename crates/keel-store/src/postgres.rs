@@ -616,6 +616,11 @@ impl Store for PgStore {
     async fn audit_append(&self, records: Vec<AuditRecord>) -> Result<Vec<Seq>> {
         let mut client = self.client("appending to the audit log").await?;
         let transaction = begin(&mut client).await?;
+        // Committed without waiting for the flush, as events are (see the trait).
+        transaction
+            .batch_execute("SET LOCAL synchronous_commit = off")
+            .await
+            .map_err(pg_error("committing audit records without waiting for the flush"))?;
         let seqs = audit::append(&transaction, &records).await?;
         commit(transaction).await?;
         Ok(seqs)

@@ -165,9 +165,10 @@ pub(super) enum WriteCommand {
 }
 
 impl WriteCommand {
-    /// Whether the command's caller is promised a flushed commit. Run events are not.
+    /// Whether the command's caller is promised a flushed commit. Run events and audit
+    /// records are not (see `Store::append_events` and `Store::audit_append`).
     fn needs_flush(&self) -> bool {
-        !matches!(self, WriteCommand::AppendEvents { .. })
+        !matches!(self, WriteCommand::AppendEvents { .. } | WriteCommand::AuditAppend { .. })
     }
 }
 
@@ -199,9 +200,9 @@ pub(super) fn run(connection: Connection, mut commands: mpsc::Receiver<WriteComm
                 Err(_) => break,
             }
         }
-        // A batch of run events only commits without flushing the WAL: they are durable
-        // with the next commit that flushes, which covers every frame before it (see
-        // `Store::append_events`). Anything else in the batch flushes it all.
+        // A batch of only run events and audit records commits without flushing the WAL:
+        // they are durable with the next commit that flushes, which covers every frame
+        // before it (see `Store::append_events`). Anything else in the batch flushes it all.
         let flush = batch.iter().any(WriteCommand::needs_flush);
         if flush != flushing {
             let pragma = if flush { "PRAGMA synchronous = FULL" } else { "PRAGMA synchronous = NORMAL" };
