@@ -102,8 +102,11 @@
 //!
 //! # Isolation (the `interpreter` sandbox tier)
 //!
-//! The pool starts a worker with an empty environment, piped stdin/stdout/stderr (stderr
-//! kept, bounded, for crash reports), its own process group and `PR_SET_PDEATHSIG(SIGKILL)`.
+//! The pool starts a worker with an environment holding only the pool's pid, piped
+//! stdin/stdout/stderr (stderr kept, bounded, for crash reports) and its own process group.
+//! The worker's first act is `PR_SET_PDEATHSIG(SIGKILL)` and a check that its parent is
+//! still the pool (`worker::PARENT_ENV`); with no hook to run between fork and exec, the
+//! pool's spawn is a `posix_spawn`, which does not copy the kernel's page tables.
 //! Before it reads a job the worker sets `RLIMIT_CORE`, `RLIMIT_FSIZE` and `RLIMIT_NPROC`
 //! to 0 and `RLIMIT_NOFILE` to 4, `PR_SET_NO_NEW_PRIVS`, a Landlock ruleset that handles
 //! every filesystem and network right and grants none (best effort: skipped on kernels

@@ -173,24 +173,18 @@ fn refill(inner: &Arc<Inner>) {
 async fn start_worker(inner: &Inner) -> Result<Worker, String> {
     let worker = &inner.config.worker;
     let mut command = Command::new(&worker.program);
+    // No `pre_exec` hook: without one the standard library spawns with `posix_spawn` (a
+    // vfork), where a fork would copy the page tables of the whole kernel process on this
+    // thread. The worker sets its own death signal (`worker::PARENT_ENV`).
     command
         .args(&worker.args)
         .env_clear()
+        .env(crate::worker::PARENT_ENV, std::process::id().to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl, which
-    // is async-signal-safe.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
     let mut child =
         command.spawn().map_err(|error| format!("spawn {}: {error}", worker.program.display()))?;
     inner.started.fetch_add(1, Ordering::Relaxed);

@@ -19,6 +19,12 @@ use crate::{Job, Lang, protocol, run_in_process};
 /// `argv[1]` that makes the `keel` binary run [`worker_main`].
 pub const WORKER_ARG: &str = "__keel-interp-worker";
 
+/// The environment variable through which the pool tells a worker its own pid. The worker
+/// sets `PR_SET_PDEATHSIG(SIGKILL)` itself and then checks that its parent is still that
+/// process: the pool spawns without a `pre_exec` hook, so the standard library can use
+/// `posix_spawn` (a vfork) instead of copying the whole kernel process with fork.
+pub const PARENT_ENV: &str = "KEEL_INTERP_PARENT";
+
 /// Address space allowed above the worker's own at start, besides the job's memory limit:
 /// the interpreter's code paths, QuickJS's and monty's bookkeeping, and stacks.
 pub const INTERPRETER_HEADROOM_BYTES: u64 = 64 << 20;
@@ -281,6 +287,13 @@ fn warm_up() {
 
 /// The body of a worker process: confine, say ready, run one job, exit.
 pub fn worker_main() -> ! {
+    // Dies with the pool that started it (see `PARENT_ENV`); before anything else, so a
+    // worker whose pool is already gone never gets as far as saying it is ready.
+    let parent = std::env::var(PARENT_ENV).ok().and_then(|pid| pid.parse::<u32>().ok());
+    if let Err(error) = sys::die_with_parent(parent) {
+        let _ = writeln!(std::io::stdout().lock(), "{}", json!({ "fatal": error }));
+        std::process::exit(3);
+    }
     let base_address_space = sys::address_space_bytes();
     let stdout = std::io::stdout();
     if let Err(error) = confine() {
@@ -355,6 +368,25 @@ pub mod sys {
             Ok(())
         } else {
             Err(format!("setrlimit({resource}, {value}): {}", std::io::Error::last_os_error()))
+        }
+    }
+
+    /// `PR_SET_PDEATHSIG(SIGKILL)`: the worker is killed when the thread that started it
+    /// exits. With `parent`, fails if the parent is no longer that process (it died
+    /// before the signal was set, so the signal would never come).
+    pub fn die_with_parent(parent: Option<u32>) -> Result<(), String> {
+        // SAFETY: prctl with integer arguments only.
+        let result = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+        if result != 0 {
+            return Err(format!("PR_SET_PDEATHSIG: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: getppid has no preconditions and cannot fail.
+        let actual = unsafe { libc::getppid() };
+        match parent {
+            Some(parent) if i64::from(actual) != i64::from(parent) => {
+                Err(format!("the pool that started this worker (pid {parent}) is gone"))
+            }
+            _ => Ok(()),
         }
     }
 

@@ -136,3 +136,69 @@ async fn dropping_exec_kills_the_worker() {
     assert!(alive.is_empty(), "workers still running after the exec future was dropped: {alive:?}");
     still_serves(&pool, Lang::JavaScript).await;
 }
+
+/// The pool spawns without a `pre_exec` hook, so each worker sets its own death signal:
+/// a worker whose parent is SIGKILLed dies with it.
+#[test]
+fn a_worker_dies_with_the_process_that_started_it() {
+    use std::io::{BufRead, BufReader};
+    let marker = format!("--orphan-test-{}", std::process::id());
+    let worker = crate::worker_command().program;
+    // The shell starts the worker in the background with the shell's stdin (held open
+    // here, so the worker waits for a job; a background job's own stdin would be
+    // /dev/null), prints its pid and waits: the worker's parent is the shell, `$$`.
+    let script = format!(
+        r#"exec 3<&0; {}=$$ "$0" {marker} <&3 3<&- & echo "$!"; wait"#,
+        keel_interp::worker::PARENT_ENV
+    );
+    let mut shell = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(&worker)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting sh");
+    let mut lines = BufReader::new(shell.stdout.take().expect("piped"));
+    let (mut pid, mut ready) = (None, false);
+    while pid.is_none() || !ready {
+        let mut line = String::new();
+        assert_ne!(lines.read_line(&mut line).expect("reading the shell"), 0, "the shell ended early");
+        match line.trim().parse::<u32>() {
+            Ok(number) => pid = Some(number),
+            Err(_) => {
+                assert!(line.contains("\"ready\""), "the worker did not start: {line}");
+                ready = true;
+            }
+        }
+    }
+    let pid = pid.expect("the shell printed the worker's pid");
+    // The shell's command line holds the marker too.
+    let worker_alive = || processes_with(&marker).contains(&pid);
+    assert!(worker_alive(), "the waiting worker {pid} is visible");
+    // Held until the end: `wait` would close it, and the worker would exit on the EOF.
+    let _job_pipe = shell.stdin.take();
+    shell.kill().expect("killing the shell");
+    shell.wait().expect("reaping the shell");
+    for _ in 0..100 {
+        if !worker_alive() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("worker {pid} outlived its parent by 2 s");
+}
+
+/// A worker whose parent is not the pool that asked for it (the pool died before the
+/// worker could set its death signal) stops before it says it is ready.
+#[test]
+fn a_worker_whose_pool_is_gone_does_not_start() {
+    let output = std::process::Command::new(crate::worker_command().program)
+        .env(keel_interp::worker::PARENT_ENV, "1")
+        .stdin(std::process::Stdio::piped())
+        .output()
+        .expect("running the worker");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(3), "{stdout}");
+    assert!(stdout.contains("(pid 1) is gone") && !stdout.contains("ready"), "{stdout}");
+}
