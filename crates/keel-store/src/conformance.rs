@@ -71,6 +71,7 @@ pub async fn run_all(store: Arc<dyn Store>) {
     runs_compare_and_set(&*store).await;
     journal_append_and_complete(&*store).await;
     journal_usage_totals(&*store).await;
+    journal_complete_with_entries(&*store).await;
     journal_abandon_entries(&*store).await;
     journal_paging(&*store).await;
     journal_latest_entry(&*store).await;

@@ -217,6 +217,19 @@ pub trait Store: Send + Sync + 'static {
     /// return.
     async fn complete_entry(&self, run: &RunId, seq: Seq, completion: Completion) -> Result<()>;
 
+    /// Completes the pending entry `seq` as `complete_entry` does and appends `entries`
+    /// after it as `append_entry` does, all in one transaction: durable on return, all or
+    /// nothing. Returns the appended entries' seqs, in order. For a call whose reads are
+    /// journaled with its result (the tool calls of a `code.exec` that have no effect of
+    /// their own): one commit instead of one per entry.
+    async fn complete_entry_with(
+        &self,
+        run: &RunId,
+        seq: Seq,
+        completion: Completion,
+        entries: Vec<NewEntry>,
+    ) -> Result<Vec<Seq>>;
+
     /// Marks entries `abandoned` (a replay tail the restarted agent never asked for).
     /// All or nothing: an unknown seq fails with `EntryNotFound` and marks none. Usage
     /// totals keep what the entries added. Durable on return.

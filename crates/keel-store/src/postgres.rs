@@ -405,6 +405,35 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn complete_entry_with(
+        &self,
+        run: &RunId,
+        seq: Seq,
+        completion: Completion,
+        entries: Vec<NewEntry>,
+    ) -> Result<Vec<Seq>> {
+        let completion = EncodedCompletion::of(completion);
+        let entries: Vec<EncodedEntry> = entries.into_iter().map(EncodedEntry::of).collect();
+        let mut client = self.client("completing a journal entry with the entries after it").await?;
+        // Outside the transaction, as `append_entry` does: a node found stored stays stored.
+        let mut unstored = Vec::with_capacity(entries.len());
+        for entry in &entries {
+            unstored.push(self.chain_ends.unstored(&client, &entry.params_chain).await?);
+        }
+        let transaction = begin(&mut client).await?;
+        self.fences.check(&transaction, run).await?;
+        writes::complete_entry(&transaction, run, seq, &completion).await?;
+        let mut seqs = Vec::with_capacity(entries.len());
+        for (entry, unstored) in entries.iter().zip(unstored) {
+            seqs.push(writes::append_entry(&transaction, run, entry, unstored).await?);
+        }
+        commit(transaction).await?;
+        for entry in &entries {
+            self.chain_ends.committed(&entry.params_chain);
+        }
+        Ok(seqs)
+    }
+
     async fn abandon_entries(&self, run: &RunId, seqs: &[Seq]) -> Result<()> {
         let mut client = self.client("abandoning journal entries").await?;
         let transaction = begin(&mut client).await?;

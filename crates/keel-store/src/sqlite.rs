@@ -314,6 +314,19 @@ impl Store for SqliteStore {
         self.write(|reply| WriteCommand::CompleteEntry { run, seq, completion, reply }).await
     }
 
+    async fn complete_entry_with(
+        &self,
+        run: &RunId,
+        seq: Seq,
+        completion: Completion,
+        entries: Vec<NewEntry>,
+    ) -> Result<Vec<Seq>> {
+        let completion = EncodedCompletion::of(completion);
+        let entries = entries.into_iter().map(EncodedEntry::of).collect();
+        let run = run.clone();
+        self.write(|reply| WriteCommand::CompleteEntryWith { run, seq, completion, entries, reply }).await
+    }
+
     async fn abandon_entries(&self, run: &RunId, seqs: &[Seq]) -> Result<()> {
         let run = run.clone();
         let seqs = seqs.to_vec();

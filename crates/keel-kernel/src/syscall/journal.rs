@@ -61,25 +61,9 @@ pub(crate) struct Effect {
     pub(crate) served: bool,
     /// Fields added to the call's `syscall` event.
     pub(crate) event: Value,
-    /// Entries journaled in the same group commit as this call's result (a `code.exec`
-    /// program's reads).
+    /// Entries journaled in the same commit as this call's result (a `code.exec`
+    /// program's reads; `Store::complete_entry_with`).
     pub(crate) with: Vec<BufferedRead>,
-}
-
-/// Journals a program's read; its span ends with the seq it got.
-async fn append_read(kernel: &Kernel, live: &Arc<LiveRun>, read: BufferedRead) -> keel_store::Result<Seq> {
-    let BufferedRead { entry, span } = read;
-    let usage = entry.usage;
-    let seq = kernel.append(live, entry).await;
-    if let (Ok(seq), Some((span, reply))) = (&seq, span) {
-        span.end(crate::telemetry::Outcome {
-            seq: Some(*seq),
-            reply: reply.as_ref().map_err(|e| (e.kind.as_str(), e.message.as_str())),
-            usage,
-            provider: None,
-        });
-    }
-    seq
 }
 
 impl Effect {
@@ -203,15 +187,9 @@ impl Kernel {
         let provider = served
             .then(|| record.pointer("/provider/provider").and_then(Value::as_str).map(str::to_owned))
             .flatten();
-        // Entries that go with the result are submitted together with it, so the store's
-        // group commit makes them durable in one go, before the reply.
-        let appends = with.into_iter().map(|read| append_read(self, live, read));
-        let (appended, completed) = tokio::join!(
-            futures_util::future::join_all(appends),
-            self.complete(live, seq, method, &reply, record, usage, served, event)
-        );
-        let written =
-            completed.and_then(|()| appended.into_iter().try_for_each(|r| r.map(drop).map_err(internal)));
+        // Entries that go with the result are written in its commit, durable in one go
+        // before the reply.
+        let written = self.complete(live, seq, method, &reply, record, usage, served, event, with).await;
         match written {
             Ok(()) => (Journaled { reply, seq: Some(seq) }, usage, provider),
             Err(err) => (Journaled { reply: Err(err), seq: Some(seq) }, usage, provider),
@@ -346,7 +324,8 @@ impl Kernel {
         }))
     }
 
-    /// Records the outcome of a pending entry and reports it as a `syscall` event.
+    /// Records the outcome of a pending entry, with the entries of `with` after it in the
+    /// same commit, and reports it as a `syscall` event.
     #[allow(clippy::too_many_arguments, reason = "the parts of one completion")]
     async fn complete(
         &self,
@@ -358,6 +337,7 @@ impl Kernel {
         usage: Usage,
         served: bool,
         extra: Value,
+        with: Vec<BufferedRead>,
     ) -> Result<(), SyscallError> {
         let (status, result, error) = match outcome {
             Ok(_) => (EntryStatus::Ok, Some(record), None),
@@ -367,27 +347,48 @@ impl Kernel {
         };
         let completion =
             Completion { status, result, error, finished_at_ms: now_ms(), usage, provider_served: served };
+        let (entries, spans): (Vec<NewEntry>, Vec<_>) = with.into_iter().map(|r| (r.entry, r.span)).unzip();
         let timer = self.inner.metrics.journal_commit(crate::metrics::JournalOp::Complete);
+        // The seqs the entries got; unknown when a cut-off commit is found to have landed.
+        let mut appended = Vec::new();
         loop {
-            match self
-                .while_current(live, || self.store().complete_entry(&live.id, seq, completion.clone()))
+            let written = if entries.is_empty() {
+                self.while_current(live, || self.store().complete_entry(&live.id, seq, completion.clone()))
+                    .await
+                    .map(|()| Vec::new())
+            } else {
+                self.while_current(live, || {
+                    self.store().complete_entry_with(&live.id, seq, completion.clone(), entries.clone())
+                })
                 .await
-            {
-                // Cut off while committing: done if the entry is no longer pending.
+            };
+            match written {
+                // Cut off while committing: done if the entry is no longer pending (the
+                // entries written with it landed in the same commit).
                 Err(keel_store::Error::OutcomeUnknown { .. }) if self.is_current(live) => {
-                    let entries = self.while_current(live, || self.store().journal(&live.id, seq - 1)).await;
-                    let entries = entries.map_err(internal)?;
-                    if entries.first().is_some_and(|e| e.seq == seq && e.status != EntryStatus::Pending) {
+                    let journal = self.while_current(live, || self.store().journal(&live.id, seq - 1)).await;
+                    let journal = journal.map_err(internal)?;
+                    if journal.first().is_some_and(|e| e.seq == seq && e.status != EntryStatus::Pending) {
                         break;
                     }
                 }
                 outcome => {
-                    outcome.map_err(internal)?;
+                    appended = outcome.map_err(internal)?;
                     break;
                 }
             }
         }
         drop(timer);
+        for (index, (entry, span)) in entries.iter().zip(spans).enumerate() {
+            if let Some((span, reply)) = span {
+                span.end(crate::telemetry::Outcome {
+                    seq: appended.get(index).copied(),
+                    reply: reply.as_ref().map_err(|e| (e.kind.as_str(), e.message.as_str())),
+                    usage: entry.usage,
+                    provider: None,
+                });
+            }
+        }
         self.emit_syscall(live, seq, method, status, extra);
         Ok(())
     }

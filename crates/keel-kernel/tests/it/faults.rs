@@ -130,6 +130,10 @@ faulty_store! {
         async fn complete_entry(&self, run: &RunId, seq: Seq, completion: Completion) -> Result<()> {
             self.write(Write::CompleteEntry, self.inner.complete_entry(run, seq, completion)).await
         }
+        async fn complete_entry_with(&self, run: &RunId, seq: Seq, completion: Completion,
+            entries: Vec<NewEntry>) -> Result<Vec<Seq>> {
+            self.write(Write::CompleteEntry, self.inner.complete_entry_with(run, seq, completion, entries)).await
+        }
         async fn update_run(&self, id: &RunId, expected: Option<RunState>, patch: RunPatch) -> Result<RunRecord> {
             let write = if expected.is_some() { Write::Transition } else { Write::PatchRun };
             self.write(write, self.inner.update_run(id, expected, patch)).await
@@ -274,6 +278,40 @@ fn a_completion_cut_off_is_read_back_and_made_once() {
         assert_eq!(journal[0].result, Some(json!({"result": true})), "{cut:?}");
         assert!(journal[1].result.as_ref().is_some_and(|r| r.to_string().contains("\"one\"")), "{cut:?}");
         assert_eq!(test.get(&run).provider_calls, 1, "{cut:?}: the model call is counted once");
+        finish(&test, &run, &mut agent, json!({"cut": format!("{cut:?}")}));
+    }
+}
+
+/// A `code.exec`'s result and its program's reads are one commit
+/// (`Store::complete_entry_with`): cut off, landed or lost, the exec and each read are
+/// journaled once and the reads counted once.
+#[test]
+fn a_code_exec_result_cut_off_journals_its_reads_once() {
+    for cut in [Cut::Landed, Cut::Lost] {
+        let faults = Arc::new(Faults::default());
+        let plan = faults.clone();
+        let test = TestKernel::start_with(|_| Setup { faults: Some(plan), interp: true, ..Setup::default() });
+        let run = test.create_run(json!({}));
+        let mut agent = test.agent(&run);
+        test.wait_state(&run, RunState::Running);
+        faults.cut_next(Write::CompleteEntry, &[cut]);
+        let code = "total = 0\nfor i in range(3):\n    total = total + echo(n=i)['n']\ntotal";
+        let out: keel_sdk::Result<Value> = agent.call("code.exec", json!({"lang": "python", "code": code}));
+        let out = out.unwrap_or_else(|err| panic!("{cut:?}: code.exec answers: {err}"));
+        assert_eq!(out["result"], json!(3), "{cut:?}: {out}");
+        assert_eq!(faults.left(), 0, "{cut:?}: the result's commit was cut off");
+
+        let ok = EntryStatus::Ok;
+        let read = ("tool.call".to_owned(), ok);
+        assert_eq!(
+            journaled(&test, &run),
+            [("code.exec".to_owned(), ok), read.clone(), read.clone(), read],
+            "{cut:?}"
+        );
+        let reads: Vec<Value> =
+            test.journal(&run)[1..].iter().map(|e| e.params["args"]["n"].clone()).collect();
+        assert_eq!(reads, [json!(0), json!(1), json!(2)], "{cut:?}: the reads in the program's order");
+        assert_eq!(test.get(&run).usage.tool_calls, 3, "{cut:?}: each read counted once");
         finish(&test, &run, &mut agent, json!({"cut": format!("{cut:?}")}));
     }
 }

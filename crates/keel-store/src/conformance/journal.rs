@@ -146,6 +146,49 @@ pub async fn journal_usage_totals(store: &dyn Store) {
     assert_eq!(stored.provider_calls, 2, "provider_calls must count provider-served completions");
 }
 
+/// `complete_entry_with` completes an entry and appends the entries after it in one
+/// commit: all of them land with their usage and the completion's, and when the completion
+/// is refused (the entry is no longer pending) none of the entries land either.
+pub async fn journal_complete_with_entries(store: &dyn Store) {
+    let run = fresh_run(store).await;
+    let exec = store
+        .append_entry(&run, pending_entry("code.exec", json!({"code": "1 + 1"})))
+        .await
+        .must("append_entry pending");
+    let reads = [
+        complete_entry("tool.call", json!({"exec": exec, "n": 0}), EntryStatus::Ok, usage(0, 0, 0, 1, 0)),
+        complete_entry("tool.call", json!({"exec": exec, "n": 1}), EntryStatus::Error, usage(0, 0, 0, 1, 5)),
+        // An entry that is not complete counts no usage, as with `append_entry`.
+        pending_entry("tool.call", json!({"exec": exec, "n": 2})),
+    ];
+    let completion = ok_completion(json!({"result": 2}), usage(10, 2, 1, 0, 40), true);
+    let seqs = store
+        .complete_entry_with(&run, exec, completion.clone(), reads.to_vec())
+        .await
+        .must("complete_entry_with");
+    assert_eq!(seqs, [exec + 1, exec + 2, exec + 3], "the entries follow, dense");
+    let journal = store.journal(&run, 0).await.must("journal");
+    assert_eq!(journal.len(), 4, "{journal:?}");
+    assert_eq!(journal[0].status, EntryStatus::Ok);
+    assert_eq!(journal[0].result, completion.result, "the completion's result must be stored");
+    for (stored, appended) in journal[1..].iter().zip(&reads) {
+        assert_entry_matches(stored, appended);
+    }
+    let stored = store.get_run(&run).await.must("get_run").expect_run(&run);
+    assert_eq!(stored.usage, usage(10, 2, 1, 2, 45), "the completion's usage plus the complete entries'");
+    assert_eq!(stored.provider_calls, 1);
+
+    // Completed already: refused, and none of the entries are appended.
+    expect_error!(
+        store.complete_entry_with(&run, exec, completion, reads.to_vec()).await,
+        Error::Corrupt(_),
+        "completing an entry twice, with entries"
+    );
+    assert_eq!(store.journal(&run, 0).await.must("journal").len(), 4, "a refused completion appends nothing");
+    let unchanged = store.get_run(&run).await.must("get_run").expect_run(&run);
+    assert_eq!(unchanged.usage, stored.usage, "a refused completion adds no usage");
+}
+
 /// `abandon_entries` marks exactly the given entries, all or nothing, keeps usage totals,
 /// and an abandoned entry cannot be completed.
 pub async fn journal_abandon_entries(store: &dyn Store) {

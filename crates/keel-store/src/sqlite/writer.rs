@@ -54,6 +54,13 @@ pub(super) enum WriteCommand {
         completion: EncodedCompletion,
         reply: Reply<()>,
     },
+    CompleteEntryWith {
+        run: RunId,
+        seq: Seq,
+        completion: EncodedCompletion,
+        entries: Vec<EncodedEntry>,
+        reply: Reply<Vec<Seq>>,
+    },
     AbandonEntries {
         run: RunId,
         seqs: Vec<Seq>,
@@ -292,6 +299,10 @@ fn apply(connection: &Connection, command: WriteCommand) -> Box<dyn Answer> {
         WriteCommand::CompleteEntry { run, seq, completion, reply } => {
             answer(reply, in_savepoint(connection, |c| complete_entry(c, run, seq, completion)))
         }
+        WriteCommand::CompleteEntryWith { run, seq, completion, entries, reply } => answer(
+            reply,
+            in_savepoint(connection, |c| complete_entry_with(c, run, seq, completion, &entries)),
+        ),
         WriteCommand::AbandonEntries { run, seqs, reply } => {
             answer(reply, in_savepoint(connection, |c| abandon_entries(c, run, &seqs)))
         }
@@ -374,6 +385,7 @@ impl WriteCommand {
             | WriteCommand::MemPut { reply, .. }
             | WriteCommand::Restore { reply, .. } => answer(reply, Err(error)),
             WriteCommand::ThreadAppend { reply, .. } => answer(reply, Err(error)),
+            WriteCommand::CompleteEntryWith { reply, .. } => answer(reply, Err(error)),
             WriteCommand::MemDelete { reply, .. } => answer(reply, Err(error)),
             WriteCommand::MailboxSend { reply, .. } => answer(reply, Err(error)),
             WriteCommand::MailboxReceive { reply, .. } => answer(reply, Err(error)),
@@ -645,6 +657,32 @@ fn add_usage(connection: &Connection, run: &RunId, usage: &Usage, provider_serve
         ],
     )?;
     Ok(())
+}
+
+fn complete_entry_with(
+    connection: &Connection,
+    run: RunId,
+    seq: Seq,
+    completion: EncodedCompletion,
+    entries: &[EncodedEntry],
+) -> Result<Vec<Seq>> {
+    complete_entry(connection, run.clone(), seq, completion)?;
+    let mut last = queries::last_journal_seq(connection, &run)?;
+    // The appended entries' usage goes to the run's totals in one update, not one each.
+    let mut usage = Usage::default();
+    let mut seqs = Vec::with_capacity(entries.len());
+    for entry in entries {
+        last += 1;
+        insert_entry(connection, &run, last, entry)?;
+        if matches!(entry.status, EntryStatus::Ok | EntryStatus::Error) {
+            usage.add(&entry.usage);
+        }
+        seqs.push(last);
+    }
+    if usage != Usage::default() {
+        add_usage(connection, &run, &usage, false)?;
+    }
+    Ok(seqs)
 }
 
 fn abandon_entries(connection: &Connection, run: RunId, seqs: &[Seq]) -> Result<()> {
