@@ -214,8 +214,11 @@ pub trait Store: Send + Sync + 'static {
     /// Records the outcome of a pending entry (and its usage, in the same transaction).
     /// Completing an entry that is not pending is an error (`Corrupt`), as is a completion
     /// whose status is not `Ok` or `Error`; an unknown seq is `EntryNotFound`. Durable on
-    /// return.
-    async fn complete_entry(&self, run: &RunId, seq: Seq, completion: Completion) -> Result<()>;
+    /// return. (`complete_entry_with` and nothing to append: a backend has one way to
+    /// complete an entry.)
+    async fn complete_entry(&self, run: &RunId, seq: Seq, completion: Completion) -> Result<()> {
+        self.complete_entry_with(run, seq, completion, Vec::new()).await.map(drop)
+    }
 
     /// Completes the pending entry `seq` as `complete_entry` does and appends `entries`
     /// after it as `append_entry` does, all in one transaction: durable on return, all or

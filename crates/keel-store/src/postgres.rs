@@ -395,16 +395,6 @@ impl Store for PgStore {
         Ok(seq)
     }
 
-    async fn complete_entry(&self, run: &RunId, seq: Seq, completion: Completion) -> Result<()> {
-        let completion = EncodedCompletion::of(completion);
-        let mut client = self.client("completing a journal entry").await?;
-        let transaction = begin(&mut client).await?;
-        self.fences.check(&transaction, run).await?;
-        writes::complete_entry(&transaction, run, seq, &completion).await?;
-        commit(transaction).await?;
-        Ok(())
-    }
-
     async fn complete_entry_with(
         &self,
         run: &RunId,
@@ -414,7 +404,7 @@ impl Store for PgStore {
     ) -> Result<Vec<Seq>> {
         let completion = EncodedCompletion::of(completion);
         let entries: Vec<EncodedEntry> = entries.into_iter().map(EncodedEntry::of).collect();
-        let mut client = self.client("completing a journal entry with the entries after it").await?;
+        let mut client = self.client("completing a journal entry").await?;
         // Outside the transaction, as `append_entry` does: a node found stored stays stored.
         let mut unstored = Vec::with_capacity(entries.len());
         for entry in &entries {

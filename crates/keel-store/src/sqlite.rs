@@ -308,12 +308,6 @@ impl Store for SqliteStore {
         self.write(|reply| WriteCommand::AppendEntry { run, entry, reply }).await
     }
 
-    async fn complete_entry(&self, run: &RunId, seq: Seq, completion: Completion) -> Result<()> {
-        let completion = EncodedCompletion::of(completion);
-        let run = run.clone();
-        self.write(|reply| WriteCommand::CompleteEntry { run, seq, completion, reply }).await
-    }
-
     async fn complete_entry_with(
         &self,
         run: &RunId,

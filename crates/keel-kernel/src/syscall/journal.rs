@@ -350,18 +350,12 @@ impl Kernel {
         let (entries, spans): (Vec<NewEntry>, Vec<_>) = with.into_iter().map(|r| (r.entry, r.span)).unzip();
         let timer = self.inner.metrics.journal_commit(crate::metrics::JournalOp::Complete);
         // The seqs the entries got; unknown when a cut-off commit is found to have landed.
-        let mut appended = Vec::new();
-        loop {
-            let written = if entries.is_empty() {
-                self.while_current(live, || self.store().complete_entry(&live.id, seq, completion.clone()))
-                    .await
-                    .map(|()| Vec::new())
-            } else {
-                self.while_current(live, || {
+        let appended = loop {
+            let written = self
+                .while_current(live, || {
                     self.store().complete_entry_with(&live.id, seq, completion.clone(), entries.clone())
                 })
-                .await
-            };
+                .await;
             match written {
                 // Cut off while committing: done if the entry is no longer pending (the
                 // entries written with it landed in the same commit).
@@ -369,15 +363,12 @@ impl Kernel {
                     let journal = self.while_current(live, || self.store().journal(&live.id, seq - 1)).await;
                     let journal = journal.map_err(internal)?;
                     if journal.first().is_some_and(|e| e.seq == seq && e.status != EntryStatus::Pending) {
-                        break;
+                        break Vec::new();
                     }
                 }
-                outcome => {
-                    appended = outcome.map_err(internal)?;
-                    break;
-                }
+                outcome => break outcome.map_err(internal)?,
             }
-        }
+        };
         drop(timer);
         for (index, (entry, span)) in entries.iter().zip(spans).enumerate() {
             if let Some((span, reply)) = span {

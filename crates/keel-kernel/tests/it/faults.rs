@@ -127,9 +127,6 @@ faulty_store! {
         async fn append_entry(&self, run: &RunId, entry: NewEntry) -> Result<Seq> {
             self.write(Write::AppendEntry, self.inner.append_entry(run, entry)).await
         }
-        async fn complete_entry(&self, run: &RunId, seq: Seq, completion: Completion) -> Result<()> {
-            self.write(Write::CompleteEntry, self.inner.complete_entry(run, seq, completion)).await
-        }
         async fn complete_entry_with(&self, run: &RunId, seq: Seq, completion: Completion,
             entries: Vec<NewEntry>) -> Result<Vec<Seq>> {
             self.write(Write::CompleteEntry, self.inner.complete_entry_with(run, seq, completion, entries)).await

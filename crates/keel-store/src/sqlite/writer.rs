@@ -48,12 +48,6 @@ pub(super) enum WriteCommand {
         entry: EncodedEntry,
         reply: Reply<Seq>,
     },
-    CompleteEntry {
-        run: RunId,
-        seq: Seq,
-        completion: EncodedCompletion,
-        reply: Reply<()>,
-    },
     CompleteEntryWith {
         run: RunId,
         seq: Seq,
@@ -296,9 +290,6 @@ fn apply(connection: &Connection, command: WriteCommand) -> Box<dyn Answer> {
         WriteCommand::AppendEntry { run, entry, reply } => {
             answer(reply, in_savepoint(connection, |c| append_entry(c, run, entry)))
         }
-        WriteCommand::CompleteEntry { run, seq, completion, reply } => {
-            answer(reply, in_savepoint(connection, |c| complete_entry(c, run, seq, completion)))
-        }
         WriteCommand::CompleteEntryWith { run, seq, completion, entries, reply } => answer(
             reply,
             in_savepoint(connection, |c| complete_entry_with(c, run, seq, completion, &entries)),
@@ -379,8 +370,7 @@ impl WriteCommand {
             WriteCommand::AppendEntry { reply, .. } | WriteCommand::AppendEvents { reply, .. } => {
                 answer(reply, Err(error))
             }
-            WriteCommand::CompleteEntry { reply, .. }
-            | WriteCommand::AbandonEntries { reply, .. }
+            WriteCommand::AbandonEntries { reply, .. }
             | WriteCommand::KvPut { reply, .. }
             | WriteCommand::MemPut { reply, .. }
             | WriteCommand::Restore { reply, .. } => answer(reply, Err(error)),
@@ -667,6 +657,9 @@ fn complete_entry_with(
     entries: &[EncodedEntry],
 ) -> Result<Vec<Seq>> {
     complete_entry(connection, run.clone(), seq, completion)?;
+    if entries.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut last = queries::last_journal_seq(connection, &run)?;
     // The appended entries' usage goes to the run's totals in one update, not one each.
     let mut usage = Usage::default();
