@@ -87,6 +87,24 @@ impl Daemon {
         }
     }
 
+    /// The daemon's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The CPU time (user and system, all threads) the daemon has used so far.
+    pub fn cpu(&self) -> Duration {
+        let Some(pid) = self.pid() else { return Duration::ZERO };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Fields 14 and 15 (utime, stime), counted after the `)` that ends the command name.
+        let fields: Vec<&str> =
+            stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+        let ticks: u64 =
+            fields.get(11..13).map(|f| f.iter().filter_map(|t| t.parse::<u64>().ok()).sum()).unwrap_or(0);
+        // In USER_HZ, which Linux fixes at 100 for what it reports to user space.
+        Duration::from_millis(ticks * 10)
+    }
+
     /// The daemon's API address and token.
     pub fn api(&self) -> (String, String) {
         let info: serde_json::Value = serde_json::from_slice(

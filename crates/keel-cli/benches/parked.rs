@@ -160,6 +160,23 @@ fn wait_for(what: &str, api: &api::Api, n: usize, check: impl Fn(&Value) -> bool
 
 const SETTLE: Duration = Duration::from_secs(6);
 
+/// The floor: the same agent's interpreter started bare, `n` times on `clients` threads,
+/// each waited for: fork+exec of `python3` importing the SDK, which is all the agent does
+/// before its first call to the kernel. Returns the time for all `n`.
+fn bare_agents(n: usize, clients: usize, sdk: &std::path::Path) -> Duration {
+    let started = Instant::now();
+    parallel(n, clients, |_| {
+        let status = std::process::Command::new("python3")
+            .args(["-c", "import keel"])
+            .env("PYTHONPATH", sdk)
+            .stdin(std::process::Stdio::null())
+            .status()
+            .expect("spawn python3");
+        assert!(status.success(), "python3 -c 'import keel' failed: {status}");
+    });
+    started.elapsed()
+}
+
 fn main() {
     let n = env_usize("BENCH_RUNS", 1000);
     let clients = env_usize("BENCH_CLIENTS", 8);
@@ -182,6 +199,9 @@ fn main() {
     // readings are of what it holds, not of what a moment ago's work left in the allocator.
     std::thread::sleep(SETTLE);
     let (idle_kernel, idle_all, idle_procs) = tree_memory();
+    let floor = bare_agents(n.min(1000), clients, &daemon.data.path().join("sdk/python"));
+    let floor_rate = n.min(1000) as f64 / floor.as_secs_f64();
+    std::thread::sleep(Duration::from_secs(1));
 
     let ids: Vec<std::sync::Mutex<String>> = (0..n).map(|_| std::sync::Mutex::new(String::new())).collect();
     let started = Instant::now();
@@ -243,25 +263,26 @@ fn main() {
 
     let per_run = |now: u64, idle: u64| (now.saturating_sub(idle)) as f64 / n as f64;
     println!("cargo bench -p keel-cli --bench parked   # BENCH_RUNS={n} BENCH_TIER={tier}\n");
-    println!("| phase | runs | total s | runs/s |");
-    println!("|---|---:|---:|---:|");
+    println!("| phase | runs | total s | runs/s | vs the floor's rate |");
+    println!("|---|---:|---:|---:|---:|");
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
     println!(
-        "| create (POST /v1/runs, {clients} clients) | {n} | {:.1} | {:.0} |",
-        created.as_secs_f64(),
-        rate(created)
+        "| floor: bare fork+exec of the agent's interpreter (`python3 -c 'import keel'`, {clients} clients) | {} | {:.1} | {floor_rate:.0} | 1.00x |",
+        n.min(1000),
+        floor.as_secs_f64()
     );
-    println!("| create to all swapped out | {n} | {:.1} | {:.0} |", swapped.as_secs_f64(), rate(swapped));
-    println!(
-        "| send one message to each ({clients} clients) | {n} | {:.1} | {:.0} |",
-        sent.as_secs_f64(),
-        rate(sent)
-    );
-    println!(
-        "| first send to all resumed and succeeded | {n} | {:.1} | {:.0} |",
-        resumed.as_secs_f64(),
-        rate(resumed)
-    );
+    let row = |phase: String, d: Duration| {
+        println!(
+            "| {phase} | {n} | {:.1} | {:.0} | {:.2}x |",
+            d.as_secs_f64(),
+            rate(d),
+            rate(d) / floor_rate
+        );
+    };
+    row(format!("create (POST /v1/runs, {clients} clients)"), created);
+    row("create to all swapped out".into(), swapped);
+    row(format!("send one message to each ({clients} clients)"), sent);
+    row("first send to all resumed and succeeded".into(), resumed);
     println!();
     println!("| memory, KiB | processes | RSS | PSS | anonymous |");
     println!("|---|---:|---:|---:|---:|");

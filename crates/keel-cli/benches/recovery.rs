@@ -1,8 +1,10 @@
 //! Recovery: time from daemon start to all of 1,000 interrupted runs live again (each
 //! agent relaunched by the new kernel: attempt 2, process running), against the floor of
-//! bare fork+exec of the same 1,000 processes.
+//! bare fork+exec of the same 1,000 processes, for each sandbox tier.
 //!
 //! cargo bench -p keel-cli --bench recovery
+//!
+//! BENCH_TIERS (the runs' sandbox tiers, default `none,process`), BENCH_RUNS (1000).
 
 #[path = "common.rs"]
 mod common;
@@ -11,12 +13,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-const RUNS: usize = 1000;
-
-async fn list(http: &reqwest::Client, base: &str, token: &str) -> Vec<Value> {
+async fn list(http: &reqwest::Client, base: &str, token: &str, runs: usize) -> Vec<Value> {
     let response = http
         .get(format!("{base}/v1/runs"))
-        .query(&[("limit", (RUNS * 2).to_string())])
+        .query(&[("limit", (runs * 2).to_string())])
         .bearer_auth(token)
         .send()
         .await;
@@ -26,11 +26,13 @@ async fn list(http: &reqwest::Client, base: &str, token: &str) -> Vec<Value> {
     }
 }
 
+/// Polls every 100 ms: listing 1,000 runs costs the daemon a few milliseconds of CPU,
+/// which more frequent polling would take from the recovery being measured.
 async fn wait_until(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(600);
     while !check().await {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -44,59 +46,95 @@ fn live_again(runs: &[Value]) -> usize {
         .count()
 }
 
-#[tokio::main]
-async fn main() {
-    // The floor: fork+exec the same 1,000 processes directly.
-    let started = Instant::now();
-    let mut children: Vec<_> = (0..RUNS)
-        .map(|_| std::process::Command::new("sleep").arg("3600").spawn().expect("spawn sleep"))
-        .collect();
-    let floor = started.elapsed();
-    for child in &mut children {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+struct Recovered {
+    api_up: Duration,
+    all_live: Duration,
+    /// The new daemon's CPU time (all threads) until then.
+    cpu: Duration,
+}
 
+async fn recover(tier: &str, runs: usize) -> Recovered {
     let mut daemon = common::Daemon::start(tempfile::tempdir().expect("tempdir"));
     let (base, token) = daemon.api();
     let http = reqwest::Client::builder().no_proxy().build().expect("http client");
     let cwd = std::env::temp_dir().display().to_string();
-    for chunk in (0..RUNS).collect::<Vec<_>>().chunks(50) {
+    for chunk in (0..runs).collect::<Vec<_>>().chunks(50) {
         let requests = chunk.iter().map(|_| {
             http.post(format!("{base}/v1/runs"))
                 .bearer_auth(&token)
-                .json(&json!({ "command": ["sleep", "3600"], "cwd": cwd }))
+                .json(&json!({ "command": ["sleep", "3600"], "cwd": cwd, "sandbox": {"tier": tier} }))
                 .send()
         });
         for response in futures_util::future::join_all(requests).await {
-            assert!(response.expect("create run").status().is_success());
+            let response = response.expect("create run");
+            assert!(
+                response.status().is_success(),
+                "create run: {}",
+                response.text().await.unwrap_or_default()
+            );
         }
     }
-    wait_until("1,000 running runs", async || {
-        list(&http, &base, &token).await.iter().filter(|r| r["state"] == "running").count() == RUNS
+    wait_until(&format!("{runs} running runs"), async || {
+        list(&http, &base, &token, runs).await.iter().filter(|r| r["state"] == "running").count() == runs
     })
     .await;
 
     daemon.kill();
+    // Let the host finish tearing down the killed agents (and, for sandboxes, their
+    // namespaces) before the clock starts.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let started = Instant::now();
     daemon.spawn();
     let (base, token) = daemon.api();
     let api_up = started.elapsed();
-    wait_until("1,000 runs live again", async || live_again(&list(&http, &base, &token).await) == RUNS).await;
-    let recovered = started.elapsed();
+    wait_until(&format!("{runs} runs live again"), async || {
+        live_again(&list(&http, &base, &token, runs).await) == runs
+    })
+    .await;
+    let all_live = started.elapsed();
+    Recovered { api_up, all_live, cpu: daemon.cpu() }
+}
 
-    println!("cargo bench -p keel-cli --bench recovery\n");
-    println!("| case | runs | total | per run |");
-    println!("|---|---:|---:|---:|");
-    println!(
-        "| floor: fork+exec of {RUNS} `sleep` processes | {RUNS} | {:.0} ms | {:.0} µs |",
-        floor.as_secs_f64() * 1e3,
-        floor.as_secs_f64() * 1e6 / RUNS as f64
-    );
-    println!("| daemon start to API answering | - | {:.0} ms | - |", api_up.as_secs_f64() * 1e3);
-    println!(
-        "| daemon start to all {RUNS} interrupted runs live again | {RUNS} | {:.0} ms | {:.0} µs |",
-        recovered.as_secs_f64() * 1e3,
-        recovered.as_secs_f64() * 1e6 / RUNS as f64
-    );
+#[tokio::main]
+async fn main() {
+    let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let tiers = std::env::var("BENCH_TIERS").unwrap_or_else(|_| "none,process".into());
+    let mut results = Vec::new();
+    for tier in tiers.split(',') {
+        // The floor, again before each tier: fork+exec the same processes directly.
+        let started = Instant::now();
+        let mut children: Vec<_> = (0..runs)
+            .map(|_| std::process::Command::new("sleep").arg("3600").spawn().expect("spawn sleep"))
+            .collect();
+        let floor = started.elapsed();
+        for child in &mut children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        results.push((tier.to_owned(), floor, recover(tier, runs).await));
+    }
+
+    println!("cargo bench -p keel-cli --bench recovery   # BENCH_RUNS={runs}\n");
+    println!("| case | runs | total ms | per run µs | vs the floor | daemon CPU per run µs |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let per_run = |d: Duration| d.as_secs_f64() * 1e6 / runs as f64;
+    for (tier, floor, recovered) in &results {
+        println!(
+            "| floor: fork+exec of {runs} `sleep` processes (before tier `{tier}`) | {runs} | {:.0} | {:.0} | 1.00x | - |",
+            floor.as_secs_f64() * 1e3,
+            per_run(*floor)
+        );
+        println!(
+            "| tier `{tier}`: daemon start to API answering | - | {:.0} | - | - | - |",
+            recovered.api_up.as_secs_f64() * 1e3
+        );
+        println!(
+            "| tier `{tier}`: daemon start to all {runs} interrupted runs live again | {runs} | {:.0} | {:.0} | {:.2}x | {:.0} |",
+            recovered.all_live.as_secs_f64() * 1e3,
+            per_run(recovered.all_live),
+            recovered.all_live.as_secs_f64() / floor.as_secs_f64(),
+            per_run(recovered.cpu)
+        );
+    }
 }

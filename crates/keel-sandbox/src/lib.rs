@@ -151,8 +151,8 @@ pub struct Child {
 }
 
 enum Waiter {
-    Plain(tokio::process::Child),
-    Sandboxed(process::SandboxWaiter),
+    Reaped(none::Reaped),
+    Sandboxed(Box<process::SandboxWaiter>),
 }
 
 impl Child {
@@ -160,7 +160,7 @@ impl Child {
     /// exit status (a killed sandbox reports SIGKILL).
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
         match &mut self.waiter {
-            Waiter::Plain(child) => child.wait().await,
+            Waiter::Reaped(child) => child.wait().await,
             Waiter::Sandboxed(waiter) => {
                 let (status, ended_by) = waiter.wait().await;
                 self.ended_by = ended_by;

@@ -2,11 +2,20 @@
 //! privileges. It gives process-tree control and nothing else; only for development, and
 //! only when asked for explicitly.
 
-use std::process::Stdio;
+use std::ffi::CString;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
 
 use async_trait::async_trait;
+use tokio::io::AsyncWriteExt;
+use tokio::io::unix::AsyncFd;
+use tokio::net::unix::pipe;
 
-use crate::{Child, Error, LaunchSpec, Launched, Profile, Result, Sandbox, Waiter};
+use crate::{Child, Error, LaunchSpec, Launched, Profile, Result, Sandbox, Waiter, sys};
 
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NoSandbox;
@@ -36,48 +45,136 @@ impl Sandbox for NoSandbox {
         if !spec.cwd.is_dir() {
             return Err(Error::BadWorkingDir(spec.cwd.clone()));
         }
-        let mut command = tokio::process::Command::new(program);
-        command
-            .args(args)
-            .current_dir(&spec.cwd)
-            .env_clear()
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .stdin(if spec.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own process group, so a stop reaches every process the agent forks.
-            .process_group(0)
-            .kill_on_drop(false);
-        // SAFETY: the closure runs in the forked child before exec and only calls
-        // prctl(2), which is async-signal-safe; it touches no memory of the parent.
-        unsafe {
-            command.pre_exec(|| {
-                // Die with the kernel: if the kernel is killed, its agents go too, and
-                // recovery restarts them from the journal instead of racing orphans.
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                    .map_err(std::io::Error::from)
-            });
-        }
-        let mut child =
-            command.spawn().map_err(|source| Error::Spawn { program: program.clone(), source })?;
-        let pid = child.id().ok_or_else(|| Error::Spawn {
-            program: program.clone(),
-            source: std::io::Error::other("the process exited before its pid could be read"),
-        })?;
-        if let (Some(bytes), Some(mut input)) = (spec.stdin, child.stdin.take()) {
+        let spawn_error = |source: std::io::Error| Error::Spawn { program: program.clone(), source };
+        let path = resolve(program, &spec.env, &spec.cwd).map_err(spawn_error)?;
+        let c_string = |s: &[u8]| {
+            CString::new(s).map_err(|_| {
+                spawn_error(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "the command, its arguments and its environment may not contain NUL bytes",
+                ))
+            })
+        };
+        let pipe = || sys::pipe().map_err(spawn_error);
+        let (stdin_child, stdin) = match spec.stdin {
+            Some(_) => {
+                let (read, write) = pipe()?;
+                (read, Some(write))
+            }
+            None => (OwnedFd::from(std::fs::File::open("/dev/null").map_err(spawn_error)?), None),
+        };
+        let (stdout, stdout_child) = pipe()?;
+        let (stderr, stderr_child) = pipe()?;
+        let exec = sys::Exec {
+            program: c_string(path.as_os_str().as_bytes())?,
+            argv: std::iter::once(program)
+                .chain(args)
+                .map(|a| c_string(a.as_bytes()))
+                .collect::<Result<_>>()?,
+            envp: spec
+                .env
+                .iter()
+                .map(|(k, v)| c_string(format!("{k}={v}").as_bytes()))
+                .collect::<Result<_>>()?,
+            cwd: c_string(spec.cwd.as_os_str().as_bytes())?,
+            stdio: [stdin_child, stdout_child, stderr_child],
+        };
+        // Its own process group, so a stop reaches every process the agent forks; and it
+        // dies with the kernel, so after a crash recovery restarts it from the journal
+        // instead of racing an orphan.
+        let (pid, pidfd) = sys::spawn_dying_with_parent(&exec).map_err(spawn_error)?;
+        drop(exec); // Our copies of the child's ends of its pipes.
+        let waiter = Reaped::new(pid, pidfd).map_err(spawn_error)?;
+        if let (Some(bytes), Some(input)) = (spec.stdin, stdin) {
+            let mut input = pipe::Sender::from_owned_fd(input).map_err(spawn_error)?;
             tokio::spawn(async move {
-                use tokio::io::AsyncWriteExt;
                 // A program that exits without reading all of it just ends the write.
                 let _ = input.write_all(&bytes).await;
                 drop(input);
             });
         }
-        let stdout = child.stdout.take().map(|out| crate::output::capped(out, crate::output::DEFAULT_LIMIT));
-        let stderr = child.stderr.take().map(|err| crate::output::capped(err, crate::output::DEFAULT_LIMIT));
+        let output = |fd: OwnedFd| -> Result<crate::Output> {
+            let receiver = pipe::Receiver::from_owned_fd(fd).map_err(spawn_error)?;
+            Ok(crate::output::capped(receiver, crate::output::DEFAULT_LIMIT))
+        };
         Ok(Launched {
-            child: Child { stdout, stderr, waiter: Waiter::Plain(child), ended_by: None },
-            pid,
+            child: Child {
+                stdout: Some(output(stdout)?),
+                stderr: Some(output(stderr)?),
+                waiter: Waiter::Reaped(waiter),
+                ended_by: None,
+            },
+            pid: pid as u32,
             pooled: false,
         })
+    }
+}
+
+/// Where `program` is: a path as given (relative ones against `cwd`, where the child
+/// runs), or a bare name looked up in the `PATH` of the agent's environment (else
+/// `/usr/local/bin:/usr/bin:/bin`), as `execvp` would.
+fn resolve(program: &str, env: &[(String, String)], cwd: &Path) -> std::io::Result<PathBuf> {
+    if program.contains('/') {
+        return Ok(PathBuf::from(program));
+    }
+    let path = env.iter().rev().find(|(k, _)| k == "PATH").map_or("/usr/local/bin:/usr/bin:/bin", |(_, v)| v);
+    for dir in path.split(':') {
+        let candidate = Path::new(if dir.is_empty() { "." } else { dir }).join(program);
+        let absolute = cwd.join(&candidate);
+        let executable =
+            std::fs::metadata(&absolute).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        if executable {
+            return Ok(absolute);
+        }
+    }
+    Err(std::io::Error::from_raw_os_error(libc::ENOENT))
+}
+
+/// Follows an agent started by [`sys::spawn_dying_with_parent`] to its end through its
+/// pidfd, and reaps it.
+pub(crate) struct Reaped {
+    pid: i32,
+    pidfd: AsyncFd<OwnedFd>,
+    status: Option<ExitStatus>,
+}
+
+impl Reaped {
+    fn new(pid: i32, pidfd: OwnedFd) -> std::io::Result<Reaped> {
+        // SAFETY: an OwnedFd keeps its fd open and unchanged until it is dropped, which
+        // happens only with the AsyncFd.
+        let pidfd = unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(Reaped { pid, pidfd, status: None })
+    }
+
+    /// Waits until the agent has exited (a pidfd turns readable then) and reaps it.
+    pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        loop {
+            if let Some(status) = self.status {
+                return Ok(status);
+            }
+            if let Some(raw) = sys::try_reap(self.pid)? {
+                self.status = Some(ExitStatus::from_raw(raw));
+                continue;
+            }
+            self.pidfd.readable().await?.clear_ready();
+        }
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if self.status.is_some() || matches!(sys::try_reap(self.pid), Ok(Some(_))) {
+            return;
+        }
+        // Still running: reap it when it ends, so it does not stay a zombie.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let pid = self.pid;
+        let Ok(pidfd) = self.pidfd.get_ref().try_clone() else { return };
+        runtime.spawn(async move {
+            if let Ok(mut waiter) = Reaped::new(pid, pidfd) {
+                let _ = waiter.wait().await;
+            }
+        });
     }
 }

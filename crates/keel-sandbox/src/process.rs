@@ -481,7 +481,7 @@ impl Shared {
             child: Child {
                 stdout: Some(stdout),
                 stderr: Some(stderr),
-                waiter: Waiter::Sandboxed(waiter),
+                waiter: Waiter::Sandboxed(Box::new(waiter)),
                 ended_by: None,
             },
             pid: pid as u32,

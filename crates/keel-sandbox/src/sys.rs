@@ -3,7 +3,7 @@
 //! of the crate's process tier lives here, each with the reason it is sound; callers get
 //! safe functions returning `io::Result`.
 
-use std::ffi::{CStr, c_char, c_int, c_long, c_uint};
+use std::ffi::{CStr, CString, c_char, c_int, c_long, c_uint};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
@@ -573,4 +573,159 @@ pub fn set_hostname(name: &str) -> io::Result<()> {
 pub unsafe fn owned_fd(fd: RawFd) -> OwnedFd {
     // SAFETY: the caller guarantees ownership.
     unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// A program to start with [`spawn_dying_with_parent`], prepared in full beforehand: the
+/// child shares our memory until it execs, so it may not allocate.
+pub struct Exec {
+    /// A path: absolute, or relative to `cwd` (a bare name is resolved by the caller).
+    pub program: CString,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+    pub cwd: CString,
+    /// What become the child's stdin, stdout and stderr.
+    pub stdio: [OwnedFd; 3],
+}
+
+/// What the child of [`spawn_dying_with_parent`] reads, and the errno it leaves when it
+/// cannot exec.
+#[repr(C)]
+struct ExecArgs {
+    program: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+    cwd: *const c_char,
+    stdio: [c_int; 3],
+    parent: libc::pid_t,
+    error: c_int,
+}
+
+/// The child's side: runs on its own stack in our memory, with every signal blocked,
+/// until it execs. Only raw system calls: no allocation, no locks, no unwinding.
+extern "C" fn exec_child(arg: *mut std::ffi::c_void) -> c_int {
+    // SAFETY: `arg` is the `ExecArgs` the parent passed to clone, alive until we exec or
+    // exit (the parent is suspended until then: CLONE_VFORK). Every call below is a
+    // system call on values we own; a failure is recorded in `error` and ends the child.
+    unsafe {
+        let args = &mut *arg.cast::<ExecArgs>();
+        let fail = |args: &mut ExecArgs| -> c_int {
+            std::ptr::write_volatile(&mut args.error, *libc::__errno_location());
+            libc::_exit(127)
+        };
+        // Handlers are the kernel's (our copy of the table: no CLONE_SIGHAND); the agent
+        // starts with every signal at its default and none blocked.
+        let default = [0u64; 4]; // struct kernel_sigaction with SIG_DFL, no flags, no mask
+        for signal in 1..=64 {
+            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+                libc::syscall(libc::SYS_rt_sigaction, signal, default.as_ptr(), 0usize, 8usize);
+            }
+        }
+        let empty = 0u64;
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &empty as *const u64, 0usize, 8usize);
+        if libc::setpgid(0, 0) < 0 {
+            return fail(args);
+        }
+        // Die with the kernel. The kernel might already be gone (killed while we were
+        // being cloned): then our parent is no longer the pid that cloned us.
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) < 0 {
+            return fail(args);
+        }
+        if libc::getppid() != args.parent {
+            *libc::__errno_location() = libc::ESRCH;
+            return fail(args);
+        }
+        // Move any of our fds sitting at 0..=2 out of the way first, then place them.
+        for i in 0..3 {
+            if args.stdio[i] <= 2 {
+                let moved = libc::fcntl(args.stdio[i], libc::F_DUPFD_CLOEXEC, 3);
+                if moved < 0 {
+                    return fail(args);
+                }
+                args.stdio[i] = moved;
+            }
+        }
+        for target in 0..3 {
+            if libc::dup2(args.stdio[target], target as c_int) < 0 {
+                return fail(args);
+            }
+        }
+        if libc::chdir(args.cwd) < 0 {
+            return fail(args);
+        }
+        libc::execve(args.program, args.argv, args.envp);
+        fail(args)
+    }
+}
+
+/// Starts `exec` as a child in its own process group that the kernel kills when this
+/// process ends (`PR_SET_PDEATHSIG`), without copying this process's memory: the child
+/// shares it (`CLONE_VM | CLONE_VFORK`, as `posix_spawn` does) until it execs, and we
+/// resume once it has. A `fork` would copy the page tables of the whole kernel (and
+/// every later write in the parent would fault), which cost milliseconds per agent.
+///
+/// Returns the child's pid and a pidfd for it. The exec's failure (ENOENT, EACCES...)
+/// is the error, the child then already reaped.
+pub fn spawn_dying_with_parent(exec: &Exec) -> io::Result<(i32, OwnedFd)> {
+    let pointers = |strings: &[CString]| -> Vec<*const c_char> {
+        strings.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect()
+    };
+    let argv = pointers(&exec.argv);
+    let envp = pointers(&exec.envp);
+    let mut args = ExecArgs {
+        program: exec.program.as_ptr(),
+        argv: argv.as_ptr(),
+        envp: envp.as_ptr(),
+        cwd: exec.cwd.as_ptr(),
+        stdio: [exec.stdio[0].as_raw_fd(), exec.stdio[1].as_raw_fd(), exec.stdio[2].as_raw_fd()],
+        // SAFETY: getpid has no preconditions.
+        parent: unsafe { libc::getpid() },
+        error: 0,
+    };
+    // The child's stack: it only makes system calls.
+    const STACK: usize = 64 * 1024;
+    let mut stack = vec![0u8; STACK];
+    // SAFETY: one past the end of `stack`, aligned down to 16 as the ABI wants.
+    let top = unsafe { stack.as_mut_ptr().add(STACK) };
+    let top = (top as usize & !15) as *mut std::ffi::c_void;
+    let mut pidfd: c_int = -1;
+    // SAFETY: signal masks are per thread; `all` and `old` are valid sigset_t.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        // No handler of ours may run in the child while it shares our memory.
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+    }
+    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
+    // SAFETY: `exec_child` only makes system calls on `args`, which outlives the call
+    // (with CLONE_VFORK we resume only after the child has exec'd or exited); `top` is
+    // the top of a stack of STACK bytes that also outlives it; the kernel writes the
+    // pidfd to `pidfd` (CLONE_PIDFD uses the parent_tid argument).
+    let pid = unsafe { libc::clone(exec_child, top, flags, (&raw mut args).cast(), &raw mut pidfd) };
+    let clone_error = io::Error::last_os_error();
+    // SAFETY: restores this thread's mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    drop(stack);
+    if pid < 0 {
+        return Err(clone_error);
+    }
+    // SAFETY: the kernel gave us this fd (CLONE_PIDFD); nobody else owns it.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    // SAFETY: the child wrote `error` (if at all) before it exited; we run after.
+    let error = unsafe { std::ptr::read_volatile(&args.error) };
+    if error != 0 {
+        let mut status: c_int = 0;
+        // SAFETY: reaps our own child, which has exited; `status` is a valid out-pointer.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        return Err(io::Error::from_raw_os_error(error));
+    }
+    Ok((pid, pidfd))
+}
+
+/// waitpid(pid, WNOHANG): the raw wait status of our child `pid` once it has ended.
+pub fn try_reap(pid: i32) -> io::Result<Option<c_int>> {
+    let mut status: c_int = 0;
+    // SAFETY: `status` is a valid out-pointer.
+    let ret = check_int(unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) })?;
+    Ok((ret == pid).then_some(status))
 }

@@ -252,8 +252,13 @@ impl Kernel {
     /// the provider what it served before, so it continues where it was.
     async fn load_replay(&self, run: &RunId, provider: Option<&dyn Provider>) -> Result<Replay> {
         let store = &self.inner.store;
-        let after = store.latest_entry(run, "state.checkpoint").await?.map_or(0, |e| e.seq);
         let entries = store.journal(run, 0).await?;
+        // Replay starts after the newest completed checkpoint.
+        let after = entries
+            .iter()
+            .rev()
+            .find(|e| e.method == "state.checkpoint" && e.status == EntryStatus::Ok)
+            .map_or(0, |e| e.seq);
         if let Some(provider) = provider {
             let served: Vec<Value> = entries
                 .iter()

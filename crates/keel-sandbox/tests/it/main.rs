@@ -1,4 +1,5 @@
-//! Launching through real tiers (`none` and `process`): what reaches the program's stdin.
+//! Launching through real tiers (`none` and `process`): what reaches the program's stdin;
+//! and for `none`, what the program starts with and that it dies with its launcher.
 //! The process tier re-executes this binary as its zygote, so `main` hands over to it
 //! first and otherwise runs the tests itself (`harness = false`);
 //! `cargo test -p keel-sandbox --test it NAME` runs the tests whose name contains NAME.
@@ -20,10 +21,26 @@ const TESTS: &[Test] = &[
     ("without_stdin_bytes_stdin_is_closed_without_a_sandbox", || Box::pin(no_stdin(Tier::None))),
     ("without_stdin_bytes_stdin_is_closed_in_the_process_sandbox", || Box::pin(no_stdin(Tier::Process))),
     ("without_stdin_bytes_stdin_is_closed_in_a_pooled_sandbox", || Box::pin(no_stdin(Tier::Pooled))),
+    ("without_a_sandbox_the_program_starts_clean", || Box::pin(starts_clean())),
+    ("without_a_sandbox_the_exit_status_is_the_programs", || Box::pin(exit_status())),
+    ("without_a_sandbox_a_missing_program_is_an_error", || Box::pin(missing_program())),
+    ("without_a_sandbox_the_program_dies_with_its_launcher", || Box::pin(dies_with_launcher())),
 ];
+
+/// Given as the first argument, this binary launches `sleep 600` without a sandbox, prints
+/// its pid and waits to be killed (`dies_with_launcher`).
+const LAUNCH_AND_WAIT: &str = "--launch-sleep-and-wait";
 
 fn main() {
     keel_sandbox::zygote::run_if_requested();
+    if std::env::args().nth(1).as_deref() == Some(LAUNCH_AND_WAIT) {
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let launched = NoSandbox.launch(spec(&["sleep", "600"], None)).await.unwrap();
+            println!("{}", launched.pid);
+            std::future::pending::<()>().await;
+        });
+    }
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let mut failed = Vec::new();
@@ -117,4 +134,89 @@ async fn no_stdin(tier: Tier) {
                   print(len(data), os.major(st.st_rdev), os.minor(st.st_rdev))";
     let Some((out, _)) = launch(tier, spec(&["python3", "-c", script], None)).await else { return };
     assert_eq!(String::from_utf8_lossy(&out).trim(), "0 1 3", "stdin is /dev/null (char device 1:3)");
+}
+
+/// Runs `script` with python3 without a sandbox; returns its stdout and exit status.
+async fn python(script: &str) -> (String, std::process::ExitStatus) {
+    let mut launched = NoSandbox.launch(spec(&["python3", "-c", script], None)).await.unwrap();
+    let mut out = Vec::new();
+    launched.child.stdout.take().unwrap().read_to_end(&mut out).await.unwrap();
+    let status = launched.child.wait().await.unwrap();
+    (String::from_utf8_lossy(&out).into_owned(), status)
+}
+
+async fn starts_clean() {
+    // Its own process group; no signal blocked or ignored (the kernel ignores SIGPIPE, and
+    // blocks every signal for a moment while it starts a program); none of the
+    // launcher's close-on-exec fds; the working directory, arguments and environment it
+    // was given. (Not Python: it ignores SIGPIPE and SIGXFSZ itself.)
+    let held = std::fs::File::open("/dev/null").unwrap();
+    let held = std::os::fd::AsRawFd::as_raw_fd(&held);
+    let script = r#"test "$(ps -o pgid= $$)" -eq $$ && echo own-group
+        grep -E '^Sig(Blk|Ign)' /proc/self/status | tr -s '\t' ' '
+        ls /proc/self/fd | tr '\n' ' '; echo
+        test "$(pwd -P)" = "$(cd "$EXPECTED_CWD" && pwd -P)" && echo cwd "$1" "$2" "$KEEL_RUN_ID""#;
+    let mut spec = spec(&["sh", "-c", script, "sh", "one", "two words"], None);
+    spec.env.push(("EXPECTED_CWD".into(), std::env::temp_dir().display().to_string()));
+    let marker = spec.run_marker.clone();
+    let mut launched = NoSandbox.launch(spec).await.unwrap();
+    let mut out = Vec::new();
+    launched.child.stdout.take().unwrap().read_to_end(&mut out).await.unwrap();
+    let status = launched.child.wait().await.unwrap();
+    assert!(status.success(), "{status}");
+    let out = String::from_utf8_lossy(&out);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "own-group", "{out}");
+    assert_eq!(lines[1..3], ["SigBlk: 0000000000000000", "SigIgn: 0000000000000000"], "{out}");
+    let mut fds: Vec<i32> = lines[3].split_whitespace().map(|fd| fd.parse().unwrap()).collect();
+    fds.sort_unstable();
+    assert!(fds.starts_with(&[0, 1, 2]) && !fds.contains(&held), "fd {held} leaked: {out}");
+    assert_eq!(lines[4], format!("cwd one two words {marker}"), "{out}");
+}
+
+async fn exit_status() {
+    let (_, status) = python("import sys; sys.exit(7)").await;
+    assert_eq!(status.code(), Some(7));
+    let (_, status) = python("import os, signal; os.kill(os.getpid(), signal.SIGTERM)").await;
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGTERM));
+}
+
+async fn missing_program() {
+    let Err(err) = NoSandbox.launch(spec(&["no-such-program-keel"], None)).await else {
+        panic!("a missing program started")
+    };
+    assert_eq!(
+        err.to_string(),
+        "could not start \"no-such-program-keel\": No such file or directory (os error 2)"
+    );
+    let Err(err) = NoSandbox.launch(spec(&["/etc/passwd"], None)).await else {
+        panic!("a file that is not executable started")
+    };
+    assert!(err.to_string().contains("Permission denied"), "{err}");
+}
+
+async fn dies_with_launcher() {
+    let mut launcher = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg(LAUNCH_AND_WAIT)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(launcher.stdout.take().unwrap()), &mut line)
+        .unwrap();
+    let pid: i32 = line.trim().parse().unwrap();
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+    };
+    assert!(alive(), "the program runs while its launcher does");
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while alive() {
+        assert!(std::time::Instant::now() < deadline, "the program outlived its launcher");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
