@@ -232,6 +232,16 @@ async fn main() {
     let result: Value =
         serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("agent result");
     let (direct, kernel) = (&result["direct"], &result["kernel"]);
+    // The least a journaled call can add: its intent and its result each fsync'd before
+    // going on. Measured here as raw SQLite commits (WAL, synchronous=FULL) in the same
+    // data directory's file system.
+    let script = common::bench_dir().join("bench_ipc.py").display().to_string();
+    let floor_db = daemon.data.path().join("floor.db").display().to_string();
+    let out =
+        std::process::Command::new("python3").args([&script, "sqlite", &floor_db]).output().expect("python3");
+    assert!(out.status.success(), "commit floor: {}", String::from_utf8_lossy(&out.stderr));
+    let commits: Value = serde_json::from_slice(&out.stdout).expect("commit floor stats");
+    let commit_p50 = commits["commit"]["p50_us"].as_f64().unwrap_or_default();
     println!("cargo bench -p keel-cli --bench gateway\n");
     println!("| measure (µs) | direct p50 / p99 | through Keel p50 / p99 | added p50 / p99 |");
     println!("|---|---:|---:|---:|");
@@ -257,6 +267,14 @@ async fn main() {
             )
         );
     }
+    let added = kernel["latency"]["p50_us"].as_f64().unwrap_or_default()
+        - direct["latency"]["p50_us"].as_f64().unwrap_or_default();
+    println!(
+        "\nFloor: a raw fsync'd SQLite commit, p50 {commit_p50:.0} µs; two of them (intent and result) \
+         {:.0} µs. /v1/chat/completions adds {added:.0} µs p50: {:.0} µs beyond the two commits.",
+        2.0 * commit_p50,
+        added - 2.0 * commit_p50
+    );
     println!(
         "\n| throughput, {IN_FLIGHT} in flight for {LOAD_SECS} s | direct | through Keel |\n|---|---:|---:|\n| requests/s | {} | {} |",
         direct["rps"], kernel["rps"]

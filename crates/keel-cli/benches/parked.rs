@@ -162,12 +162,23 @@ const SETTLE: Duration = Duration::from_secs(6);
 
 /// The floor: the same agent's interpreter started bare, `n` times on `clients` threads,
 /// each waited for: fork+exec of `python3` importing the SDK, which is all the agent does
-/// before its first call to the kernel. Returns the time for all `n`.
+/// before its first call to the kernel, with the interpreter and environment a sandboxed
+/// agent gets.
+/// Returns the time for all `n`.
 fn bare_agents(n: usize, clients: usize, sdk: &std::path::Path) -> Duration {
+    // The interpreter `python3` is (through a pyenv shim, say), as the sandbox runs it.
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("run python3");
+    let python = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     let started = Instant::now();
     parallel(n, clients, |_| {
-        let status = std::process::Command::new("python3")
+        let status = std::process::Command::new(&python)
             .args(["-c", "import keel"])
+            .env_clear()
+            .envs([("PATH", "/usr/local/bin:/usr/bin:/bin"), ("LANG", "C.UTF-8"), ("PYTHONUNBUFFERED", "1")])
+            .env("HOME", std::env::temp_dir())
             .env("PYTHONPATH", sdk)
             .stdin(std::process::Stdio::null())
             .status()

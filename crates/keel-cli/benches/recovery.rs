@@ -95,6 +95,21 @@ async fn recover(tier: &str, runs: usize) -> Recovered {
     Recovered { api_up, all_live, cpu: daemon.cpu() }
 }
 
+/// Starts `runs` processes made by `command`, one after another, and returns how long
+/// that took; then kills them all and lets the host settle.
+async fn spawn_all(runs: usize, command: impl Fn() -> std::process::Command) -> Duration {
+    let started = Instant::now();
+    let mut children: Vec<_> =
+        (0..runs).map(|_| command().spawn().expect("spawn the floor's process")).collect();
+    let took = started.elapsed();
+    for child in &mut children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    took
+}
+
 #[tokio::main]
 async fn main() {
     let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
@@ -102,29 +117,55 @@ async fn main() {
     let mut results = Vec::new();
     for tier in tiers.split(',') {
         // The floor, again before each tier: fork+exec the same processes directly.
-        let started = Instant::now();
-        let mut children: Vec<_> = (0..runs)
-            .map(|_| std::process::Command::new("sleep").arg("3600").spawn().expect("spawn sleep"))
-            .collect();
-        let floor = started.elapsed();
-        for child in &mut children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        results.push((tier.to_owned(), floor, recover(tier, runs).await));
+        let floor = spawn_all(runs, || {
+            let mut sleep = std::process::Command::new("sleep");
+            sleep.arg("3600");
+            sleep
+        })
+        .await;
+        // For a sandbox, also the namespaces it is made of: `unshare(1)` creating the
+        // same ones around each process (as in `--bench sandbox`).
+        let namespaces = (tier != "none").then_some(
+            spawn_all(runs, || {
+                let mut unshare = std::process::Command::new("unshare");
+                unshare
+                    .args([
+                        "--user",
+                        "--map-root-user",
+                        "--mount",
+                        "--pid",
+                        "--fork",
+                        "--ipc",
+                        "--uts",
+                        "--net",
+                    ])
+                    // Killing unshare kills its child, the namespace's init.
+                    .args(["--kill-child", "sleep", "3600"]);
+                unshare
+            })
+            .await,
+        );
+        results.push((tier.to_owned(), floor, namespaces, recover(tier, runs).await));
     }
 
     println!("cargo bench -p keel-cli --bench recovery   # BENCH_RUNS={runs}\n");
     println!("| case | runs | total ms | per run µs | vs the floor | daemon CPU per run µs |");
     println!("|---|---:|---:|---:|---:|---:|");
     let per_run = |d: Duration| d.as_secs_f64() * 1e6 / runs as f64;
-    for (tier, floor, recovered) in &results {
+    for (tier, floor, namespaces, recovered) in &results {
         println!(
             "| floor: fork+exec of {runs} `sleep` processes (before tier `{tier}`) | {runs} | {:.0} | {:.0} | 1.00x | - |",
             floor.as_secs_f64() * 1e3,
             per_run(*floor)
         );
+        if let Some(namespaces) = namespaces {
+            println!(
+                "| floor: the same in user, mount, pid, ipc, uts and net namespaces (`unshare(1)`) | {runs} | {:.0} | {:.0} | {:.2}x | - |",
+                namespaces.as_secs_f64() * 1e3,
+                per_run(*namespaces),
+                namespaces.as_secs_f64() / floor.as_secs_f64()
+            );
+        }
         println!(
             "| tier `{tier}`: daemon start to API answering | - | {:.0} | - | - | - |",
             recovered.api_up.as_secs_f64() * 1e3

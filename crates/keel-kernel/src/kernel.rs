@@ -37,7 +37,7 @@ use keel_protocol::api::{
     MemoryRecordView, RunView, ToolView,
 };
 use keel_protocol::rpc::HumanAskParams;
-use keel_sandbox::{Sandbox, tree};
+use keel_sandbox::Sandbox;
 use keel_store::{AuditFilter, RunFilter, RunRecord, Seq, Store};
 use keel_types::{RunId, RunState};
 use serde_json::Value;
@@ -303,7 +303,7 @@ impl Kernel {
         self.inner.shutting_down.store(true, Ordering::SeqCst);
         let live: Vec<Arc<LiveRun>> = lock(&self.inner.live).values().cloned().collect();
         for run in live {
-            tree::kill_tree(Some(run.pid), run.id.as_str());
+            run.kill_tree();
         }
         self.inner.sandbox.shutdown().await;
         self.inner.tools.close().await;

@@ -214,6 +214,14 @@ pub trait Sandbox: Send + Sync {
         false
     }
 
+    /// Whether every process an agent starts stays inside the sandbox and ends with its
+    /// top process ([`Launched::pid`], the init of a PID namespace): then SIGKILL to that
+    /// process group ends the whole run, and no search for stragglers is needed
+    /// ([`tree::kill_tree`] reads every process's environment).
+    fn contains_processes(&self) -> bool {
+        false
+    }
+
     /// Refuses a profile this tier cannot enforce here, with a message naming what is
     /// missing. The kernel calls it before it creates a run.
     fn check(&self, profile: &Profile) -> Result<()>;

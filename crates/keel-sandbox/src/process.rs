@@ -548,6 +548,10 @@ impl Sandbox for ProcessSandbox {
         "process"
     }
 
+    fn contains_processes(&self) -> bool {
+        true // A PID namespace: its init's death ends every process in it.
+    }
+
     fn pool_status(&self) -> crate::PoolStatus {
         self.shared.pool.status()
     }

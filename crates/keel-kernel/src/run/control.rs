@@ -136,7 +136,7 @@ impl Kernel {
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
             if kernel.live(&dying.id).is_some_and(|current| Arc::ptr_eq(&current, &dying)) {
-                tree::kill_tree(Some(dying.pid), dying.id.as_str());
+                dying.kill_tree();
             }
         });
         // The agent can see why it got SIGTERM and use its grace period to wrap up. Best

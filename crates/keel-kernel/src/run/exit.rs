@@ -29,7 +29,7 @@ impl Kernel {
             if kernel.lost(&live) {
                 tree::signal_group(live.pid, Signal::SIGKILL);
             } else {
-                tree::kill_tree(Some(live.pid), live.id.as_str());
+                live.kill_tree();
             }
             for pump in [stdout, stderr].into_iter().flatten() {
                 let _ = pump.await;

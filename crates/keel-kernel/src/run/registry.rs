@@ -89,6 +89,18 @@ pub(crate) struct LiveRun {
     pub(crate) _egress: Option<keel_sandbox::egress::EgressProxy>,
 }
 
+impl LiveRun {
+    /// SIGKILLs every process of the run: its process group, and, unless its sandbox
+    /// contains them all, every process carrying its marker (one that left the group).
+    pub(crate) fn kill_tree(&self) {
+        if self.sandbox.contains_processes() {
+            keel_sandbox::tree::signal_group(self.pid, nix::sys::signal::Signal::SIGKILL);
+        } else {
+            keel_sandbox::tree::kill_tree(Some(self.pid), self.id.as_str());
+        }
+    }
+}
+
 pub(crate) struct Replay {
     pub(crate) matcher: ReplayMatcher,
     /// The recorded entries the matcher may point at, by seq.

@@ -81,7 +81,7 @@ impl Kernel {
             EventKind::Swap,
             json!({ "out": true, "wait_reason": record.wait_reason.map(|r| r.as_str()) }),
         );
-        keel_sandbox::tree::kill_tree(Some(live.pid), live.id.as_str());
+        live.kill_tree();
         if record.wait_reason == Some(WaitReason::Timer) {
             self.wake_at_timer(&live.id).await;
         }
