@@ -122,6 +122,14 @@ impl Drop for Daemon {
     }
 }
 
+/// Runs `python3 ARGS` (a floor measured by one of the benchmarks' Python scripts) and
+/// returns the JSON it prints.
+pub fn python_json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new("python3").args(args).output().expect("run python3");
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("floor stats")
+}
+
 pub fn bench_dir() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/benches"))
 }

@@ -237,10 +237,7 @@ async fn main() {
     // data directory's file system.
     let script = common::bench_dir().join("bench_ipc.py").display().to_string();
     let floor_db = daemon.data.path().join("floor.db").display().to_string();
-    let out =
-        std::process::Command::new("python3").args([&script, "sqlite", &floor_db]).output().expect("python3");
-    assert!(out.status.success(), "commit floor: {}", String::from_utf8_lossy(&out.stderr));
-    let commits: Value = serde_json::from_slice(&out.stdout).expect("commit floor stats");
+    let commits = common::python_json(&[&script, "sqlite", &floor_db]);
     let commit_p50 = commits["commit"]["p50_us"].as_f64().unwrap_or_default();
     println!("cargo bench -p keel-cli --bench gateway\n");
     println!("| measure (µs) | direct p50 / p99 | through Keel p50 / p99 | added p50 / p99 |");

@@ -19,12 +19,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-fn python(args: &[&str]) -> Value {
-    let out = Command::new("python3").args(args).output().expect("run python3");
-    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("floor stats")
-}
-
 /// The floor: the same protocol over a raw Unix socket between two Python processes.
 fn echo_floor(script: &str, dir: &std::path::Path) -> Value {
     let path = dir.join("echo.sock").display().to_string();
@@ -35,7 +29,7 @@ fn echo_floor(script: &str, dir: &std::path::Path) -> Value {
         .expect("start the echo server");
     let mut ready = String::new();
     BufReader::new(server.stdout.take().expect("stdout")).read_line(&mut ready).expect("server ready");
-    let stats = python(&[script, "echo-client", &path]);
+    let stats = common::python_json(&[script, "echo-client", &path]);
     let _ = server.kill();
     let _ = server.wait();
     stats
@@ -91,7 +85,8 @@ fn main() {
     let script = common::bench_dir().join("bench_ipc.py").display().to_string();
     let scratch = tempfile::tempdir().expect("tempdir");
     let echo = echo_floor(&script, scratch.path());
-    let sqlite = python(&[&script, "sqlite", &scratch.path().join("floor.db").display().to_string()]);
+    let sqlite =
+        common::python_json(&[&script, "sqlite", &scratch.path().join("floor.db").display().to_string()]);
 
     let daemon = common::Daemon::start(tempfile::tempdir().expect("tempdir"));
     let api = api::Api::of(&daemon);

@@ -163,8 +163,7 @@ const SETTLE: Duration = Duration::from_secs(6);
 /// The floor: the same agent's interpreter started bare, `n` times on `clients` threads,
 /// each waited for: fork+exec of `python3` importing the SDK, which is all the agent does
 /// before its first call to the kernel, with the interpreter and environment a sandboxed
-/// agent gets.
-/// Returns the time for all `n`.
+/// agent gets. Returns the time for all `n`.
 fn bare_agents(n: usize, clients: usize, sdk: &std::path::Path) -> Duration {
     // The interpreter `python3` is (through a pyenv shim, say), as the sandbox runs it.
     let out = std::process::Command::new("python3")
@@ -210,8 +209,9 @@ fn main() {
     // readings are of what it holds, not of what a moment ago's work left in the allocator.
     std::thread::sleep(SETTLE);
     let (idle_kernel, idle_all, idle_procs) = tree_memory();
-    let floor = bare_agents(n.min(1000), clients, &daemon.data.path().join("sdk/python"));
-    let floor_rate = n.min(1000) as f64 / floor.as_secs_f64();
+    let floor_n = n.min(1000);
+    let floor = bare_agents(floor_n, clients, &daemon.data.path().join("sdk/python"));
+    let floor_rate = floor_n as f64 / floor.as_secs_f64();
     std::thread::sleep(Duration::from_secs(1));
 
     let ids: Vec<std::sync::Mutex<String>> = (0..n).map(|_| std::sync::Mutex::new(String::new())).collect();
@@ -279,7 +279,7 @@ fn main() {
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
     println!(
         "| floor: bare fork+exec of the agent's interpreter (`python3 -c 'import keel'`, {clients} clients) | {} | {:.1} | {floor_rate:.0} | 1.00x |",
-        n.min(1000),
+        floor_n,
         floor.as_secs_f64()
     );
     let row = |phase: String, d: Duration| {

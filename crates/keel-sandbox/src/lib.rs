@@ -214,12 +214,12 @@ pub trait Sandbox: Send + Sync {
         false
     }
 
-    /// Whether every process an agent starts stays inside the sandbox and ends with its
-    /// top process ([`Launched::pid`], the init of a PID namespace): then SIGKILL to that
-    /// process group ends the whole run, and no search for stragglers is needed
-    /// ([`tree::kill_tree`] reads every process's environment).
-    fn contains_processes(&self) -> bool {
-        false
+    /// SIGKILLs every process of an agent this sandbox launched: `pid` is its
+    /// [`Launched::pid`] (also its process group), `marker` its `run_marker`. Without a
+    /// sandbox that contains them, that is the group and every process carrying the
+    /// marker ([`tree::kill_tree`], which reads every process's environment).
+    fn kill_tree(&self, pid: u32, marker: &str) {
+        tree::kill_tree(Some(pid), marker);
     }
 
     /// Refuses a profile this tier cannot enforce here, with a message naming what is

@@ -5,7 +5,6 @@
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
@@ -15,6 +14,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 
+use crate::process::DEFAULT_PATH;
+use crate::resolve::is_executable;
 use crate::{Child, Error, LaunchSpec, Launched, Profile, Result, Sandbox, Waiter, sys};
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -46,7 +47,7 @@ impl Sandbox for NoSandbox {
             return Err(Error::BadWorkingDir(spec.cwd.clone()));
         }
         let spawn_error = |source: std::io::Error| Error::Spawn { program: program.clone(), source };
-        let path = resolve(program, &spec.env, &spec.cwd).map_err(spawn_error)?;
+        let path = find_program(program, &spec.env, &spec.cwd).map_err(spawn_error)?;
         let c_string = |s: &[u8]| {
             CString::new(s).map_err(|_| {
                 spawn_error(std::io::Error::new(
@@ -111,23 +112,17 @@ impl Sandbox for NoSandbox {
 }
 
 /// Where `program` is: a path as given (relative ones against `cwd`, where the child
-/// runs), or a bare name looked up in the `PATH` of the agent's environment (else
-/// `/usr/local/bin:/usr/bin:/bin`), as `execvp` would.
-fn resolve(program: &str, env: &[(String, String)], cwd: &Path) -> std::io::Result<PathBuf> {
+/// runs), or a bare name looked up in the `PATH` of the agent's environment, as `execvp`
+/// would (an empty or relative entry is against `cwd` too).
+fn find_program(program: &str, env: &[(String, String)], cwd: &Path) -> std::io::Result<PathBuf> {
     if program.contains('/') {
         return Ok(PathBuf::from(program));
     }
-    let path = env.iter().rev().find(|(k, _)| k == "PATH").map_or("/usr/local/bin:/usr/bin:/bin", |(_, v)| v);
-    for dir in path.split(':') {
-        let candidate = Path::new(if dir.is_empty() { "." } else { dir }).join(program);
-        let absolute = cwd.join(&candidate);
-        let executable =
-            std::fs::metadata(&absolute).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-        if executable {
-            return Ok(absolute);
-        }
-    }
-    Err(std::io::Error::from_raw_os_error(libc::ENOENT))
+    let path = env.iter().rev().find(|(k, _)| k == "PATH").map_or(DEFAULT_PATH, |(_, v)| v);
+    path.split(':')
+        .map(|dir| cwd.join(if dir.is_empty() { "." } else { dir }).join(program))
+        .find(|candidate| is_executable(candidate))
+        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENOENT))
 }
 
 /// Follows an agent started by [`sys::spawn_dying_with_parent`] to its end through its

@@ -190,7 +190,8 @@ fn home_secrets() -> Vec<PathBuf> {
     .collect()
 }
 
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// `PATH` for a program whose environment has none.
+pub(crate) const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 impl Shared {
     /// Decides everything about a sandbox for `spec` (pure apart from looking up the
@@ -548,8 +549,10 @@ impl Sandbox for ProcessSandbox {
         "process"
     }
 
-    fn contains_processes(&self) -> bool {
-        true // A PID namespace: its init's death ends every process in it.
+    /// The sandbox is a PID namespace whose init is `pid`: its death ends every process
+    /// in it, whatever they did (setsid, a cleared environment), so no search is needed.
+    fn kill_tree(&self, pid: u32, _marker: &str) {
+        crate::tree::signal_group(pid, nix::sys::signal::Signal::SIGKILL);
     }
 
     fn pool_status(&self) -> crate::PoolStatus {

@@ -104,7 +104,7 @@ fn program_name(path: &Path) -> &str {
     path.file_name().and_then(|n| n.to_str()).unwrap_or_default()
 }
 
-fn is_executable(path: &Path) -> bool {
+pub(crate) fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }

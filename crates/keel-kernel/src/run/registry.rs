@@ -90,14 +90,10 @@ pub(crate) struct LiveRun {
 }
 
 impl LiveRun {
-    /// SIGKILLs every process of the run: its process group, and, unless its sandbox
-    /// contains them all, every process carrying its marker (one that left the group).
+    /// SIGKILLs every process of the run, as its sandbox knows how
+    /// ([`Sandbox::kill_tree`]).
     pub(crate) fn kill_tree(&self) {
-        if self.sandbox.contains_processes() {
-            keel_sandbox::tree::signal_group(self.pid, nix::sys::signal::Signal::SIGKILL);
-        } else {
-            keel_sandbox::tree::kill_tree(Some(self.pid), self.id.as_str());
-        }
+        self.sandbox.kill_tree(self.pid, self.id.as_str());
     }
 }
 

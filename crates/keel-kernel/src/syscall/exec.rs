@@ -408,7 +408,7 @@ impl Kernel {
         let out = match tokio::time::timeout(limits.timeout, read).await {
             Ok(out) => out,
             Err(_) => {
-                keel_sandbox::tree::kill_tree(Some(pid), &marker_id);
+                live.sandbox.kill_tree(pid, &marker_id);
                 return Err(exec_error(
                     "timeout",
                     &format!("the program did not finish within {} ms", limits.timeout.as_millis()),
@@ -417,7 +417,7 @@ impl Kernel {
                 ));
             }
         };
-        keel_sandbox::tree::kill_tree(Some(pid), &marker_id);
+        live.sandbox.kill_tree(pid, &marker_id);
         let text = String::from_utf8_lossy(&out);
         let Some((printed, outcome)) = text.rsplit_once(marker.as_str()) else {
             let tail: String = text.chars().rev().take(2000).collect::<Vec<_>>().into_iter().rev().collect();
