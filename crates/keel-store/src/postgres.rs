@@ -19,12 +19,14 @@
 //!
 //! Modules: `schema` (migrations and the durability check), `writes` (the write half),
 //! `queries` (reads and row decoders), `audit`, `tenants`, `dump` (dump, restore,
-//! is_empty), `cluster` (`PgNode`: membership, leases, claims, the admission ledger),
+//! is_empty), `combine` (a run's concurrent journal writes in one transaction), `cluster`
+//! (`PgNode`: membership, leases, claims, the admission ledger),
 //! `fence` (the lease check every write for a run makes) and `listen` (wake-ups over
 //! `LISTEN/NOTIFY`).
 
 mod audit;
 mod cluster;
+mod combine;
 mod dump;
 mod fence;
 mod listen;
@@ -95,6 +97,8 @@ pub struct PgStore {
     fences: Arc<Fences>,
     /// Where the message chains this store wrote end (saves a lookup per append).
     chain_ends: Arc<ChainEnds>,
+    /// The journal writes waiting for each run's writer task (see `combine`).
+    run_queues: Arc<combine::RunQueues>,
     /// The URL with its password hidden, for errors.
     url: Arc<str>,
     /// How to connect, for the connection a cluster node listens for wake-ups on.
@@ -163,6 +167,7 @@ impl PgStore {
             pool,
             fences: Arc::default(),
             chain_ends: Arc::default(),
+            run_queues: Arc::default(),
             url: redacted,
             config: shared_config,
             semantic_index: BRUTE_FORCE,
@@ -383,16 +388,9 @@ impl Store for PgStore {
     }
 
     async fn append_entry(&self, run: &RunId, entry: NewEntry) -> Result<Seq> {
-        let entry = EncodedEntry::of(entry);
-        let mut client = self.client("appending a journal entry").await?;
-        // Outside the transaction: a node found stored stays stored.
-        let unstored = self.chain_ends.unstored(&client, &entry.params_chain).await?;
-        let transaction = begin(&mut client).await?;
-        self.fences.check(&transaction, run).await?;
-        let seq = writes::append_entry(&transaction, run, &entry, unstored).await?;
-        commit(transaction).await?;
-        self.chain_ends.committed(&entry.params_chain);
-        Ok(seq)
+        let op = combine::JournalOp::Append(EncodedEntry::of(entry));
+        let seqs = self.journal_write(run, op).await?;
+        seqs.first().copied().ok_or_else(|| Error::Corrupt("an append wrote no entry".to_owned()))
     }
 
     async fn complete_entry_with(
@@ -403,25 +401,8 @@ impl Store for PgStore {
         entries: Vec<NewEntry>,
     ) -> Result<Vec<Seq>> {
         let completion = EncodedCompletion::of(completion);
-        let entries: Vec<EncodedEntry> = entries.into_iter().map(EncodedEntry::of).collect();
-        let mut client = self.client("completing a journal entry").await?;
-        // Outside the transaction, as `append_entry` does: a node found stored stays stored.
-        let mut unstored = Vec::with_capacity(entries.len());
-        for entry in &entries {
-            unstored.push(self.chain_ends.unstored(&client, &entry.params_chain).await?);
-        }
-        let transaction = begin(&mut client).await?;
-        self.fences.check(&transaction, run).await?;
-        writes::complete_entry(&transaction, run, seq, &completion).await?;
-        let mut seqs = Vec::with_capacity(entries.len());
-        for (entry, unstored) in entries.iter().zip(unstored) {
-            seqs.push(writes::append_entry(&transaction, run, entry, unstored).await?);
-        }
-        commit(transaction).await?;
-        for entry in &entries {
-            self.chain_ends.committed(&entry.params_chain);
-        }
-        Ok(seqs)
+        let entries = entries.into_iter().map(EncodedEntry::of).collect();
+        self.journal_write(run, combine::JournalOp::Complete { seq, completion, entries }).await
     }
 
     async fn abandon_entries(&self, run: &RunId, seqs: &[Seq]) -> Result<()> {

@@ -116,6 +116,86 @@ async fn a_conversation_another_store_began_stores_only_its_new_messages() {
     assert_eq!(journal[1].params, json!({"messages": (0..11).map(message).collect::<Vec<_>>()}));
 }
 
+/// A run's journal writes that arrive while one is in flight share one transaction
+/// (rows written together share their `xmin`); when one of a batch is refused, the batch
+/// is rolled back and each write runs alone, so the refusal fails alone and the others
+/// still land, densely.
+#[tokio::test(flavor = "current_thread")]
+async fn a_runs_concurrent_journal_writes_share_a_transaction_and_fail_alone() {
+    let db = TestDatabase::create().await;
+    let store = Arc::new(connect(db.url()).await);
+    let run = store.create_run(new_run(1)).await.unwrap().id;
+    let entry = |i: u64| keel_store::NewEntry {
+        method: "tool.call".to_owned(),
+        params: json!({"i": i}),
+        params_hash: format!("h{i}"),
+        status: keel_types::EntryStatus::Pending,
+        result: None,
+        error: None,
+        attempt: 1,
+        started_at_ms: i,
+        finished_at_ms: None,
+        usage: keel_types::Usage::default(),
+    };
+    // On this one-threaded runtime every task below queues its write before the first
+    // batch is taken.
+    let appends = |range: std::ops::Range<u64>| -> Vec<tokio::task::JoinHandle<u64>> {
+        range
+            .map(|i| {
+                let (store, run) = (Arc::clone(&store), run.clone());
+                tokio::spawn(async move { store.append_entry(&run, entry(i)).await.unwrap() })
+            })
+            .collect()
+    };
+    let first = appends(0..40);
+    let refused = {
+        let (store, run) = (Arc::clone(&store), run.clone());
+        tokio::spawn(async move {
+            let completion = keel_store::Completion {
+                status: keel_types::EntryStatus::Ok,
+                result: Some(json!("late")),
+                error: None,
+                finished_at_ms: 2,
+                usage: keel_types::Usage { tool_calls: 1, ..keel_types::Usage::default() },
+                provider_served: false,
+            };
+            store.complete_entry(&run, 999, completion).await
+        })
+    };
+    let second = appends(40..80);
+    let mut seqs = Vec::new();
+    for task in first.into_iter().chain(second) {
+        seqs.push(task.await.unwrap());
+    }
+    assert!(matches!(refused.await.unwrap(), Err(Error::EntryNotFound { seq: 999, .. })));
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=80).collect::<Vec<_>>());
+    let raw = raw(&db).await;
+    let transactions = |from: i64| {
+        let (raw, run) = (&raw, run.as_str().to_owned());
+        async move {
+            let row = raw
+                .query_one(
+                    "SELECT count(DISTINCT xmin::text) FROM journal WHERE run_id = $1 AND seq >= $2",
+                    &[&run, &from],
+                )
+                .await
+                .unwrap();
+            row.get::<_, i64>(0)
+        }
+    };
+    assert_eq!(transactions(1).await, 80, "after the refusal, each write ran alone");
+
+    let together = appends(80..130);
+    for task in together {
+        task.await.unwrap();
+    }
+    assert_eq!(transactions(81).await, 1, "50 appends queued together commit together");
+    let journal = store.journal(&run, 0).await.unwrap();
+    assert_eq!(journal.iter().map(|e| e.seq).collect::<Vec<_>>(), (1..=130).collect::<Vec<_>>());
+    assert_eq!(store.get_run(&run).await.unwrap().unwrap().usage.tool_calls, 0, "the refusal added nothing");
+}
+
 /// Nodes starting at once on a new database migrate one at a time (the advisory lock):
 /// every one connects, and the schema is recorded once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,242 @@
+//! A run's journal writes, combined: concurrent appends and completions for one run share
+//! one transaction.
+//!
+//! Every journal write for a run updates the run's row (the next seq, the usage totals),
+//! so Postgres runs them one at a time, each holding that row locked until its commit is
+//! flushed. A run with many calls in flight (an agent fanning out 64 LLM calls) got about
+//! 1,200 journal writes per second on a server that flushes 5,000 commits a second. Here
+//! the writes for one run queue up behind the one in flight, and the next transaction
+//! takes all of them, their statements pipelined: the row is locked for one round trip
+//! and the WAL flushed once per batch, as the SQLite writer's group commit does for the
+//! whole store.
+//!
+//! A batch commits only if every write in it succeeded; if one fails (a refusal such as a
+//! completion of an entry that is not pending, or any database error), the transaction is
+//! rolled back and each write runs again in a transaction of its own, as it would have
+//! alone, so one write's failure never reaches another's answer. Each caller is answered
+//! after the commit that made its write durable. The batch is written by a task of its
+//! own, so a caller that stops waiting leaves the others' writes alone (its own may still
+//! commit, as with any write).
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::{Mutex, PoisonError};
+
+use keel_types::RunId;
+use tokio::sync::oneshot;
+
+use super::{PgStore, begin, commit, writes};
+use crate::chain::{ChainLink, EncodedCompletion, EncodedEntry};
+use crate::{Error, Result, Seq};
+
+/// A journal write for one run.
+pub(super) enum JournalOp {
+    Append(EncodedEntry),
+    /// `Store::complete_entry_with`: complete `seq`, then append `entries`.
+    Complete {
+        seq: Seq,
+        completion: EncodedCompletion,
+        entries: Vec<EncodedEntry>,
+    },
+}
+
+impl JournalOp {
+    fn entries(&self) -> &[EncodedEntry] {
+        match self {
+            JournalOp::Append(entry) => std::slice::from_ref(entry),
+            JournalOp::Complete { entries, .. } => entries,
+        }
+    }
+}
+
+/// What a `JournalOp` answered: the seq of each entry it appended.
+pub(super) type JournalDone = Vec<Seq>;
+
+struct Waiting {
+    op: JournalOp,
+    reply: oneshot::Sender<Result<JournalDone>>,
+}
+
+/// The journal writes waiting for each run whose writer task is busy. A run is a key here
+/// exactly while a task writes for it.
+#[derive(Default)]
+pub(super) struct RunQueues {
+    queues: Mutex<HashMap<RunId, Vec<Waiting>>>,
+}
+
+impl std::fmt::Debug for RunQueues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunQueues").finish_non_exhaustive()
+    }
+}
+
+impl RunQueues {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Vec<Waiting>>> {
+        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Ends a run's writer task: removes the run's queue if the task ends early (a panic, or
+/// the runtime shutting down), so its waiting callers get an error instead of waiting
+/// forever and the next write starts a new task.
+struct Writing<'a> {
+    queues: &'a RunQueues,
+    run: RunId,
+    done: bool,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.queues.lock().remove(&self.run);
+        }
+    }
+}
+
+impl PgStore {
+    /// Writes `op` for `run`, with whatever other journal writes for the run arrive
+    /// meanwhile, and answers once it is durable.
+    pub(super) async fn journal_write(&self, run: &RunId, op: JournalOp) -> Result<JournalDone> {
+        let (reply, answer) = oneshot::channel();
+        let start = match self.run_queues.lock().entry(run.clone()) {
+            Entry::Occupied(mut waiting) => {
+                waiting.get_mut().push(Waiting { op, reply });
+                false
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(vec![Waiting { op, reply }]);
+                true
+            }
+        };
+        if start {
+            let (store, run) = (self.clone(), run.clone());
+            tokio::spawn(async move { store.write_run_journal(run).await });
+        }
+        answer.await.map_err(|_| Error::Backend {
+            step: "writing a run's journal",
+            source: "the task writing the run's journal ended before answering".into(),
+        })?
+    }
+
+    /// The writer task of `run`: takes everything queued for it, writes it, and again,
+    /// until nothing is left.
+    async fn write_run_journal(&self, run: RunId) {
+        let mut writing = Writing { queues: &self.run_queues, run: run.clone(), done: false };
+        loop {
+            let batch = {
+                let mut queues = self.run_queues.lock();
+                match queues.get_mut(&run) {
+                    Some(waiting) if !waiting.is_empty() => std::mem::take(waiting),
+                    _ => {
+                        queues.remove(&run);
+                        writing.done = true;
+                        return;
+                    }
+                }
+            };
+            let (ops, replies): (Vec<JournalOp>, Vec<_>) =
+                batch.into_iter().map(|waiting| (waiting.op, waiting.reply)).unzip();
+            let together = match ops.len() {
+                1 => None,
+                _ => self.write_together(&run, &ops).await,
+            };
+            let answers = match together {
+                Some(answers) => answers,
+                None => {
+                    let mut answers = Vec::with_capacity(ops.len());
+                    for op in &ops {
+                        answers.push(self.write_alone(&run, op).await);
+                    }
+                    answers
+                }
+            };
+            for (reply, answer) in replies.into_iter().zip(answers) {
+                // A caller that stopped waiting has nobody to tell; the write stands.
+                let _ = reply.send(answer);
+            }
+        }
+    }
+
+    /// `op` in a transaction of its own.
+    async fn write_alone(&self, run: &RunId, op: &JournalOp) -> Result<JournalDone> {
+        let mut client = self.client("writing a run's journal").await?;
+        // Outside the transaction: a node found stored stays stored.
+        let mut unstored = Vec::new();
+        for entry in op.entries() {
+            unstored.push(self.chain_ends.unstored(&client, &entry.params_chain).await?);
+        }
+        let transaction = begin(&mut client).await?;
+        self.fences.check(&transaction, run).await?;
+        let seqs = write_op(&transaction, run, op, &unstored).await?;
+        commit(transaction).await?;
+        self.remember_chains(op);
+        Ok(seqs)
+    }
+
+    /// All of `ops` in one transaction, or `None` if it did not commit and nothing of it
+    /// was written (then each runs alone).
+    async fn write_together(&self, run: &RunId, ops: &[JournalOp]) -> Option<Vec<Result<JournalDone>>> {
+        let mut client = self.client("writing a run's journal").await.ok()?;
+        let mut unstored: Vec<Vec<&[ChainLink]>> = Vec::with_capacity(ops.len());
+        for op in ops {
+            let mut links = Vec::new();
+            for entry in op.entries() {
+                links.push(self.chain_ends.unstored(&client, &entry.params_chain).await.ok()?);
+            }
+            unstored.push(links);
+        }
+        let transaction = begin(&mut client).await.ok()?;
+        self.fences.check(&transaction, run).await.ok()?;
+        // Pipelined: each write sends its statements on its first poll, and the futures
+        // are first polled in order, so the server runs them in the order queued while
+        // the run's row is locked for one round trip, not one per write.
+        let written = futures_util::future::join_all(
+            ops.iter().zip(&unstored).map(|(op, unstored)| write_op(&transaction, run, op, unstored)),
+        )
+        .await;
+        // Any failure drops the transaction, which rolls it back.
+        let answers: Vec<Result<JournalDone>> =
+            written.into_iter().map(|written| written.ok().map(Ok)).collect::<Option<_>>()?;
+        match commit(transaction).await {
+            Ok(()) => {}
+            // It may have committed: nothing can be written again, and every caller is told.
+            Err(Error::OutcomeUnknown { step, source }) => {
+                let source = source.to_string();
+                return Some(
+                    ops.iter()
+                        .map(|_| Err(Error::OutcomeUnknown { step, source: source.clone().into() }))
+                        .collect(),
+                );
+            }
+            Err(_) => return None,
+        }
+        for op in ops {
+            self.remember_chains(op);
+        }
+        Some(answers)
+    }
+
+    fn remember_chains(&self, op: &JournalOp) {
+        for entry in op.entries() {
+            self.chain_ends.committed(&entry.params_chain);
+        }
+    }
+}
+
+/// The statements of `op`, in the caller's transaction; `unstored` is, per entry it
+/// appends, the chain links it still has to store.
+async fn write_op(
+    transaction: &deadpool_postgres::Transaction<'_>,
+    run: &RunId,
+    op: &JournalOp,
+    unstored: &[&[ChainLink]],
+) -> Result<JournalDone> {
+    if let JournalOp::Complete { seq, completion, .. } = op {
+        writes::complete_entry(transaction, run, *seq, completion).await?;
+    }
+    let mut seqs = Vec::with_capacity(unstored.len());
+    for (entry, links) in op.entries().iter().zip(unstored) {
+        seqs.push(writes::append_entry(transaction, run, entry, links).await?);
+    }
+    Ok(seqs)
+}
