@@ -54,52 +54,6 @@ fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// A database of its own on the benchmark's server, dropped at the end.
-struct Database {
-    admin: String,
-    name: String,
-    url: String,
-}
-
-impl Database {
-    fn create(admin: &str, label: &str) -> Database {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let name = format!("keel_test_bench_{}_{n}_{label}", std::process::id());
-        psql(admin, &format!("CREATE DATABASE {name}"));
-        let url = match admin.rsplit_once('/') {
-            Some((server, _)) => format!("{server}/{name}"),
-            None => panic!("the Postgres URL {admin:?} names no database; give one, e.g. .../postgres"),
-        };
-        Database { admin: admin.to_owned(), name, url }
-    }
-
-    /// The runs each node holds a lease on.
-    fn leases(&self) -> BTreeMap<String, Vec<String>> {
-        let mut by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for line in psql(&self.url, "SELECT node || ' ' || run_id FROM run_leases").lines() {
-            if let Some((node, run)) = line.split_once(' ') {
-                by_node.entry(node.to_owned()).or_default().push(run.to_owned());
-            }
-        }
-        by_node
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        let _ = Command::new("psql")
-            .args([&self.admin, "-qc", &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)])
-            .output();
-    }
-}
-
-fn psql(url: &str, sql: &str) -> String {
-    let out = Command::new("psql").args([url, "-qAtc", sql]).output().expect("psql runs");
-    assert!(out.status.success(), "psql {sql:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
 /// One `keel serve` process with its own data directory and arguments.
 struct Node {
     data: tempfile::TempDir,
@@ -297,7 +251,7 @@ struct Failover {
 /// 3 nodes, `runs` agents spread over them, node n2 SIGKILLed once every run journaled a
 /// few steps.
 fn failover(admin: &str, ttl: f64, runs: usize, clients: usize, pool: usize, script: &str) -> Failover {
-    let db = Database::create(admin, &format!("failover_{}", ttl as u64));
+    let db = common::Database::create(admin, &format!("failover_{}", ttl as u64));
     // Each node beats and claims every third of the TTL from its start: started together,
     // the survivors would claim just after the dead node's heartbeat lapses every time. A
     // random pause before each start puts them out of step, as independent nodes are.
@@ -333,7 +287,7 @@ fn failover(admin: &str, ttl: f64, runs: usize, clients: usize, pool: usize, scr
     nodes[1].kill();
     // What was left of its heartbeat's lifetime at the SIGKILL (the database's clock):
     // nobody may take its runs before that.
-    let left: f64 = psql(
+    let left: f64 = common::psql(
         &db.url,
         "SELECT extract(epoch FROM expires_at - clock_timestamp()) FROM keel_nodes WHERE id = 'n2'",
     )
@@ -480,9 +434,9 @@ fn cpu_ticks(nodes: &[u32]) -> Cpu {
 
 /// Journal rows in the node's store: the Postgres database, or the data directory's
 /// SQLite file.
-fn journal_rows(db: Option<&Database>, node: &Node) -> u64 {
+fn journal_rows(db: Option<&common::Database>, node: &Node) -> u64 {
     let out = match db {
-        Some(db) => psql(&db.url, "SELECT count(*) FROM journal"),
+        Some(db) => common::psql(&db.url, "SELECT count(*) FROM journal"),
         None => {
             let file = node.data.path().join("keel.db");
             let out = Command::new("sqlite3")
@@ -508,7 +462,7 @@ fn throughput(
     window: Duration,
     script: &str,
 ) -> Throughput {
-    let db = admin.map(|admin| Database::create(admin, &format!("steps_{nodes}")));
+    let db = admin.map(|admin| common::Database::create(admin, &format!("steps_{nodes}")));
     // The default TTL: the nodes are loaded, and a false takeover is not what this measures.
     let started: Vec<Node> = match &db {
         Some(db) => {
@@ -612,7 +566,7 @@ fn main() {
 
     let mut recoveries: Vec<Recovery> = Vec::new();
     if case("recovery") {
-        let db = Database::create(&admin, "recovery");
+        let db = common::Database::create(&admin, "recovery");
         let mut postgres_args = node_args(&db.url, "r1", recovery_ttl as f64, pool);
         postgres_args.extend(["--swap-after".to_owned(), "0".to_owned()]);
         let sqlite_args = ["--swap-after".to_owned(), "0".to_owned()];
@@ -649,7 +603,7 @@ fn main() {
     println!(
         "{} CPUs; Postgres {}; each node --store-pool {pool}\n",
         std::thread::available_parallelism().map_or(1, usize::from),
-        psql(&admin, "SHOW server_version")
+        common::psql(&admin, "SHOW server_version")
     );
     if !failovers.is_empty() {
         println!(

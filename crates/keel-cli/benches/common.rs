@@ -1,15 +1,53 @@
 //! Shared by the benchmarks: a daemon in a temporary data directory, driven through the
 //! real `keel` binary (the release build `cargo bench` makes).
+//!
+//! `BENCH_STORE=postgres` puts the daemon of every benchmark that starts one through
+//! `Daemon` on a Postgres database of its own (created on the server named by
+//! `KEEL_BENCH_POSTGRES_URL` or `KEEL_TEST_POSTGRES_URL`, dropped at the end) instead of
+//! the data directory's SQLite file; `store_label` says which, for the output.
 #![allow(dead_code, reason = "each benchmark uses a different part of this harness")]
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 pub struct Daemon {
     pub data: tempfile::TempDir,
     child: Option<Child>,
     env: Vec<(String, String)>,
+    /// The Postgres database the daemon keeps its state in (`BENCH_STORE=postgres`);
+    /// dropped after the daemon is killed (fields drop after `Drop::drop`).
+    pub database: Option<Database>,
+}
+
+/// The Postgres server the benchmarks may use: `KEEL_BENCH_POSTGRES_URL`, else
+/// `KEEL_TEST_POSTGRES_URL`.
+pub fn postgres_admin_url() -> Option<String> {
+    std::env::var("KEEL_BENCH_POSTGRES_URL").or_else(|_| std::env::var("KEEL_TEST_POSTGRES_URL")).ok()
+}
+
+/// Whether `BENCH_STORE` asks for Postgres; panics on a value it does not know, or on
+/// Postgres without a server to use.
+pub fn postgres_store() -> Option<String> {
+    match std::env::var("BENCH_STORE").as_deref() {
+        Err(_) | Ok("" | "sqlite") => None,
+        Ok("postgres") => Some(postgres_admin_url().expect(
+            "BENCH_STORE=postgres needs a server: set KEEL_BENCH_POSTGRES_URL (or KEEL_TEST_POSTGRES_URL), \
+             e.g. postgres://postgres@127.0.0.1:5432/test",
+        )),
+        Ok(other) => panic!("BENCH_STORE={other:?}: expected `sqlite` (the default) or `postgres`"),
+    }
+}
+
+/// The store the benchmark's daemon uses, for the output.
+pub fn store_label() -> String {
+    match postgres_store() {
+        None => "store: SQLite (the data directory's file, the default)".to_owned(),
+        Some(admin) => {
+            format!("store: Postgres {}, a database of its own", psql(&admin, "SHOW server_version"))
+        }
+    }
 }
 
 impl Daemon {
@@ -19,8 +57,12 @@ impl Daemon {
 
     /// Starts the daemon with extra environment (e.g. the provider keys the kernel holds).
     pub fn start_with_env(data: tempfile::TempDir, env: &[(&str, String)]) -> Daemon {
-        let mut daemon =
-            Daemon { data, child: None, env: env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect() };
+        let mut env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        let database = postgres_store().map(|admin| Database::create(&admin, "daemon"));
+        if let Some(database) = &database {
+            env.push(("KEEL_STORE_URL".to_owned(), database.url.clone()));
+        }
+        let mut daemon = Daemon { data, child: None, env, database };
         daemon.spawn();
         daemon
     }
@@ -30,6 +72,7 @@ impl Daemon {
         cmd.env("KEEL_DATA_DIR", self.data.path())
             .env_remove("KEEL_ADDR")
             .env_remove("KEEL_LLM_SCRIPT")
+            .env_remove("KEEL_STORE_URL")
             .stdin(Stdio::null());
         cmd
     }
@@ -132,4 +175,73 @@ pub fn python_json(args: &[&str]) -> serde_json::Value {
 
 pub fn bench_dir() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/benches"))
+}
+
+/// A database of its own on the benchmark's Postgres server, dropped at the end.
+pub struct Database {
+    admin: String,
+    pub name: String,
+    pub url: String,
+}
+
+impl Database {
+    pub fn create(admin: &str, label: &str) -> Database {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("keel_test_bench_{}_{n}_{label}", std::process::id());
+        psql(admin, &format!("CREATE DATABASE {name}"));
+        let url = match admin.rsplit_once('/') {
+            Some((server, _)) => format!("{server}/{name}"),
+            None => panic!("the Postgres URL {admin:?} names no database; give one, e.g. .../postgres"),
+        };
+        Database { admin: admin.to_owned(), name, url }
+    }
+
+    /// The runs each node holds a lease on.
+    pub fn leases(&self) -> std::collections::BTreeMap<String, Vec<String>> {
+        let mut by_node: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for line in psql(&self.url, "SELECT node || ' ' || run_id FROM run_leases").lines() {
+            if let Some((node, run)) = line.split_once(' ') {
+                by_node.entry(node.to_owned()).or_default().push(run.to_owned());
+            }
+        }
+        by_node
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let _ = Command::new("psql")
+            .args([&self.admin, "-qc", &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)])
+            .output();
+    }
+}
+
+/// Runs `sql` with `psql` and returns what it printed, unaligned and trimmed.
+pub fn psql(url: &str, sql: &str) -> String {
+    let out = Command::new("psql").args([url, "-qAtc", sql]).output().expect("psql runs");
+    assert!(out.status.success(), "psql {sql:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The floor for a Postgres commit on `url`'s server: the mean of `n` autocommitted
+/// single-row INSERTs (each a round trip and a flushed commit) sent by one `psql`, in µs.
+pub fn postgres_commit_floor(admin: &str, n: usize) -> f64 {
+    let db = Database::create(admin, "floor");
+    psql(&db.url, "CREATE TABLE m (id BIGSERIAL PRIMARY KEY, body TEXT NOT NULL)");
+    let script: String =
+        (0..n).map(|i| format!("INSERT INTO m (body) VALUES ('{{\"op\":\"req\",\"i\":{i}}}');\n")).collect();
+    let started = Instant::now();
+    let mut child = Command::new("psql")
+        .args([db.url.as_str(), "-qAt", "-v", "ON_ERROR_STOP=1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("psql runs");
+    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), script.as_bytes())
+        .expect("write the script");
+    assert!(child.wait().expect("psql ends").success(), "the Postgres commit floor failed");
+    let elapsed = started.elapsed();
+    assert_eq!(psql(&db.url, "SELECT count(*) FROM m"), n.to_string());
+    elapsed.as_secs_f64() * 1e6 / n as f64
 }

@@ -31,6 +31,7 @@ fn main() {
     let daemon = common::Daemon::start(tempfile::tempdir().expect("tempdir"));
     let (py_p50, py_p99) = python_startup(50);
     let latency = run_agent_mode(&daemon, "latency", None);
+    println!("cargo bench -p keel-cli --bench exec\n\n{}", common::store_label());
     println!("\n### code.exec of a program making 10 tool calls (µs)\n");
     println!("| path | n | agent p50 | agent p99 | in kernel p50 | in kernel p99 |");
     println!("|---|---|---|---|---|---|");

@@ -6,6 +6,9 @@
 //!
 //! cargo bench -p keel-cli --bench gateway
 //!
+//! BENCH_STORE=postgres puts the daemon on Postgres (see `common.rs`); the commit floor is
+//! then Postgres's.
+//!
 //! The benchmark binary re-executes itself as the agent (`--sandbox none`, so it can also
 //! reach the mock directly), which gives the load generator a real run token.
 
@@ -232,14 +235,22 @@ async fn main() {
     let result: Value =
         serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("agent result");
     let (direct, kernel) = (&result["direct"], &result["kernel"]);
-    // The least a journaled call can add: its intent and its result each fsync'd before
-    // going on. Measured here as raw SQLite commits (WAL, synchronous=FULL) in the same
-    // data directory's file system.
-    let script = common::bench_dir().join("bench_ipc.py").display().to_string();
-    let floor_db = daemon.data.path().join("floor.db").display().to_string();
-    let commits = common::python_json(&[&script, "sqlite", &floor_db]);
-    let commit_p50 = commits["commit"]["p50_us"].as_f64().unwrap_or_default();
-    println!("cargo bench -p keel-cli --bench gateway\n");
+    // The least a journaled call can add: its intent and its result each durable before
+    // going on. Measured here as raw commits of the daemon's store: SQLite (WAL,
+    // synchronous=FULL) in the same data directory's file system, or Postgres on the
+    // same server.
+    let (commit_label, commit_p50) = match common::postgres_store() {
+        None => {
+            let script = common::bench_dir().join("bench_ipc.py").display().to_string();
+            let floor_db = daemon.data.path().join("floor.db").display().to_string();
+            let commits = common::python_json(&[&script, "sqlite", &floor_db]);
+            ("a raw fsync'd SQLite commit, p50", commits["commit"]["p50_us"].as_f64().unwrap_or_default())
+        }
+        Some(admin) => {
+            ("a raw autocommitted Postgres INSERT, mean", common::postgres_commit_floor(&admin, 2000))
+        }
+    };
+    println!("cargo bench -p keel-cli --bench gateway\n\n{}\n", common::store_label());
     println!("| measure (µs) | direct p50 / p99 | through Keel p50 / p99 | added p50 / p99 |");
     println!("|---|---:|---:|---:|");
     for (api, through) in [
@@ -267,7 +278,7 @@ async fn main() {
     let added = kernel["latency"]["p50_us"].as_f64().unwrap_or_default()
         - direct["latency"]["p50_us"].as_f64().unwrap_or_default();
     println!(
-        "\nFloor: a raw fsync'd SQLite commit, p50 {commit_p50:.0} µs; two of them (intent and result) \
+        "\nFloor: {commit_label} {commit_p50:.0} µs; two of them (intent and result) \
          {:.0} µs. /v1/chat/completions adds {added:.0} µs p50: {:.0} µs beyond the two commits.",
         2.0 * commit_p50,
         added - 2.0 * commit_p50

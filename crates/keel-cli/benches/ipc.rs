@@ -6,7 +6,9 @@
 //! cargo bench -p keel-cli --bench ipc
 //!
 //! BENCH_N (round trips, default 2000), BENCH_ONEWAY (one-way messages, default 5000),
-//! BENCH_SENDERS (threads sending at once, default 16), BENCH_TIERS (default `none,process`).
+//! BENCH_SENDERS (threads sending at once, default 16), BENCH_TIERS (default `none,process`),
+//! BENCH_STORE (`sqlite`, the default, or `postgres`: see `common.rs`; the commit floor is
+//! then Postgres's).
 
 #[path = "api.rs"]
 mod api;
@@ -85,8 +87,23 @@ fn main() {
     let script = common::bench_dir().join("bench_ipc.py").display().to_string();
     let scratch = tempfile::tempdir().expect("tempdir");
     let echo = echo_floor(&script, scratch.path());
-    let sqlite =
-        common::python_json(&[&script, "sqlite", &scratch.path().join("floor.db").display().to_string()]);
+    // The commit floor of the store the kernel uses: one INSERT and one flushed commit.
+    let (commit_label, commit) = match common::postgres_store() {
+        None => (
+            "floor: raw SQLite INSERT + fsync'd commit (one, not a round trip)",
+            common::python_json(&[&script, "sqlite", &scratch.path().join("floor.db").display().to_string()])
+                ["commit"]
+                .clone(),
+        ),
+        Some(admin) => {
+            let n = 2000;
+            let mean = (common::postgres_commit_floor(&admin, n) * 10.0).round() / 10.0;
+            let stats = json!({
+                "n": n, "mean_us": mean, "p50_us": mean, "p99_us": "-", "per_s": (1e6 / mean).round(),
+            });
+            ("floor: raw Postgres INSERT, autocommitted (one, not a round trip; its mean)", stats)
+        }
+    };
 
     let daemon = common::Daemon::start(tempfile::tempdir().expect("tempdir"));
     let api = api::Api::of(&daemon);
@@ -95,7 +112,7 @@ fn main() {
         tiers.split(',').map(|tier| (tier.to_owned(), kernel(&api, &script, tier))).collect();
 
     let floor = echo["round_trip"]["p50_us"].as_f64().unwrap_or(1.0);
-    println!("cargo bench -p keel-cli --bench ipc\n");
+    println!("cargo bench -p keel-cli --bench ipc\n\n{}\n", common::store_label());
     println!(
         "| request/reply round trip | n | mean µs | p50 µs | p99 µs | round trips/s | p50 vs echo floor |"
     );
@@ -104,14 +121,7 @@ fn main() {
         "{}",
         round_trip_row("floor: raw Unix-socket echo, two Python processes", &echo["round_trip"], floor)
     );
-    println!(
-        "{}",
-        round_trip_row(
-            "floor: raw SQLite INSERT + fsync'd commit (one, not a round trip)",
-            &sqlite["commit"],
-            floor
-        )
-    );
+    println!("{}", round_trip_row(commit_label, &commit, floor));
     for (tier, result) in &results {
         println!(
             "{}",

@@ -273,7 +273,10 @@ fn main() {
     }
 
     let per_run = |now: u64, idle: u64| (now.saturating_sub(idle)) as f64 / n as f64;
-    println!("cargo bench -p keel-cli --bench parked   # BENCH_RUNS={n} BENCH_TIER={tier}\n");
+    println!(
+        "cargo bench -p keel-cli --bench parked   # BENCH_RUNS={n} BENCH_TIER={tier}\n\n{}\n",
+        common::store_label()
+    );
     println!("| phase | runs | total s | runs/s | vs the floor's rate |");
     println!("|---|---:|---:|---:|---:|");
     let rate = |d: Duration| n as f64 / d.as_secs_f64();

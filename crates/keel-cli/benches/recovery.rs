@@ -148,7 +148,7 @@ async fn main() {
         results.push((tier.to_owned(), floor, namespaces, recover(tier, runs).await));
     }
 
-    println!("cargo bench -p keel-cli --bench recovery   # BENCH_RUNS={runs}\n");
+    println!("cargo bench -p keel-cli --bench recovery   # BENCH_RUNS={runs}\n\n{}\n", common::store_label());
     println!("| case | runs | total ms | per run µs | vs the floor | daemon CPU per run µs |");
     println!("|---|---:|---:|---:|---:|---:|");
     let per_run = |d: Duration| d.as_secs_f64() * 1e6 / runs as f64;
