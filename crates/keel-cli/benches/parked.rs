@@ -240,6 +240,14 @@ fn main() {
         .filter(|m| m.is_file())
         .map(|m| m.len())
         .sum();
+    // On Postgres the state is the database, not the data directory.
+    let (disk, where_kept) = match &daemon.database {
+        None => (disk, "Data directory on disk"),
+        Some(db) => (
+            common::psql(&db.url, "SELECT pg_database_size(current_database())").parse().unwrap_or(0),
+            "Postgres database size (pg_database_size, with the empty schema's own pages)",
+        ),
+    };
 
     if let Some(hold) = std::env::var("BENCH_HOLD_SECS").ok().and_then(|s| s.parse().ok()) {
         eprintln!("holding {hold} s with every run swapped out; daemon pid {daemon_pid}");
@@ -331,7 +339,7 @@ fn main() {
         top.iter().take(5).map(|(name, kb)| format!("{name} {kb}")).collect::<Vec<_>>().join(", ")
     );
     println!(
-        "Data directory on disk: {} KiB ({:.1} KiB per run); failed runs: {failed}",
+        "{where_kept}: {} KiB ({:.1} KiB per run); failed runs: {failed}",
         disk / 1024,
         disk as f64 / 1024.0 / n as f64
     );
