@@ -574,8 +574,11 @@ impl Store for PgStore {
                 let text = message.message.to_string();
                 // Both run rows, in id order: two runs sending to each other at once then
                 // wait for one another instead of deadlocking.
-                writes::lock_runs(&transaction, &[run, &to]).await?;
-                MailboxDone::Sent(writes::mailbox_send(&transaction, &to, &message, &text).await?)
+                let tenants = writes::lock_runs(&transaction, &[run, &to]).await?;
+                let owner = tenants.get(to.as_str()).map(String::as_str);
+                MailboxDone::Sent(
+                    writes::mailbox_send_locked(&transaction, &to, owner, &message, &text).await?,
+                )
             }
             MailboxOp::Receive => match writes::mailbox_receive(&transaction, run, None).await? {
                 Some(message) => MailboxDone::Received(message),

@@ -9,7 +9,7 @@
 //! rows (in id order when there are several); a transaction that locks a run row first
 //! (append, events, mailbox) takes no existing journal row after it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, PoisonError};
 
 use deadpool_postgres::{GenericClient, Transaction};
@@ -501,14 +501,21 @@ async fn lock_run(transaction: &Transaction<'_>, run: &RunId) -> Result<String> 
 }
 
 /// Locks the rows of `runs` (missing ones are skipped) in id order, the order every
-/// transaction locking more than one run takes them in.
-pub(super) async fn lock_runs(transaction: &Transaction<'_>, runs: &[&RunId]) -> Result<()> {
+/// transaction locking more than one run takes them in; returns each locked run's tenant.
+pub(super) async fn lock_runs(
+    transaction: &Transaction<'_>,
+    runs: &[&RunId],
+) -> Result<HashMap<String, String>> {
     let ids: Vec<&str> = runs.iter().map(|run| run.as_str()).collect();
-    transaction
-        .query("SELECT id FROM runs WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE", &[&ids])
+    let rows = transaction
+        .query("SELECT id, tenant FROM runs WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE", &[&ids])
         .await
         .map_err(pg_error("locking runs"))?;
-    Ok(())
+    rows.iter()
+        .map(|row| {
+            Ok((queries::column(row, "id", "a locked run")?, queries::column(row, "tenant", "a locked run")?))
+        })
+        .collect()
 }
 
 /// Sends under the target run's row lock, so the capacity check, the seq and the insert
@@ -523,7 +530,19 @@ pub(super) async fn mailbox_send(
         Error::RunNotFound(_) => Ok(None),
         other => Err(other),
     })?;
-    mailbox::check_owner(to, owner.as_deref(), &message.tenant)?;
+    mailbox_send_locked(transaction, to, owner.as_deref(), message, text).await
+}
+
+/// `mailbox_send` to a run whose row the transaction has locked already (`owner`: its
+/// tenant, `None` if it does not exist).
+pub(super) async fn mailbox_send_locked(
+    transaction: &Transaction<'_>,
+    to: &RunId,
+    owner: Option<&str>,
+    message: &NewMessage,
+    text: &str,
+) -> Result<Seq> {
+    mailbox::check_owner(to, owner, &message.tenant)?;
     deliver(transaction, to, message, text).await
 }
 
@@ -543,27 +562,21 @@ async fn deliver(transaction: &Transaction<'_>, to: &RunId, message: &NewMessage
             return count(&row, "seq", &place);
         }
     }
+    // One statement: the room check and the next seq read two indexes (the undelivered
+    // rows' partial index, the mailbox's last entry), not every message the run ever
+    // received, and no row comes back when the mailbox is full. The run's row lock orders
+    // it with every other send and receive of this mailbox.
     let row = query_opt(
-        transaction,
-        "reading the state of a mailbox",
-        // Two index reads (the undelivered rows' partial index, the key's last entry), not
-        // one pass over every message the run ever received.
-        "SELECT (SELECT COUNT(*) FROM mailbox WHERE run_id = $1 AND receive_key IS NULL) AS undelivered, \
-         (SELECT COALESCE(MAX(seq), 0) FROM mailbox WHERE run_id = $1) AS last",
-        &[&to.as_str()],
-    )
-    .await?
-    .ok_or_else(|| Error::Corrupt(format!("{place}: an aggregate returned no row")))?;
-    mailbox::check_room(to, count(&row, "undelivered", &place)?, message.capacity)?;
-    let next = count(&row, "last", &place)? + 1;
-    execute(
         transaction,
         "putting a message in a mailbox",
         "INSERT INTO mailbox (run_id, seq, from_run, message, correlation_id, topic, send_key, sent_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+         SELECT $1, state.last + 1, $3, $4, $5, $6, $7, $8 FROM ( \
+             SELECT (SELECT COUNT(*) FROM mailbox WHERE run_id = $1 AND receive_key IS NULL) AS undelivered, \
+             (SELECT COALESCE(MAX(seq), 0) FROM mailbox WHERE run_id = $1) AS last) AS state \
+         WHERE state.undelivered < $2 RETURNING seq",
         &[
             &to.as_str(),
-            &int(next),
+            &int(message.capacity),
             &message.from.as_ref().map(RunId::as_str),
             &text,
             &message.correlation_id,
@@ -573,7 +586,10 @@ async fn deliver(transaction: &Transaction<'_>, to: &RunId, message: &NewMessage
         ],
     )
     .await?;
-    Ok(next)
+    match row {
+        Some(row) => count(&row, "seq", &place),
+        None => Err(Error::MailboxFull { run: to.clone(), capacity: message.capacity }),
+    }
 }
 
 pub(super) async fn topic_subscribe(
