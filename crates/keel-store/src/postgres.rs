@@ -433,8 +433,14 @@ impl Store for PgStore {
             .batch_execute("SET LOCAL synchronous_commit = off")
             .await
             .map_err(pg_error("committing events without waiting for the flush"))?;
-        self.fences.check(&transaction, run).await?;
-        let last = writes::append_events(&transaction, run, events).await?;
+        // The lease check pipelined with the append, as `journal_mailbox` does.
+        self.fences.prepare_check(&transaction).await?;
+        let (fenced, appended) = tokio::join!(
+            self.fences.check(&transaction, run),
+            writes::append_events(&transaction, run, events)
+        );
+        fenced?;
+        let last = appended?;
         commit(transaction).await?;
         Ok(last)
     }
@@ -566,28 +572,35 @@ impl Store for PgStore {
     ) -> Result<Option<(Seq, MailboxDone)>> {
         let mut entry = EncodedEntry::of(NewEntry { result: None, ..entry });
         let mut client = self.client("journaling a mailbox write").await?;
-        let unstored = self.chain_ends.unstored(&client, &entry.params_chain).await?;
+        let unstored = self.chain_ends.unstored(&client, &entry.params_chain).await?.to_vec();
         let transaction = begin(&mut client).await?;
-        self.fences.check(&transaction, run).await?;
-        let done = match op {
-            MailboxOp::Send { to, message } => {
-                let text = message.message.to_string();
-                // Both run rows, in id order: two runs sending to each other at once then
-                // wait for one another instead of deadlocking.
-                let tenants = writes::lock_runs(&transaction, &[run, &to]).await?;
-                let owner = tenants.get(to.as_str()).map(String::as_str);
-                MailboxDone::Sent(
-                    writes::mailbox_send_locked(&transaction, &to, owner, &message, &text).await?,
-                )
-            }
-            MailboxOp::Receive => match writes::mailbox_receive(&transaction, run, None).await? {
-                Some(message) => MailboxDone::Received(message),
-                // Nothing taken, nothing written: the transaction rolls back on drop.
-                None => return Ok(None),
-            },
+        let tx = &transaction;
+        let write = async move {
+            let done = match op {
+                MailboxOp::Send { to, message } => {
+                    let text = message.message.to_string();
+                    // Both run rows, in id order: two runs sending to each other at once then
+                    // wait for one another instead of deadlocking.
+                    let tenants = writes::lock_runs(tx, &[run, &to]).await?;
+                    let owner = tenants.get(to.as_str()).map(String::as_str);
+                    MailboxDone::Sent(writes::mailbox_send_locked(tx, &to, owner, &message, &text).await?)
+                }
+                MailboxOp::Receive => match writes::mailbox_receive(tx, run, None).await? {
+                    Some(message) => MailboxDone::Received(message),
+                    None => return Ok(None),
+                },
+            };
+            entry.result = Some(Blob::of(&result_of(&done)));
+            let seq = writes::append_entry(tx, run, &entry, &unstored).await?;
+            Ok(Some((seq, done, entry)))
         };
-        entry.result = Some(Blob::of(&result_of(&done)));
-        let seq = writes::append_entry(&transaction, run, &entry, unstored).await?;
+        // The lease check is pipelined with the writes (nothing commits before it passed),
+        // its query sent first (see `Fences::prepare_check`).
+        self.fences.prepare_check(tx).await?;
+        let (fenced, written) = tokio::join!(self.fences.check(tx, run), write);
+        fenced?;
+        // Nothing taken, nothing written: the transaction rolls back on drop.
+        let Some((seq, done, entry)) = written? else { return Ok(None) };
         commit(transaction).await?;
         self.chain_ends.committed(&entry.params_chain);
         Ok(Some((seq, done)))

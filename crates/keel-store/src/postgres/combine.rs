@@ -166,8 +166,13 @@ impl PgStore {
             unstored.push(self.chain_ends.unstored(&client, &entry.params_chain).await?);
         }
         let transaction = begin(&mut client).await?;
-        self.fences.check(&transaction, run).await?;
-        let seqs = write_op(&transaction, run, op, &unstored).await?;
+        // The lease check is pipelined with the writes (nothing commits before it passed),
+        // its query sent first.
+        self.fences.prepare_check(&transaction).await?;
+        let (fenced, written) =
+            tokio::join!(self.fences.check(&transaction, run), write_op(&transaction, run, op, &unstored));
+        fenced?;
+        let seqs = written?;
         commit(transaction).await?;
         self.remember_chains(op);
         Ok(seqs)
@@ -186,14 +191,21 @@ impl PgStore {
             unstored.push(links);
         }
         let transaction = begin(&mut client).await.ok()?;
-        self.fences.check(&transaction, run).await.ok()?;
-        // Pipelined: each write sends its statements on its first poll, and the futures
-        // are first polled in order, so the server runs them in the order queued while
-        // the run's row is locked for one round trip, not one per write.
-        let written = futures_util::future::join_all(
-            ops.iter().zip(&unstored).map(|(op, unstored)| write_op(&transaction, run, op, unstored)),
-        )
-        .await;
+        self.fences.prepare_check(&transaction).await.ok()?;
+        // Pipelined: the lease check, then each write, sending its statements on its first
+        // poll; the futures are first polled in order, so the server runs them in the order
+        // queued while the run's row is locked for one round trip, not one per write.
+        // Nothing commits before the lease check passed.
+        let (fenced, written) = tokio::join!(
+            self.fences.check(&transaction, run),
+            futures_util::future::join_all(ops.iter().zip(&unstored).map(|(op, unstored)| write_op(
+                &transaction,
+                run,
+                op,
+                unstored
+            )),)
+        );
+        fenced.ok()?;
         // Any failure drops the transaction, which rolls it back.
         let answers: Vec<Result<JournalDone>> =
             written.into_iter().map(|written| written.ok().map(Ok)).collect::<Option<_>>()?;

@@ -14,7 +14,7 @@ use tokio::sync::broadcast;
 use deadpool_postgres::Transaction;
 
 use super::pg_error;
-use super::queries::query_opt;
+use super::queries::{prepare, query_opt};
 use crate::{Error, Result};
 
 /// How many lost-run notices wait for the kernel before the oldest are dropped (it then
@@ -44,6 +44,17 @@ impl Fences {
     /// `FOR UPDATE SKIP LOCKED`) cannot overtake the write.
     pub(crate) async fn check(&self, tx: &Transaction<'_>, run: &RunId) -> Result<()> {
         self.check_locking(tx, run, LeaseLock::Share).await
+    }
+
+    /// Prepares `check`'s statement on the transaction's connection (a round trip the
+    /// first time only), so that a `check` pipelined with the write's own statements
+    /// (`tokio::join!`, the check first) sends its query first: the lease row is then
+    /// locked before the run's row, the order every write for a run takes them in.
+    pub(crate) async fn prepare_check(&self, tx: &Transaction<'_>) -> Result<()> {
+        if self.node.get().is_some() {
+            prepare(tx, "reading the run's lease", lease_sql(LeaseLock::Share)).await?;
+        }
+        Ok(())
     }
 
     /// `check` for a write that may end the run, and so delete the lease row (`end`):
@@ -148,6 +159,12 @@ pub(crate) async fn lease_row(
     run: &RunId,
     lock: LeaseLock,
 ) -> Result<Option<LeaseRow>> {
+    let row = query_opt(tx, "reading the run's lease", lease_sql(lock), &[&run.as_str()]).await?;
+    Ok(row.map(|row| LeaseRow { node: row.get(0), epoch: row.get::<_, i64>(1) as u64, live: row.get(2) }))
+}
+
+/// The statement reading a run's lease row with `lock`.
+fn lease_sql(lock: LeaseLock) -> &'static str {
     macro_rules! select {
         ($lock:literal) => {
             concat!(
@@ -157,11 +174,9 @@ pub(crate) async fn lease_row(
             )
         };
     }
-    let sql = match lock {
+    match lock {
         LeaseLock::Share => select!("FOR SHARE OF l"),
         LeaseLock::Update => select!("FOR UPDATE OF l"),
         LeaseLock::UpdateSkipLocked => select!("FOR UPDATE OF l SKIP LOCKED"),
-    };
-    let row = query_opt(tx, "reading the run's lease", sql, &[&run.as_str()]).await?;
-    Ok(row.map(|row| LeaseRow { node: row.get(0), epoch: row.get::<_, i64>(1) as u64, live: row.get(2) }))
+    }
 }

@@ -35,6 +35,21 @@ fn event(kind: &str) -> NewEvent {
     NewEvent { ts_ms: now_ms(), kind: kind.to_owned(), data: json!({}) }
 }
 
+fn entry(method: &str) -> keel_store::NewEntry {
+    keel_store::NewEntry {
+        method: method.to_owned(),
+        params: json!({}),
+        params_hash: method.to_owned(),
+        status: keel_types::EntryStatus::Pending,
+        result: None,
+        error: None,
+        attempt: 1,
+        started_at_ms: 1,
+        finished_at_ms: None,
+        usage: keel_types::Usage::default(),
+    }
+}
+
 async fn events(store: &PgStore, run: &RunId) -> Vec<EventRecord> {
     store.events(run, 0, 100).await.unwrap()
 }
@@ -77,7 +92,10 @@ async fn a_lease_moves_only_after_its_heartbeat_lapses_and_the_old_owner_is_fenc
     assert!(b.claim_orphans(10).await.unwrap().is_empty());
     let refused = b_store.append_events(&run, &[event("from b")]).await;
     assert!(matches!(&refused, Err(Error::Refused(why)) if why.contains("node a")), "{refused:?}");
+    let refused = b_store.append_entry(&run, entry("from.b")).await;
+    assert!(matches!(&refused, Err(Error::Refused(why)) if why.contains("node a")), "{refused:?}");
     a_store.append_events(&run, &[event("from a")]).await.expect("the owner writes");
+    assert_eq!(a_store.append_entry(&run, entry("from.a")).await.unwrap(), 1);
     // a keeps its lease alive past several ttls by its heartbeat alone...
     for _ in 0..3 {
         tokio::time::sleep(TTL / 4).await;
@@ -100,6 +118,14 @@ async fn a_lease_moves_only_after_its_heartbeat_lapses_and_the_old_owner_is_fenc
         .await;
     assert!(matches!(patched, Err(Error::Fenced { .. }) | Err(Error::Refused(_))), "{patched:?}");
     assert_eq!(events(&a_store, &run).await.len(), before);
+    let late = a_store.append_entry(&run, entry("late")).await;
+    assert!(matches!(late, Err(Error::Fenced { .. }) | Err(Error::Refused(_))), "{late:?}");
+    let journal = a_store.journal(&run, 0).await.unwrap();
+    assert_eq!(
+        journal.iter().map(|e| e.method.as_str()).collect::<Vec<_>>(),
+        ["from.a"],
+        "refused writes wrote nothing"
+    );
     assert_eq!(a_lost.recv().await.unwrap(), run);
     assert!(!a.holds(&run));
     b_store.append_events(&run, &[event("from b")]).await.expect("the new owner writes");
