@@ -49,3 +49,19 @@ fn new_run(created_at_ms: u64) -> NewRun {
         created_at_ms,
     }
 }
+
+/// A pending journal entry of `method` with `params`, started at `started_at_ms`.
+fn pending_entry(method: &str, params: serde_json::Value, started_at_ms: u64) -> keel_store::NewEntry {
+    keel_store::NewEntry {
+        method: method.to_owned(),
+        params_hash: format!("{method}:{started_at_ms}"),
+        params,
+        status: keel_types::EntryStatus::Pending,
+        result: None,
+        error: None,
+        attempt: 1,
+        started_at_ms,
+        finished_at_ms: None,
+        usage: keel_types::Usage::default(),
+    }
+}

@@ -36,18 +36,7 @@ fn event(kind: &str) -> NewEvent {
 }
 
 fn entry(method: &str) -> keel_store::NewEntry {
-    keel_store::NewEntry {
-        method: method.to_owned(),
-        params: json!({}),
-        params_hash: method.to_owned(),
-        status: keel_types::EntryStatus::Pending,
-        result: None,
-        error: None,
-        attempt: 1,
-        started_at_ms: 1,
-        finished_at_ms: None,
-        usage: keel_types::Usage::default(),
-    }
+    crate::pending_entry(method, json!({}), 1)
 }
 
 async fn events(store: &PgStore, run: &RunId) -> Vec<EventRecord> {

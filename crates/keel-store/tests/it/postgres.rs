@@ -94,18 +94,8 @@ async fn a_conversation_another_store_began_stores_only_its_new_messages() {
     let run = first.create_run(new_run(1)).await.unwrap().id;
     let message =
         |i: usize| json!({"role": "user", "content": format!("message {i}: {}", "x".repeat(1_000))});
-    let entry = |messages: Vec<serde_json::Value>| keel_store::NewEntry {
-        method: "llm.chat".to_owned(),
-        params: json!({"messages": messages}),
-        params_hash: "h".to_owned(),
-        status: keel_types::EntryStatus::Pending,
-        result: None,
-        error: None,
-        attempt: 1,
-        started_at_ms: 1,
-        finished_at_ms: None,
-        usage: keel_types::Usage::default(),
-    };
+    let entry =
+        |messages: Vec<serde_json::Value>| crate::pending_entry("llm.chat", json!({"messages": messages}), 1);
     first.append_entry(&run, entry((0..10).map(message).collect())).await.unwrap();
     let before = second.stats().await.unwrap();
     second.append_entry(&run, entry((0..11).map(message).collect())).await.unwrap();
@@ -125,18 +115,7 @@ async fn a_runs_concurrent_journal_writes_share_a_transaction_and_fail_alone() {
     let db = TestDatabase::create().await;
     let store = Arc::new(connect(db.url()).await);
     let run = store.create_run(new_run(1)).await.unwrap().id;
-    let entry = |i: u64| keel_store::NewEntry {
-        method: "tool.call".to_owned(),
-        params: json!({"i": i}),
-        params_hash: format!("h{i}"),
-        status: keel_types::EntryStatus::Pending,
-        result: None,
-        error: None,
-        attempt: 1,
-        started_at_ms: i,
-        finished_at_ms: None,
-        usage: keel_types::Usage::default(),
-    };
+    let entry = |i: u64| crate::pending_entry("tool.call", json!({"i": i}), i);
     // On this one-threaded runtime every task below queues its write before the first
     // batch is taken.
     let appends = |range: std::ops::Range<u64>| -> Vec<tokio::task::JoinHandle<u64>> {
