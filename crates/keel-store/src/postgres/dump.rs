@@ -474,9 +474,18 @@ pub(super) async fn restore(transaction: &Transaction<'_>, items: Vec<DumpItem>)
             transaction,
             "setting restored runs' seq counters",
             "UPDATE runs SET \
-             journal_last = (SELECT COALESCE(MAX(seq), 0) FROM journal WHERE run_id = runs.id), \
-             events_last = (SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = runs.id) \
+             journal_last = (SELECT COALESCE(MAX(seq), 0) FROM journal WHERE run_id = runs.id) \
              WHERE id = ANY($1)",
+            &[&runs],
+        )
+        .await?;
+        execute(
+            transaction,
+            "setting restored runs' event counters",
+            "INSERT INTO event_heads (run_id, events_last) \
+             SELECT id, (SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = runs.id) FROM runs \
+             WHERE id = ANY($1) \
+             ON CONFLICT (run_id) DO UPDATE SET events_last = excluded.events_last",
             &[&runs],
         )
         .await?;

@@ -9,10 +9,11 @@
 //!   - Every text that is a key or is ordered by is `COLLATE "C"`: byte order, as SQLite
 //!     compares, whatever the database's default collation; so listings, ties by key and
 //!     dump order match SQLite's exactly, and B-tree comparisons stay cheap.
-//!   - `runs.journal_last` and `runs.events_last` hold the last seq of the run's journal
-//!     and event log. An append bumps them with an `UPDATE` of the run's row, which both
-//!     takes the row lock that orders concurrent appends to one run and hands out the
-//!     seq, in the same statement as the insert: seqs are dense without a writer thread.
+//!   - `runs.journal_last` and (since version 7) `event_heads.events_last` hold the last
+//!     seq of the run's journal and event log. An append bumps one with an `UPDATE` of its
+//!     row, which both takes the row lock that orders concurrent appends to one run and
+//!     hands out the seq, in the same statement as the insert: seqs are dense without a
+//!     writer thread.
 //!     A mailbox's seq is `MAX(seq) + 1` read while holding the run's row lock
 //!     (`SELECT ... FOR NO KEY UPDATE`), since the same lock guards its capacity check.
 //!   - Memory text is indexed by a generated `tsvector` column (text search config
@@ -44,6 +45,9 @@
 //! - **5**: triggers and their fires, as SQLite's 8 (`crate::triggers`).
 //! - **6**: `runs_by_end`, ended runs by (tenant, end time, id), as SQLite's 9
 //!   (`runs_ended_after`).
+//! - **7**: `event_heads`, each run's last event seq, out of the run's row (where version
+//!   1 kept it as `events_last`): an event append locks this row, not the run's, which a
+//!   journal write holds until its commit is flushed.
 //!
 //! Where the tables live: the first schema of the connection's `search_path` (`public`
 //! unless the URL says otherwise, e.g. `?options=-csearch_path%3Dkeel`), so several
@@ -56,7 +60,7 @@ use crate::{Error, Result};
 
 /// Migration `i` brings a database from version `i` to version `i + 1`. Append only:
 /// a released migration never changes.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
 
 /// The schema this build writes and reads.
 pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
@@ -65,6 +69,18 @@ pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
 /// starting at once migrate one after the other (the second finds nothing left to do).
 /// Any fixed number works; this one is "keel" in ASCII.
 const MIGRATION_LOCK: i64 = 0x6b65_656c;
+
+/// Version 7: a run's event counter moves from its row to `event_heads`, so appending
+/// events no longer locks the run's row, which every journal write holds until its commit
+/// is flushed (a run's events waited behind its journal).
+const V7: &str = r#"
+CREATE TABLE event_heads (
+    run_id      TEXT COLLATE "C" PRIMARY KEY REFERENCES runs (id),
+    events_last BIGINT NOT NULL
+);
+INSERT INTO event_heads (run_id, events_last) SELECT id, events_last FROM runs WHERE events_last > 0;
+ALTER TABLE runs DROP COLUMN events_last;
+"#;
 
 /// Version 6: ended runs by tenant and end time, as SQLite's version 9.
 const V6: &str = r#"

@@ -299,8 +299,9 @@ pub(super) async fn abandon_entries(transaction: &Transaction<'_>, run: &RunId, 
     }
 }
 
-/// Appends events in order under the run's row lock, in one statement: bumping
-/// `runs.events_last` hands out the seqs and orders concurrent appends.
+/// Appends events in order, in one statement: bumping the run's row of `event_heads`
+/// (created at its first append) hands out the seqs and orders concurrent appends. The
+/// run's own row is not locked, so events do not wait behind its journal writes.
 pub(super) async fn append_events(
     transaction: &Transaction<'_>,
     run: &RunId,
@@ -313,11 +314,14 @@ pub(super) async fn append_events(
     let row = query_opt(
         transaction,
         "appending events",
-        "WITH run AS (UPDATE runs SET events_last = events_last + $2 WHERE id = $1 RETURNING events_last), \
+        "WITH head AS ( \
+             INSERT INTO event_heads AS h (run_id, events_last) \
+             SELECT $1, $2 WHERE EXISTS (SELECT 1 FROM runs WHERE id = $1) \
+             ON CONFLICT (run_id) DO UPDATE SET events_last = h.events_last + $2 RETURNING events_last), \
          added AS (INSERT INTO events (run_id, seq, ts_ms, kind, data) \
-             SELECT $1, run.events_last - $2 + e.ord, e.ts_ms, e.kind, e.data \
-             FROM run, unnest($3::bigint[], $4::text[], $5::text[]) WITH ORDINALITY AS e (ts_ms, kind, data, ord)) \
-         SELECT events_last FROM run",
+             SELECT $1, head.events_last - $2 + e.ord, e.ts_ms, e.kind, e.data \
+             FROM head, unnest($3::bigint[], $4::text[], $5::text[]) WITH ORDINALITY AS e (ts_ms, kind, data, ord)) \
+         SELECT events_last FROM head",
         &[&run.as_str(), &added, &ts, &kinds, &data],
     )
     .await?;

@@ -85,6 +85,36 @@ async fn a_new_connection_sees_everything_and_seqs_continue() {
     assert_eq!(store.append_events(&run, &[]).await.unwrap(), 1, "seqs continue after a reconnect");
 }
 
+/// Version 7 moved each run's event counter out of its row: a database written by
+/// version 6 (counters in `runs.events_last`) keeps its event seqs dense after the move.
+#[tokio::test]
+async fn migrating_to_version_7_keeps_event_seqs() {
+    let db = TestDatabase::create().await;
+    let store = connect(db.url()).await;
+    let run = store.create_run(new_run(1)).await.unwrap().id;
+    let quiet = store.create_run(new_run(2)).await.unwrap().id;
+    let event = |i: u64| NewEvent { ts_ms: i, kind: "stdout".to_owned(), data: json!(i) };
+    assert_eq!(store.append_events(&run, &[event(1), event(2), event(3)]).await.unwrap(), 3);
+    drop(store);
+    // Back to version 6, as that build left it.
+    raw(&db)
+        .await
+        .batch_execute(
+            "ALTER TABLE runs ADD COLUMN events_last BIGINT NOT NULL DEFAULT 0;
+             UPDATE runs SET events_last = h.events_last FROM event_heads h WHERE h.run_id = runs.id;
+             DROP TABLE event_heads;
+             DELETE FROM keel_schema_version WHERE version = 7;",
+        )
+        .await
+        .unwrap();
+
+    let store = connect(db.url()).await;
+    assert_eq!(store.append_events(&run, &[event(4)]).await.unwrap(), 4, "seqs continue after the move");
+    assert_eq!(store.append_events(&quiet, &[event(1)]).await.unwrap(), 1);
+    let seqs: Vec<u64> = store.events(&run, 0, 10).await.unwrap().iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 4]);
+}
+
 /// A store that did not write a conversation's start (another node, or before a restart)
 /// finds its stored prefix in the database and writes only the new messages.
 #[tokio::test]
