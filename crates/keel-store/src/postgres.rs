@@ -369,12 +369,24 @@ impl Store for PgStore {
     async fn update_run(&self, id: &RunId, expected: Option<RunState>, patch: RunPatch) -> Result<RunRecord> {
         let mut client = self.client("updating a run").await?;
         let transaction = begin(&mut client).await?;
-        if patch.state.is_some_and(RunState::is_terminal) {
-            self.fences.check_to_end(&transaction, id).await?;
+        // The lease check is pipelined with the update (its query sent first; nothing
+        // commits before it passed), as the journal's writes do.
+        let ending = patch.state.is_some_and(RunState::is_terminal);
+        if ending {
+            self.fences.prepare_check_to_end(&transaction).await?;
         } else {
-            self.fences.check(&transaction, id).await?;
+            self.fences.prepare_check(&transaction).await?;
         }
-        let run = writes::update_run(&transaction, id, expected, patch).await?;
+        let lease = async {
+            if ending {
+                self.fences.check_to_end(&transaction, id).await
+            } else {
+                self.fences.check(&transaction, id).await
+            }
+        };
+        let (fenced, updated) = tokio::join!(lease, writes::update_run(&transaction, id, expected, patch));
+        fenced?;
+        let run = updated?;
         // An ended run's lease ends with it, in the same transaction: no node is ever left
         // holding a run that has nothing left to run.
         if run.state.is_terminal() {

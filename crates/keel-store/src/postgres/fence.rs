@@ -51,8 +51,17 @@ impl Fences {
     /// (`tokio::join!`, the check first) sends its query first: the lease row is then
     /// locked before the run's row, the order every write for a run takes them in.
     pub(crate) async fn prepare_check(&self, tx: &Transaction<'_>) -> Result<()> {
+        self.prepare_locking(tx, LeaseLock::Share).await
+    }
+
+    /// `prepare_check` for `check_to_end`.
+    pub(crate) async fn prepare_check_to_end(&self, tx: &Transaction<'_>) -> Result<()> {
+        self.prepare_locking(tx, LeaseLock::Update).await
+    }
+
+    async fn prepare_locking(&self, tx: &Transaction<'_>, lock: LeaseLock) -> Result<()> {
         if self.node.get().is_some() {
-            prepare(tx, "reading the run's lease", lease_sql(LeaseLock::Share)).await?;
+            prepare(tx, "reading the run's lease", lease_sql(lock)).await?;
         }
         Ok(())
     }
