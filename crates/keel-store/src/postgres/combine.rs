@@ -13,7 +13,9 @@
 //! A batch commits only if every write in it succeeded; if one fails (a refusal such as a
 //! completion of an entry that is not pending, or any database error), the transaction is
 //! rolled back and each write runs again in a transaction of its own, as it would have
-//! alone, so one write's failure never reaches another's answer. Each caller is answered
+//! alone, so one write's failure never reaches another's answer. Only when the database is
+//! out of reach (or a commit's outcome is unknown) does every write of the batch get the
+//! same error at once, rather than each waiting for the pool in turn. Each caller is answered
 //! after the commit that made its write durable. The batch is written by a task of its
 //! own, so a caller that stops waiting leaves the others' writes alone (its own may still
 //! commit, as with any write).
@@ -51,6 +53,30 @@ impl JournalOp {
 
 /// What a `JournalOp` answered: the seq of each entry it appended.
 pub(super) type JournalDone = Vec<Seq>;
+
+/// How a batch of writes went.
+enum Together {
+    /// It committed; each write's answer.
+    Committed(Vec<Result<JournalDone>>),
+    /// It did not commit and wrote nothing: each write runs alone.
+    Alone,
+    /// Every write of the batch gets this error: the database is out of reach (nothing was
+    /// written), or the commit's outcome is unknown.
+    Failed(Error),
+}
+
+/// `error` again, for each write of a batch that failed as one (an `Error` is not `Clone`:
+/// its source is kept as text).
+fn copy_of(error: &Error) -> Error {
+    match error {
+        Error::Unavailable { step, source } => Error::Unavailable { step, source: source.to_string().into() },
+        Error::OutcomeUnknown { step, source } => {
+            Error::OutcomeUnknown { step, source: source.to_string().into() }
+        }
+        Error::Closed => Error::Closed,
+        other => Error::Backend { step: "writing a run's journal", source: other.to_string().into() },
+    }
+}
 
 struct Waiting {
     op: JournalOp,
@@ -137,15 +163,24 @@ impl PgStore {
             let (ops, replies): (Vec<JournalOp>, Vec<_>) =
                 batch.into_iter().map(|waiting| (waiting.op, waiting.reply)).unzip();
             let together = match ops.len() {
-                1 => None,
+                1 => Together::Alone,
                 _ => self.write_together(&run, &ops).await,
             };
             let answers = match together {
-                Some(answers) => answers,
-                None => {
+                Together::Committed(answers) => answers,
+                Together::Failed(error) => ops.iter().map(|_| Err(copy_of(&error))).collect(),
+                Together::Alone => {
                     let mut answers = Vec::with_capacity(ops.len());
+                    let mut out_of_reach: Option<Error> = None;
                     for op in &ops {
-                        answers.push(self.write_alone(&run, op).await);
+                        let answer = match &out_of_reach {
+                            Some(error) => Err(copy_of(error)),
+                            None => self.write_alone(&run, op).await,
+                        };
+                        if let Err(error @ (Error::Unavailable { .. } | Error::Closed)) = &answer {
+                            out_of_reach = Some(copy_of(error));
+                        }
+                        answers.push(answer);
                     }
                     answers
                 }
@@ -178,20 +213,31 @@ impl PgStore {
         Ok(seqs)
     }
 
-    /// All of `ops` in one transaction, or `None` if it did not commit and nothing of it
-    /// was written (then each runs alone).
-    async fn write_together(&self, run: &RunId, ops: &[JournalOp]) -> Option<Vec<Result<JournalDone>>> {
-        let mut client = self.client("writing a run's journal").await.ok()?;
+    /// All of `ops` in one transaction.
+    async fn write_together(&self, run: &RunId, ops: &[JournalOp]) -> Together {
+        match self.try_together(run, ops).await {
+            Ok(answers) => Together::Committed(answers),
+            // The database is out of reach (or the store closed): writing each alone would
+            // wait for it once per write.
+            Err(error @ (Error::Unavailable { .. } | Error::OutcomeUnknown { .. } | Error::Closed)) => {
+                Together::Failed(error)
+            }
+            Err(_) => Together::Alone,
+        }
+    }
+
+    async fn try_together(&self, run: &RunId, ops: &[JournalOp]) -> Result<Vec<Result<JournalDone>>> {
+        let mut client = self.client("writing a run's journal").await?;
         let mut unstored: Vec<Vec<&[ChainLink]>> = Vec::with_capacity(ops.len());
         for op in ops {
             let mut links = Vec::new();
             for entry in op.entries() {
-                links.push(self.chain_ends.unstored(&client, &entry.params_chain).await.ok()?);
+                links.push(self.chain_ends.unstored(&client, &entry.params_chain).await?);
             }
             unstored.push(links);
         }
-        let transaction = begin(&mut client).await.ok()?;
-        self.fences.prepare_check(&transaction).await.ok()?;
+        let transaction = begin(&mut client).await?;
+        self.fences.prepare_check(&transaction).await?;
         // Pipelined: the lease check, then each write, sending its statements on its first
         // poll; the futures are first polled in order, so the server runs them in the order
         // queued while the run's row is locked for one round trip, not one per write.
@@ -205,27 +251,16 @@ impl PgStore {
                 unstored
             )),)
         );
-        fenced.ok()?;
-        // Any failure drops the transaction, which rolls it back.
-        let answers: Vec<Result<JournalDone>> =
-            written.into_iter().map(|written| written.ok().map(Ok)).collect::<Option<_>>()?;
-        match commit(transaction).await {
-            Ok(()) => {}
-            // It may have committed: nothing can be written again, and every caller is told.
-            Err(Error::OutcomeUnknown { step, source }) => {
-                let source = source.to_string();
-                return Some(
-                    ops.iter()
-                        .map(|_| Err(Error::OutcomeUnknown { step, source: source.clone().into() }))
-                        .collect(),
-                );
-            }
-            Err(_) => return None,
-        }
+        fenced?;
+        // Any failure returns before the commit and drops the transaction, which rolls it
+        // back.
+        let answers = written.into_iter().map(|written| written.map(Ok)).collect::<Result<Vec<_>>>()?;
+        // A commit that fails otherwise than `OutcomeUnknown` did not commit.
+        commit(transaction).await?;
         for op in ops {
             self.remember_chains(op);
         }
-        Some(answers)
+        Ok(answers)
     }
 
     fn remember_chains(&self, op: &JournalOp) {

@@ -377,6 +377,59 @@ async fn a_connection_ended_by_the_server_is_unavailable_then_replaced() {
     assert_eq!(index, 0, "the failed append wrote nothing");
 }
 
+/// A batch of a run's journal writes whose connection the server ends answers every
+/// write of it with `Unavailable` at once; writing each again alone would wait for the
+/// database once per write (here, forever: the run's row stays locked meanwhile).
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_cut_off_from_the_database_fails_all_at_once_and_writes_nothing() {
+    let db = TestDatabase::create().await;
+    let store = Arc::new(connect(db.url()).await);
+    let run = store.create_run(new_run(1)).await.unwrap().id;
+    let mut raw = raw(&db).await;
+    let holder = raw.transaction().await.unwrap();
+    holder.execute("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE", &[&run.as_str()]).await.unwrap();
+    // On this one-threaded runtime all ten queue before the batch is taken.
+    let appends: Vec<_> = (0..10)
+        .map(|i| {
+            let (store, run) = (Arc::clone(&store), run.clone());
+            tokio::spawn(async move {
+                store.append_entry(&run, crate::pending_entry("tool.call", json!({"i": i}), i)).await
+            })
+        })
+        .collect();
+    let waiting = "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'";
+    let mut attempts = 0;
+    while holder.query(waiting, &[&db.name()]).await.unwrap().is_empty() {
+        attempts += 1;
+        assert!(attempts < 1_000, "the batch never waited for the run's row");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    holder
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&db.name()],
+        )
+        .await
+        .unwrap();
+    for append in appends {
+        let answered = tokio::time::timeout(std::time::Duration::from_secs(60), append).await;
+        match answered.expect("a write of the cut-off batch waited for the database again").unwrap() {
+            Err(Error::Unavailable { .. }) => {}
+            other => panic!("every write of a batch cut off must be Unavailable, got {other:?}"),
+        }
+    }
+    holder.rollback().await.unwrap();
+    let journal = loop {
+        match store.journal(&run, 0).await {
+            Ok(journal) => break journal,
+            Err(Error::Unavailable { .. }) => attempts += 1,
+            Err(other) => panic!("the pool must reconnect, got {other:?}"),
+        }
+        assert!(attempts < 2_000);
+    };
+    assert!(journal.is_empty(), "the batch wrote nothing: {journal:?}");
+}
+
 #[tokio::test]
 async fn the_audit_table_refuses_update_delete_and_truncate() {
     let db = TestDatabase::create().await;
