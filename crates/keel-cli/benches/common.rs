@@ -224,10 +224,21 @@ pub fn psql(url: &str, sql: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-/// The floor for a Postgres commit on `url`'s server: the mean of `n` autocommitted
-/// single-row INSERTs (each a round trip and a flushed commit) sent by one `psql`, in µs.
-pub fn postgres_commit_floor(admin: &str, n: usize) -> f64 {
-    let db = Database::create(admin, "floor");
+/// The commit floor of the store the benchmark's daemon uses, measured in `dir` (SQLite)
+/// or on the same server (Postgres): what it is, and its stats (`n`, `mean_us`, `p50_us`,
+/// `p99_us`, `per_s`).
+/// - SQLite: one INSERT and one fsync'd commit per message (WAL, synchronous=FULL),
+///   `bench_ipc.py sqlite`.
+/// - Postgres: 2,000 autocommitted single-row INSERTs (each a round trip and a flushed
+///   commit) sent by one `psql`; only their mean is known, so it stands for p50 too.
+pub fn commit_floor(dir: &Path) -> (&'static str, serde_json::Value) {
+    let Some(admin) = postgres_store() else {
+        let script = bench_dir().join("bench_ipc.py").display().to_string();
+        let db = dir.join("floor.db").display().to_string();
+        return ("a raw fsync'd SQLite commit", python_json(&[&script, "sqlite", &db])["commit"].clone());
+    };
+    let n = 2000;
+    let db = Database::create(&admin, "floor");
     psql(&db.url, "CREATE TABLE m (id BIGSERIAL PRIMARY KEY, body TEXT NOT NULL)");
     let script: String =
         (0..n).map(|i| format!("INSERT INTO m (body) VALUES ('{{\"op\":\"req\",\"i\":{i}}}');\n")).collect();
@@ -243,5 +254,9 @@ pub fn postgres_commit_floor(admin: &str, n: usize) -> f64 {
     assert!(child.wait().expect("psql ends").success(), "the Postgres commit floor failed");
     let elapsed = started.elapsed();
     assert_eq!(psql(&db.url, "SELECT count(*) FROM m"), n.to_string());
-    elapsed.as_secs_f64() * 1e6 / n as f64
+    let mean = (elapsed.as_secs_f64() * 1e7 / n as f64).round() / 10.0;
+    let stats = serde_json::json!({
+        "n": n, "mean_us": mean, "p50_us": mean, "p99_us": "-", "per_s": (1e6 / mean).round(),
+    });
+    ("a raw autocommitted Postgres INSERT (its mean as p50)", stats)
 }

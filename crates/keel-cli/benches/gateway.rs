@@ -239,17 +239,8 @@ async fn main() {
     // going on. Measured here as raw commits of the daemon's store: SQLite (WAL,
     // synchronous=FULL) in the same data directory's file system, or Postgres on the
     // same server.
-    let (commit_label, commit_p50) = match common::postgres_store() {
-        None => {
-            let script = common::bench_dir().join("bench_ipc.py").display().to_string();
-            let floor_db = daemon.data.path().join("floor.db").display().to_string();
-            let commits = common::python_json(&[&script, "sqlite", &floor_db]);
-            ("a raw fsync'd SQLite commit, p50", commits["commit"]["p50_us"].as_f64().unwrap_or_default())
-        }
-        Some(admin) => {
-            ("a raw autocommitted Postgres INSERT, mean", common::postgres_commit_floor(&admin, 2000))
-        }
-    };
+    let (commit_what, commits) = common::commit_floor(daemon.data.path());
+    let commit_p50 = commits["p50_us"].as_f64().unwrap_or_default();
     println!("cargo bench -p keel-cli --bench gateway\n\n{}\n", common::store_label());
     println!("| measure (µs) | direct p50 / p99 | through Keel p50 / p99 | added p50 / p99 |");
     println!("|---|---:|---:|---:|");
@@ -278,7 +269,7 @@ async fn main() {
     let added = kernel["latency"]["p50_us"].as_f64().unwrap_or_default()
         - direct["latency"]["p50_us"].as_f64().unwrap_or_default();
     println!(
-        "\nFloor: {commit_label} {commit_p50:.0} µs; two of them (intent and result) \
+        "\nFloor: {commit_what}, p50 {commit_p50:.0} µs; two of them (intent and result) \
          {:.0} µs. /v1/chat/completions adds {added:.0} µs p50: {:.0} µs beyond the two commits.",
         2.0 * commit_p50,
         added - 2.0 * commit_p50

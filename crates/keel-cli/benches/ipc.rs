@@ -88,22 +88,7 @@ fn main() {
     let scratch = tempfile::tempdir().expect("tempdir");
     let echo = echo_floor(&script, scratch.path());
     // The commit floor of the store the kernel uses: one INSERT and one flushed commit.
-    let (commit_label, commit) = match common::postgres_store() {
-        None => (
-            "floor: raw SQLite INSERT + fsync'd commit (one, not a round trip)",
-            common::python_json(&[&script, "sqlite", &scratch.path().join("floor.db").display().to_string()])
-                ["commit"]
-                .clone(),
-        ),
-        Some(admin) => {
-            let n = 2000;
-            let mean = (common::postgres_commit_floor(&admin, n) * 10.0).round() / 10.0;
-            let stats = json!({
-                "n": n, "mean_us": mean, "p50_us": mean, "p99_us": "-", "per_s": (1e6 / mean).round(),
-            });
-            ("floor: raw Postgres INSERT, autocommitted (one, not a round trip; its mean)", stats)
-        }
-    };
+    let (commit_what, commit) = common::commit_floor(scratch.path());
 
     let daemon = common::Daemon::start(tempfile::tempdir().expect("tempdir"));
     let api = api::Api::of(&daemon);
@@ -121,7 +106,7 @@ fn main() {
         "{}",
         round_trip_row("floor: raw Unix-socket echo, two Python processes", &echo["round_trip"], floor)
     );
-    println!("{}", round_trip_row(commit_label, &commit, floor));
+    println!("{}", round_trip_row(&format!("floor: {commit_what} (one, not a round trip)"), &commit, floor));
     for (tier, result) in &results {
         println!(
             "{}",

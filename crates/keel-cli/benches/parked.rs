@@ -233,16 +233,18 @@ fn main() {
     let (kernel, all, procs) = tree_memory();
     let (daemon_pid, _) = daemon_tree();
     let top = mappings(daemon_pid);
-    let disk: u64 = std::fs::read_dir(daemon.data.path())
-        .expect("data dir")
-        .flatten()
-        .filter_map(|e| e.metadata().ok())
-        .filter(|m| m.is_file())
-        .map(|m| m.len())
-        .sum();
-    // On Postgres the state is the database, not the data directory.
+    // Where the state is: the data directory's files, or on Postgres the database.
     let (disk, where_kept) = match &daemon.database {
-        None => (disk, "Data directory on disk"),
+        None => (
+            std::fs::read_dir(daemon.data.path())
+                .expect("data dir")
+                .flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum(),
+            "Data directory on disk",
+        ),
         Some(db) => (
             common::psql(&db.url, "SELECT pg_database_size(current_database())").parse().unwrap_or(0),
             "Postgres database size (pg_database_size, with the empty schema's own pages)",

@@ -369,24 +369,14 @@ impl Store for PgStore {
     async fn update_run(&self, id: &RunId, expected: Option<RunState>, patch: RunPatch) -> Result<RunRecord> {
         let mut client = self.client("updating a run").await?;
         let transaction = begin(&mut client).await?;
-        // The lease check is pipelined with the update (its query sent first; nothing
-        // commits before it passed), as the journal's writes do.
+        // An update that ends the run takes its lease row `FOR UPDATE` (see `checked_to_end`).
         let ending = patch.state.is_some_and(RunState::is_terminal);
-        if ending {
-            self.fences.prepare_check_to_end(&transaction).await?;
+        let update = writes::update_run(&transaction, id, expected, patch);
+        let run = if ending {
+            self.fences.checked_to_end(&transaction, id, update).await?
         } else {
-            self.fences.prepare_check(&transaction).await?;
-        }
-        let lease = async {
-            if ending {
-                self.fences.check_to_end(&transaction, id).await
-            } else {
-                self.fences.check(&transaction, id).await
-            }
+            self.fences.checked(&transaction, id, update).await?
         };
-        let (fenced, updated) = tokio::join!(lease, writes::update_run(&transaction, id, expected, patch));
-        fenced?;
-        let run = updated?;
         // An ended run's lease ends with it, in the same transaction: no node is ever left
         // holding a run that has nothing left to run.
         if run.state.is_terminal() {
@@ -445,14 +435,8 @@ impl Store for PgStore {
             .batch_execute("SET LOCAL synchronous_commit = off")
             .await
             .map_err(pg_error("committing events without waiting for the flush"))?;
-        // The lease check pipelined with the append, as `journal_mailbox` does.
-        self.fences.prepare_check(&transaction).await?;
-        let (fenced, appended) = tokio::join!(
-            self.fences.check(&transaction, run),
-            writes::append_events(&transaction, run, events)
-        );
-        fenced?;
-        let last = appended?;
+        let last =
+            self.fences.checked(&transaction, run, writes::append_events(&transaction, run, events)).await?;
         commit(transaction).await?;
         Ok(last)
     }
@@ -606,13 +590,8 @@ impl Store for PgStore {
             let seq = writes::append_entry(tx, run, &entry, &unstored).await?;
             Ok(Some((seq, done, entry)))
         };
-        // The lease check is pipelined with the writes (nothing commits before it passed),
-        // its query sent first (see `Fences::prepare_check`).
-        self.fences.prepare_check(tx).await?;
-        let (fenced, written) = tokio::join!(self.fences.check(tx, run), write);
-        fenced?;
         // Nothing taken, nothing written: the transaction rolls back on drop.
-        let Some((seq, done, entry)) = written? else { return Ok(None) };
+        let Some((seq, done, entry)) = self.fences.checked(tx, run, write).await? else { return Ok(None) };
         commit(transaction).await?;
         self.chain_ends.committed(&entry.params_chain);
         Ok(Some((seq, done)))

@@ -54,17 +54,6 @@ impl JournalOp {
 /// What a `JournalOp` answered: the seq of each entry it appended.
 pub(super) type JournalDone = Vec<Seq>;
 
-/// How a batch of writes went.
-enum Together {
-    /// It committed; each write's answer.
-    Committed(Vec<Result<JournalDone>>),
-    /// It did not commit and wrote nothing: each write runs alone.
-    Alone,
-    /// Every write of the batch gets this error: the database is out of reach (nothing was
-    /// written), or the commit's outcome is unknown.
-    Failed(Error),
-}
-
 /// `error` again, for each write of a batch that failed as one (an `Error` is not `Clone`:
 /// its source is kept as text).
 fn copy_of(error: &Error) -> Error {
@@ -162,29 +151,7 @@ impl PgStore {
             };
             let (ops, replies): (Vec<JournalOp>, Vec<_>) =
                 batch.into_iter().map(|waiting| (waiting.op, waiting.reply)).unzip();
-            let together = match ops.len() {
-                1 => Together::Alone,
-                _ => self.write_together(&run, &ops).await,
-            };
-            let answers = match together {
-                Together::Committed(answers) => answers,
-                Together::Failed(error) => ops.iter().map(|_| Err(copy_of(&error))).collect(),
-                Together::Alone => {
-                    let mut answers = Vec::with_capacity(ops.len());
-                    let mut out_of_reach: Option<Error> = None;
-                    for op in &ops {
-                        let answer = match &out_of_reach {
-                            Some(error) => Err(copy_of(error)),
-                            None => self.write_alone(&run, op).await,
-                        };
-                        if let Err(error @ (Error::Unavailable { .. } | Error::Closed)) = &answer {
-                            out_of_reach = Some(copy_of(error));
-                        }
-                        answers.push(answer);
-                    }
-                    answers
-                }
-            };
+            let answers = self.write_batch(&run, &ops).await;
             for (reply, answer) in replies.into_iter().zip(answers) {
                 // A caller that stopped waiting has nobody to tell; the write stands.
                 let _ = reply.send(answer);
@@ -192,42 +159,45 @@ impl PgStore {
         }
     }
 
-    /// `op` in a transaction of its own.
-    async fn write_alone(&self, run: &RunId, op: &JournalOp) -> Result<JournalDone> {
+    /// Each of `ops`' answer: all of them in one transaction, or, if that did not commit,
+    /// each in a transaction of its own.
+    async fn write_batch(&self, run: &RunId, ops: &[JournalOp]) -> Vec<Result<JournalDone>> {
+        if ops.len() > 1 {
+            match self.write_in_one_transaction(run, ops).await {
+                Ok(done) => return done.into_iter().map(Ok).collect(),
+                // The database is out of reach, or the commit's outcome is unknown: every
+                // write of the batch is told so (writing each alone would wait for the
+                // database once per write, or could write twice).
+                Err(error @ (Error::Unavailable { .. } | Error::OutcomeUnknown { .. } | Error::Closed)) => {
+                    return ops.iter().map(|_| Err(copy_of(&error))).collect();
+                }
+                // Rolled back, nothing written.
+                Err(_) => {}
+            }
+        }
+        let mut answers = Vec::with_capacity(ops.len());
+        let mut out_of_reach: Option<Error> = None;
+        for op in ops {
+            let answer = match &out_of_reach {
+                Some(error) => Err(copy_of(error)),
+                None => self.write_in_one_transaction(run, std::slice::from_ref(op)).await.map(|mut done| {
+                    // One answer per write.
+                    done.pop().unwrap_or_default()
+                }),
+            };
+            if let Err(error @ (Error::Unavailable { .. } | Error::Closed)) = &answer {
+                out_of_reach = Some(copy_of(error));
+            }
+            answers.push(answer);
+        }
+        answers
+    }
+
+    /// `ops` in one transaction, each write's answer; any failure rolls all of them back
+    /// (only `OutcomeUnknown` leaves it open whether they committed).
+    async fn write_in_one_transaction(&self, run: &RunId, ops: &[JournalOp]) -> Result<Vec<JournalDone>> {
         let mut client = self.client("writing a run's journal").await?;
         // Outside the transaction: a node found stored stays stored.
-        let mut unstored = Vec::new();
-        for entry in op.entries() {
-            unstored.push(self.chain_ends.unstored(&client, &entry.params_chain).await?);
-        }
-        let transaction = begin(&mut client).await?;
-        // The lease check is pipelined with the writes (nothing commits before it passed),
-        // its query sent first.
-        self.fences.prepare_check(&transaction).await?;
-        let (fenced, written) =
-            tokio::join!(self.fences.check(&transaction, run), write_op(&transaction, run, op, &unstored));
-        fenced?;
-        let seqs = written?;
-        commit(transaction).await?;
-        self.remember_chains(op);
-        Ok(seqs)
-    }
-
-    /// All of `ops` in one transaction.
-    async fn write_together(&self, run: &RunId, ops: &[JournalOp]) -> Together {
-        match self.try_together(run, ops).await {
-            Ok(answers) => Together::Committed(answers),
-            // The database is out of reach (or the store closed): writing each alone would
-            // wait for it once per write.
-            Err(error @ (Error::Unavailable { .. } | Error::OutcomeUnknown { .. } | Error::Closed)) => {
-                Together::Failed(error)
-            }
-            Err(_) => Together::Alone,
-        }
-    }
-
-    async fn try_together(&self, run: &RunId, ops: &[JournalOp]) -> Result<Vec<Result<JournalDone>>> {
-        let mut client = self.client("writing a run's journal").await?;
         let mut unstored: Vec<Vec<&[ChainLink]>> = Vec::with_capacity(ops.len());
         for op in ops {
             let mut links = Vec::new();
@@ -237,30 +207,21 @@ impl PgStore {
             unstored.push(links);
         }
         let transaction = begin(&mut client).await?;
-        self.fences.prepare_check(&transaction).await?;
         // Pipelined: the lease check, then each write, sending its statements on its first
         // poll; the futures are first polled in order, so the server runs them in the order
         // queued while the run's row is locked for one round trip, not one per write.
-        // Nothing commits before the lease check passed.
-        let (fenced, written) = tokio::join!(
-            self.fences.check(&transaction, run),
-            futures_util::future::join_all(ops.iter().zip(&unstored).map(|(op, unstored)| write_op(
-                &transaction,
-                run,
-                op,
-                unstored
-            )),)
+        let writes = futures_util::future::join_all(
+            ops.iter().zip(&unstored).map(|(op, unstored)| write_op(&transaction, run, op, unstored)),
         );
-        fenced?;
+        let written = self.fences.checked(&transaction, run, async { Ok(writes.await) }).await?;
         // Any failure returns before the commit and drops the transaction, which rolls it
         // back.
-        let answers = written.into_iter().map(|written| written.map(Ok)).collect::<Result<Vec<_>>>()?;
-        // A commit that fails otherwise than `OutcomeUnknown` did not commit.
+        let done = written.into_iter().collect::<Result<Vec<_>>>()?;
         commit(transaction).await?;
         for op in ops {
             self.remember_chains(op);
         }
-        Ok(answers)
+        Ok(done)
     }
 
     fn remember_chains(&self, op: &JournalOp) {

@@ -46,33 +46,48 @@ impl Fences {
         self.check_locking(tx, run, LeaseLock::Share).await
     }
 
-    /// Prepares `check`'s statement on the transaction's connection (a round trip the
-    /// first time only), so that a `check` pipelined with the write's own statements
-    /// (`tokio::join!`, the check first) sends its query first: the lease row is then
-    /// locked before the run's row, the order every write for a run takes them in.
-    pub(crate) async fn prepare_check(&self, tx: &Transaction<'_>) -> Result<()> {
-        self.prepare_locking(tx, LeaseLock::Share).await
+    /// `write` (a write for `run` in `tx`, not yet polled) with `check` pipelined ahead of
+    /// it: one round trip for both, not one each. The check's statement is prepared first
+    /// (a round trip the first time on a connection only), so its query goes out before
+    /// the write's statements and the lease row is locked before the run's row, the order
+    /// every write for a run takes them in. The write's outcome counts only if the check
+    /// passed, and nothing commits before the caller commits.
+    pub(crate) async fn checked<T>(
+        &self,
+        tx: &Transaction<'_>,
+        run: &RunId,
+        write: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        self.checked_locking(tx, run, LeaseLock::Share, write).await
     }
 
-    /// `prepare_check` for `check_to_end`.
-    pub(crate) async fn prepare_check_to_end(&self, tx: &Transaction<'_>) -> Result<()> {
-        self.prepare_locking(tx, LeaseLock::Update).await
-    }
-
-    async fn prepare_locking(&self, tx: &Transaction<'_>, lock: LeaseLock) -> Result<()> {
-        if self.node.get().is_some() {
-            prepare(tx, "reading the run's lease", lease_sql(lock)).await?;
-        }
-        Ok(())
-    }
-
-    /// `check` for a write that may end the run, and so delete the lease row (`end`):
+    /// `checked` for a write that may end the run, and so delete the lease row (`end`):
     /// the row is locked `FOR UPDATE` at once. Taking it `FOR SHARE` and upgrading at the
     /// delete deadlocks with a concurrent write for the same run (events, the journal),
     /// which holds the lease row shared and then waits for the run's row this
     /// transaction has locked; Postgres then aborts one of them.
-    pub(crate) async fn check_to_end(&self, tx: &Transaction<'_>, run: &RunId) -> Result<()> {
-        self.check_locking(tx, run, LeaseLock::Update).await
+    pub(crate) async fn checked_to_end<T>(
+        &self,
+        tx: &Transaction<'_>,
+        run: &RunId,
+        write: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        self.checked_locking(tx, run, LeaseLock::Update, write).await
+    }
+
+    async fn checked_locking<T>(
+        &self,
+        tx: &Transaction<'_>,
+        run: &RunId,
+        lock: LeaseLock,
+        write: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        if self.node.get().is_some() {
+            prepare(tx, "reading the run's lease", lease_sql(lock)).await?;
+        }
+        let (fenced, written) = tokio::join!(self.check_locking(tx, run, lock), write);
+        fenced?;
+        written
     }
 
     async fn check_locking(&self, tx: &Transaction<'_>, run: &RunId, lock: LeaseLock) -> Result<()> {

@@ -7,12 +7,36 @@ use std::sync::Arc;
 use keel_store::{AuditRecord, DumpItem, Error, NewEvent, PgStore, RunPatch, Store, conformance};
 use keel_types::RunState;
 use serde_json::json;
+use tokio_postgres::GenericClient;
 
 use crate::new_run;
 use crate::pg_database::TestDatabase;
 
 async fn connect(url: &str) -> PgStore {
     PgStore::connect(url).await.unwrap_or_else(|error| panic!("connecting to {url}: {error}"))
+}
+
+/// Waits until some connection to the test database waits for a lock (panics with
+/// `never` after about 10 s).
+async fn until_a_backend_waits_for_a_lock(client: &impl GenericClient, db: &TestDatabase, never: &str) {
+    let waiting = "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'";
+    let mut attempts = 0;
+    while client.query(waiting, &[&db.name()]).await.unwrap().is_empty() {
+        attempts += 1;
+        assert!(attempts < 1_000, "{never}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Has the server end every connection to the test database but `client`'s own.
+async fn end_the_other_backends(client: &impl GenericClient, db: &TestDatabase) {
+    client
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&db.name()],
+        )
+        .await
+        .unwrap();
 }
 
 /// A raw connection to the test database, for checks and tampering outside the store.
@@ -346,19 +370,8 @@ async fn a_connection_ended_by_the_server_is_unavailable_then_replaced() {
         let store = store.clone();
         async move { store.thread_append("t", "chat", json!("hello"), None, 1).await }
     });
-    let waiting = "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'";
-    let mut attempts = 0;
-    while raw.query(waiting, &[&db.name()]).await.unwrap().is_empty() {
-        attempts += 1;
-        assert!(attempts < 1_000, "the append never waited for the thread's lock");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    raw.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
-        &[&db.name()],
-    )
-    .await
-    .unwrap();
+    until_a_backend_waits_for_a_lock(&raw, &db, "the append never waited for the thread's lock").await;
+    end_the_other_backends(&raw, &db).await;
     match append.await.unwrap() {
         Err(Error::Unavailable { .. }) => {}
         other => panic!("a call whose connection the server ended must be Unavailable, got {other:?}"),
@@ -397,20 +410,8 @@ async fn a_batch_cut_off_from_the_database_fails_all_at_once_and_writes_nothing(
             })
         })
         .collect();
-    let waiting = "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'";
-    let mut attempts = 0;
-    while holder.query(waiting, &[&db.name()]).await.unwrap().is_empty() {
-        attempts += 1;
-        assert!(attempts < 1_000, "the batch never waited for the run's row");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    holder
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
-            &[&db.name()],
-        )
-        .await
-        .unwrap();
+    until_a_backend_waits_for_a_lock(&holder, &db, "the batch never waited for the run's row").await;
+    end_the_other_backends(&holder, &db).await;
     for append in appends {
         let answered = tokio::time::timeout(std::time::Duration::from_secs(60), append).await;
         match answered.expect("a write of the cut-off batch waited for the database again").unwrap() {
@@ -419,6 +420,7 @@ async fn a_batch_cut_off_from_the_database_fails_all_at_once_and_writes_nothing(
         }
     }
     holder.rollback().await.unwrap();
+    let mut attempts = 0;
     let journal = loop {
         match store.journal(&run, 0).await {
             Ok(journal) => break journal,
