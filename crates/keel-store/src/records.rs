@@ -262,9 +262,11 @@ pub struct EventRecord {
 pub struct StoreStats {
     pub runs: u64,
     pub journal_entries: u64,
+    /// Payloads stored apart, once each (SQLite keeps small ones in the row that names
+    /// them instead; those are not counted here).
     pub blobs: u64,
-    /// Bytes of stored payloads, including whatever links a backend keeps to share parts
-    /// of payloads (SQLite: 128 per message-chain node).
+    /// Bytes of stored payloads, inline ones included, and whatever links a backend keeps
+    /// to share parts of payloads (SQLite: 128 per message-chain node).
     pub blob_bytes: u64,
 }
 

@@ -22,15 +22,16 @@ pub(super) const RUN_COLUMNS: &str = "id, tenant, spec, state, wait_reason, crea
      ended_at_ms, attempt, pid, exit_code, output, error, input_tokens, output_tokens, \
      llm_calls, tool_calls, cost_micro_usd, provider_calls";
 
-/// A journal row joined with its three payloads; `decode_entry` reads these names.
+/// A journal row joined with its three payloads (inline, or the blob each names);
+/// `decode_entry` reads these names.
 const ENTRY_SELECT: &str = "SELECT j.seq AS seq, j.method AS method, j.params_hash AS params_hash, \
      j.status AS status, j.attempt AS attempt, j.started_at_ms AS started_at_ms, \
      j.finished_at_ms AS finished_at_ms, j.input_tokens AS input_tokens, \
      j.output_tokens AS output_tokens, j.llm_calls AS llm_calls, j.tool_calls AS tool_calls, \
      j.cost_micro_usd AS cost_micro_usd, \
-     j.params_blob AS params_blob, p.bytes AS params_bytes, \
-     j.result_blob AS result_blob, r.bytes AS result_bytes, \
-     j.error_blob AS error_blob, e.bytes AS error_bytes \
+     j.params_blob AS params_blob, p.bytes AS params_bytes, j.params_inline AS params_inline, \
+     j.result_blob AS result_blob, r.bytes AS result_bytes, j.result_inline AS result_inline, \
+     j.error_blob AS error_blob, e.bytes AS error_bytes, j.error_inline AS error_inline \
      FROM journal j \
      LEFT JOIN blobs p ON p.hash = j.params_blob \
      LEFT JOIN blobs r ON r.hash = j.result_blob \
@@ -115,12 +116,13 @@ pub(super) fn cost_summary(connection: &Connection, filter: &CostFilter) -> Resu
     let bucket = i64::try_from(filter.bucket_ms.max(1)).unwrap_or(i64::MAX);
     let since = i64::try_from(filter.since_ms).unwrap_or(i64::MAX);
     let sql = "SELECT (j.started_at_ms / ?1) * ?1 AS bucket_start_ms, r.tenant AS tenant, \
-         COALESCE(json_extract(CAST(res.bytes AS TEXT), '$.response.model'), \
-                  json_extract(CAST(res.bytes AS TEXT), '$.model'), \
-                  json_extract(CAST(par.bytes AS TEXT), '$.model'), 'unknown') AS model, \
+         COALESCE(json_extract(CAST(COALESCE(j.result_inline, res.bytes) AS TEXT), '$.response.model'), \
+                  json_extract(CAST(COALESCE(j.result_inline, res.bytes) AS TEXT), '$.model'), \
+                  json_extract(CAST(COALESCE(j.params_inline, par.bytes) AS TEXT), '$.model'), \
+                  'unknown') AS model, \
          COUNT(*) AS calls, SUM(j.input_tokens) AS input_tokens, \
          SUM(j.output_tokens) AS output_tokens, SUM(j.cost_micro_usd) AS cost_micro_usd \
-         FROM journal j \
+         FROM journal j INDEXED BY llm_calls_by_time \
          JOIN runs r ON r.id = j.run_id \
          LEFT JOIN blobs par ON par.hash = j.params_blob \
          LEFT JOIN blobs res ON res.hash = j.result_blob \
@@ -221,13 +223,14 @@ fn join_params(
             query_first(
                 connection,
                 "reading a message chain node",
-                "SELECT c.prev AS prev, c.message_blob AS message_blob, b.bytes AS message_bytes \
+                "SELECT c.prev AS prev, c.message_blob AS message_blob, b.bytes AS message_bytes, \
+                 c.message_inline AS message_inline \
                  FROM message_chain c LEFT JOIN blobs b ON b.hash = c.message_blob WHERE c.hash = ?1",
                 params![hash],
                 |row| {
                     Ok(ChainNode {
                         prev: column(row, "prev", place)?,
-                        message: blob_column(row, "message", place)?.unwrap_or(Value::Null),
+                        message: payload_column(row, "message", place)?.unwrap_or(Value::Null),
                     })
                 },
             )
@@ -458,7 +461,11 @@ pub(super) fn stats(connection: &Connection) -> Result<StoreStats> {
                 (SELECT COUNT(*) FROM journal) AS journal_entries, \
                 (SELECT COUNT(*) FROM blobs) AS blobs, \
                 (SELECT COALESCE(SUM(size), 0) FROM blobs) + \
-                (SELECT COUNT(*) * 128 FROM message_chain) AS blob_bytes",
+                (SELECT COALESCE(SUM(COALESCE(length(params_inline), 0) + \
+                    COALESCE(length(result_inline), 0) + COALESCE(length(error_inline), 0)), 0) \
+                    FROM journal) + \
+                (SELECT COUNT(*) * 128 + COALESCE(SUM(length(message_inline)), 0) \
+                    FROM message_chain) AS blob_bytes",
         [],
         |row| {
             Ok(StoreStats {
@@ -589,16 +596,16 @@ pub(super) fn decode_run(row: &Row<'_>) -> Result<RunRecord> {
 fn decode_entry(row: &Row<'_>, run: &RunId) -> Result<JournalEntry> {
     let seq: Seq = column(row, "seq", &format!("a journal entry of run {run}"))?;
     let place = format!("journal entry {seq} of run {run}");
-    let params = blob_column(row, "params", &place)?
-        .ok_or_else(|| Error::Corrupt(format!("params of {place}: no blob is referenced")))?;
+    let params = payload_column(row, "params", &place)?
+        .ok_or_else(|| Error::Corrupt(format!("params of {place}: none are stored")))?;
     Ok(JournalEntry {
         seq,
         method: column(row, "method", &place)?,
         params,
         params_hash: column(row, "params_hash", &place)?,
         status: parsed_column(row, "status", &place)?,
-        result: blob_column(row, "result", &place)?,
-        error: blob_column(row, "error", &place)?,
+        result: payload_column(row, "result", &place)?,
+        error: payload_column(row, "error", &place)?,
         attempt: column(row, "attempt", &place)?,
         started_at_ms: column(row, "started_at_ms", &place)?,
         finished_at_ms: column(row, "finished_at_ms", &place)?,
@@ -667,6 +674,18 @@ pub(super) fn blob_column(row: &Row<'_>, what: &str, place: &str) -> Result<Opti
     serde_json::from_slice(&bytes)
         .map(Some)
         .map_err(|error| Error::Corrupt(format!("{what} of {place}: blob {hash} is not JSON: {error}")))
+}
+
+/// A payload stored inline (`{what}_inline`, see `writer::INLINE_MAX`) or as a blob
+/// (`blob_column`).
+fn payload_column(row: &Row<'_>, what: &str, place: &str) -> Result<Option<Value>> {
+    let inline: Option<Vec<u8>> = column(row, &format!("{what}_inline"), place)?;
+    match inline {
+        Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|error| {
+            Error::Corrupt(format!("{what} of {place}: the stored bytes are not JSON: {error}"))
+        }),
+        None => blob_column(row, what, place),
+    }
 }
 
 /// A seq as an SQL parameter. SQLite integers are signed; no stored seq comes near

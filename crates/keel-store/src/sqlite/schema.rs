@@ -3,7 +3,7 @@
 //!
 //! # Schema history
 //!
-//! Each version is one append-only migration (`V1`..`V6` below, with notes on each
+//! Each version is one append-only migration (`V1`..`V10` below, with notes on each
 //! table); what each one added, and the behaviour built on it:
 //!
 //! - **1**: `runs` (with usage totals as columns, updated in the same transaction as the
@@ -52,6 +52,16 @@
 //! - **9**: `runs_by_end`, a partial index of ended runs by (tenant, end time, id):
 //!   `runs_ended_after`, which event triggers' catch-up reads (the runs that ended since
 //!   the last pass), costs the runs it reads.
+//! - **10**: fewer pages per journaled step. Payloads of at most `writer::INLINE_MAX` (256) bytes (a
+//!   journal entry's params, result or error; a message of the message chain) are stored
+//!   in the row that names them (`*_inline`) instead of as a content-addressed blob, which
+//!   cost a page at a random place of `blobs` for every append and completion; larger ones
+//!   stay blobs, stored once. `journal` and `message_chain` are rebuilt for the new
+//!   columns (their blob columns become nullable: a payload is in exactly one of the two).
+//!   `journal_by_method` is gone (`latest_entry` reads the run's journal backwards from its
+//!   end, which the run's recovery reads whole anyway), and `journal_by_time` became
+//!   `llm_calls_by_time`, holding only completed `llm.chat` entries (all `cost_summary`
+//!   reads). Each had cost every append a page.
 
 use std::time::Duration;
 
@@ -66,7 +76,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `i` brings a database from version `i` to version `i + 1`. Append only:
 /// a released migration never changes.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9, V10];
 
 /// The schema this build writes and reads.
 pub(super) const SCHEMA_VERSION: usize = MIGRATIONS.len();
@@ -364,6 +374,64 @@ CREATE INDEX fires_by_time ON trigger_fires (kind, trigger, at_ms);
 /// live runs, which change state often, are not in it.
 const V9: &str = "
 CREATE INDEX runs_by_end ON runs (tenant, ended_at_ms, id) WHERE ended_at_ms IS NOT NULL;
+";
+
+/// Version 10: small payloads inline, and two journal indexes fewer (see the module doc).
+/// SQLite cannot make a column nullable in place, so `journal` and `message_chain` are
+/// rebuilt: a new table, the rows copied, the old one dropped (with its indexes) and the
+/// new one renamed. Existing payloads stay blobs; only new writes go inline.
+/// - A payload is in exactly one of `*_blob` (the hash of a `blobs` row) and `*_inline`
+///   (its bytes); the CHECKs refuse a row naming both, or params naming neither.
+/// - Inline payloads are small enough that a whole row stays within a leaf page's local
+///   payload (about 1,000 bytes for a WITHOUT ROWID table), so it needs no overflow page.
+const V10: &str = "
+CREATE TABLE journal_v10 (
+    run_id         TEXT NOT NULL REFERENCES runs (id),
+    seq            INTEGER NOT NULL,
+    method         TEXT NOT NULL,
+    params_hash    TEXT NOT NULL,
+    params_blob    TEXT REFERENCES blobs (hash),
+    status         TEXT NOT NULL,
+    result_blob    TEXT REFERENCES blobs (hash),
+    error_blob     TEXT REFERENCES blobs (hash),
+    attempt        INTEGER NOT NULL,
+    started_at_ms  INTEGER NOT NULL,
+    finished_at_ms INTEGER,
+    input_tokens   INTEGER NOT NULL DEFAULT 0,
+    output_tokens  INTEGER NOT NULL DEFAULT 0,
+    llm_calls      INTEGER NOT NULL DEFAULT 0,
+    tool_calls     INTEGER NOT NULL DEFAULT 0,
+    cost_micro_usd INTEGER NOT NULL DEFAULT 0,
+    params_inline  BLOB,
+    result_inline  BLOB,
+    error_inline   BLOB,
+    PRIMARY KEY (run_id, seq),
+    CHECK ((params_blob IS NULL) <> (params_inline IS NULL)),
+    CHECK (result_blob IS NULL OR result_inline IS NULL),
+    CHECK (error_blob IS NULL OR error_inline IS NULL)
+) WITHOUT ROWID;
+INSERT INTO journal_v10 (run_id, seq, method, params_hash, params_blob, status, result_blob,
+    error_blob, attempt, started_at_ms, finished_at_ms, input_tokens, output_tokens, llm_calls,
+    tool_calls, cost_micro_usd)
+    SELECT run_id, seq, method, params_hash, params_blob, status, result_blob, error_blob,
+        attempt, started_at_ms, finished_at_ms, input_tokens, output_tokens, llm_calls,
+        tool_calls, cost_micro_usd
+    FROM journal;
+DROP TABLE journal;
+ALTER TABLE journal_v10 RENAME TO journal;
+CREATE INDEX llm_calls_by_time ON journal (started_at_ms) WHERE method = 'llm.chat' AND status = 'ok';
+
+CREATE TABLE message_chain_v10 (
+    hash           TEXT PRIMARY KEY NOT NULL,
+    prev           TEXT,
+    message_blob   TEXT REFERENCES blobs (hash),
+    message_inline BLOB,
+    CHECK ((message_blob IS NULL) <> (message_inline IS NULL))
+) WITHOUT ROWID;
+INSERT INTO message_chain_v10 (hash, prev, message_blob)
+    SELECT hash, prev, message_blob FROM message_chain;
+DROP TABLE message_chain;
+ALTER TABLE message_chain_v10 RENAME TO message_chain;
 ";
 
 /// Settings of the one read-write connection. WAL lets readers run beside the writer;

@@ -567,27 +567,29 @@ pub(super) fn insert_entry(
     seq: Seq,
     entry: &EncodedEntry,
 ) -> Result<()> {
-    put_blob(connection, &entry.params)?;
+    let params = store_payload(connection, Some(&entry.params))?;
     put_chain(connection, &entry.params_chain)?;
-    for blob in [&entry.result, &entry.error].into_iter().flatten() {
-        put_blob(connection, blob)?;
-    }
+    let result = store_payload(connection, entry.result.as_ref())?;
+    let error = store_payload(connection, entry.error.as_ref())?;
     run_sql(
         connection,
         "inserting a journal entry",
-        "INSERT INTO journal (run_id, seq, method, params_hash, params_blob, status, \
-         result_blob, error_blob, attempt, started_at_ms, finished_at_ms, input_tokens, \
-         output_tokens, llm_calls, tool_calls, cost_micro_usd) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+        "INSERT INTO journal (run_id, seq, method, params_hash, params_blob, params_inline, status, \
+         result_blob, result_inline, error_blob, error_inline, attempt, started_at_ms, \
+         finished_at_ms, input_tokens, output_tokens, llm_calls, tool_calls, cost_micro_usd) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
         params![
             run.as_str(),
             seq_param(seq),
             entry.method,
             entry.params_hash,
-            entry.params.hash,
+            params.blob,
+            params.inline,
             entry.status.as_str(),
-            entry.result.as_ref().map(|blob| blob.hash.as_str()),
-            entry.error.as_ref().map(|blob| blob.hash.as_str()),
+            result.blob,
+            result.inline,
+            error.blob,
+            error.inline,
             entry.attempt,
             entry.started_at_ms,
             entry.finished_at_ms,
@@ -625,21 +627,22 @@ fn complete_entry(
         }
         Some(_) => {}
     }
-    for blob in [&completion.result, &completion.error].into_iter().flatten() {
-        put_blob(connection, blob)?;
-    }
+    let result = store_payload(connection, completion.result.as_ref())?;
+    let error = store_payload(connection, completion.error.as_ref())?;
     run_sql(
         connection,
         "completing a journal entry",
-        "UPDATE journal SET status = ?3, result_blob = ?4, error_blob = ?5, finished_at_ms = ?6, \
-         input_tokens = ?7, output_tokens = ?8, llm_calls = ?9, tool_calls = ?10, \
-         cost_micro_usd = ?11 WHERE run_id = ?1 AND seq = ?2",
+        "UPDATE journal SET status = ?3, result_blob = ?4, result_inline = ?5, error_blob = ?6, \
+         error_inline = ?7, finished_at_ms = ?8, input_tokens = ?9, output_tokens = ?10, \
+         llm_calls = ?11, tool_calls = ?12, cost_micro_usd = ?13 WHERE run_id = ?1 AND seq = ?2",
         params![
             run.as_str(),
             seq_param(seq),
             completion.status.as_str(),
-            completion.result.as_ref().map(|blob| blob.hash.as_str()),
-            completion.error.as_ref().map(|blob| blob.hash.as_str()),
+            result.blob,
+            result.inline,
+            error.blob,
+            error.inline,
             completion.finished_at_ms,
             completion.usage.input_tokens,
             completion.usage.output_tokens,
@@ -652,24 +655,32 @@ fn complete_entry(
 }
 
 /// Adds to a run's usage totals (and provider call count) in the current transaction.
+/// The cost is set only when it changes: naming an indexed column in `SET` rewrites its
+/// index entries (`runs_by_cost`, `runs_by_tenant_cost`: two pages) even when the value
+/// stays the same, and most entries (tool calls, messages) cost nothing.
 fn add_usage(connection: &Connection, run: &RunId, usage: &Usage, provider_served: bool) -> Result<()> {
-    run_sql(
-        connection,
-        "adding to a run's usage",
+    if *usage == Usage::default() && !provider_served {
+        return Ok(());
+    }
+    let counts = params![
+        run.as_str(),
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.llm_calls,
+        usage.tool_calls,
+        u64::from(provider_served),
+        usage.cost_micro_usd,
+    ];
+    let sql = if usage.cost_micro_usd == 0 {
         "UPDATE runs SET input_tokens = input_tokens + ?2, output_tokens = output_tokens + ?3, \
          llm_calls = llm_calls + ?4, tool_calls = tool_calls + ?5, \
-         cost_micro_usd = cost_micro_usd + ?6, provider_calls = provider_calls + ?7 \
-         WHERE id = ?1",
-        params![
-            run.as_str(),
-            usage.input_tokens,
-            usage.output_tokens,
-            usage.llm_calls,
-            usage.tool_calls,
-            usage.cost_micro_usd,
-            u64::from(provider_served),
-        ],
-    )?;
+         provider_calls = provider_calls + ?6 WHERE id = ?1 AND ?7 = 0"
+    } else {
+        "UPDATE runs SET input_tokens = input_tokens + ?2, output_tokens = output_tokens + ?3, \
+         llm_calls = llm_calls + ?4, tool_calls = tool_calls + ?5, \
+         provider_calls = provider_calls + ?6, cost_micro_usd = cost_micro_usd + ?7 WHERE id = ?1"
+    };
+    run_sql(connection, "adding to a run's usage", sql, counts)?;
     Ok(())
 }
 
@@ -1060,6 +1071,7 @@ fn journal_mailbox(
 
 /// Stores the nodes of a message chain that are not stored yet (see
 /// `chain::unstored_links`): a call that re-sends a history writes only the new messages.
+/// A small message is stored in its node, a larger one as a blob the node names.
 fn put_chain(connection: &Connection, links: &[ChainLink]) -> Result<()> {
     let unstored = chain::unstored_links(links, |link| {
         let found = queries::query_first(
@@ -1072,16 +1084,46 @@ fn put_chain(connection: &Connection, links: &[ChainLink]) -> Result<()> {
         Ok(found.is_some())
     })?;
     for link in unstored {
-        put_blob(connection, &link.message)?;
+        let message = store_payload(connection, Some(&link.message))?;
         run_sql(
             connection,
             "storing a message chain node",
-            "INSERT INTO message_chain (hash, prev, message_blob) VALUES (?1, ?2, ?3) \
+            "INSERT INTO message_chain (hash, prev, message_blob, message_inline) VALUES (?1, ?2, ?3, ?4) \
              ON CONFLICT (hash) DO NOTHING",
-            params![link.hash, link.prev, link.message.hash],
+            params![link.hash, link.prev, message.blob, message.inline],
         )?;
     }
     Ok(())
+}
+
+/// Payloads up to this many bytes are stored in the row that names them (a journal entry,
+/// a message chain node) rather than as a blob of their own: a blob is a row at a random
+/// place of `blobs` (its key is a content hash), so every commit storing one wrote a page
+/// there besides the row's own. Small enough that a journal row with its params and
+/// result inline stays within a leaf's local payload (about 1,000 bytes in a WITHOUT ROWID
+/// table), so it never needs an overflow page. Inline payloads are not shared: the same
+/// small payload stored twice takes its bytes twice, where a blob would have been one.
+pub(super) const INLINE_MAX: usize = 256;
+
+/// Where a payload went: exactly one of the two is set for a payload, neither for none.
+struct StoredPayload<'a> {
+    blob: Option<&'a str>,
+    inline: Option<&'a [u8]>,
+}
+
+/// Stores a payload inline (see [`INLINE_MAX`]) or as a blob, and says which for the row
+/// that names it.
+fn store_payload<'a>(connection: &Connection, payload: Option<&'a Blob>) -> Result<StoredPayload<'a>> {
+    Ok(match payload {
+        None => StoredPayload { blob: None, inline: None },
+        Some(blob) if blob.bytes.len() <= INLINE_MAX => {
+            StoredPayload { blob: None, inline: Some(blob.bytes.as_slice()) }
+        }
+        Some(blob) => {
+            put_blob(connection, blob)?;
+            StoredPayload { blob: Some(blob.hash.as_str()), inline: None }
+        }
+    })
 }
 
 /// Stores a payload once: a blob with the same hash is already the same bytes.

@@ -8,14 +8,16 @@ use serde_json::json;
 
 use crate::{TestDb, new_run};
 
-/// A database with one healthy run and one run (with a journal entry) to damage.
+/// A database with one healthy run and one run (with a journal entry) to damage. The
+/// entry's params are large enough to be a blob of their own, its result small enough to
+/// be stored inline in the journal row.
 async fn two_runs(db: &TestDb) -> (RunId, RunId) {
     let store = db.open();
     let healthy = store.create_run(new_run(1)).await.unwrap().id;
     let damaged = store.create_run(new_run(2)).await.unwrap().id;
     let entry = NewEntry {
         method: "llm.chat".to_owned(),
-        params: json!({"prompt": "unique to the damaged run"}),
+        params: json!({"prompt": "unique to the damaged run", "padding": "x".repeat(300)}),
         params_hash: "h".to_owned(),
         status: EntryStatus::Ok,
         result: Some(json!("answer")),
@@ -98,6 +100,20 @@ async fn a_missing_blob_is_corrupt() {
         &["params", "journal entry 1", damaged.as_str(), "missing"],
     );
     assert_corrupt(store.latest_entry(&damaged, "llm.chat").await, &["missing"]);
+}
+
+#[tokio::test]
+async fn an_inline_payload_that_is_not_json_is_corrupt() {
+    let db = TestDb::new();
+    let (healthy, damaged) = two_runs(&db).await;
+    tamper(&db, "UPDATE journal SET result_inline = x'7b6e6f' WHERE run_id = ?1", &damaged);
+    let store = db.open();
+    assert_corrupt(
+        store.journal(&damaged, 0).await,
+        &["result", "journal entry 1", damaged.as_str(), "not JSON"],
+    );
+    assert_corrupt(store.latest_entry(&damaged, "llm.chat").await, &["result", "not JSON"]);
+    assert_eq!(store.journal(&healthy, 0).await.unwrap().len(), 0);
 }
 
 #[tokio::test]

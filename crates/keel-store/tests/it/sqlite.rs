@@ -243,7 +243,7 @@ async fn a_version_1_database_is_migrated_to_memory() {
         "DROP TABLE memory_embeddings; DROP TABLE memory_fts; DROP TABLE memory; DROP TABLE memory_deletes; DROP TABLE message_chain; \
          DROP TABLE thread_messages; DROP TABLE mailbox; DROP TABLE subscriptions; \
          DROP TABLE audit; DROP TABLE audit_head; DROP TABLE api_tokens; DROP TABLE tenants; \
-         DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 1;",
+         DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 1;",
     )
     .unwrap();
     drop(raw);
@@ -268,7 +268,7 @@ async fn a_version_1_database_is_migrated_to_memory() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
 }
 
 /// A version-2 database (memory, no mailboxes) is migrated to version 3.
@@ -283,7 +283,7 @@ async fn a_version_2_database_is_migrated_to_mailboxes() {
     raw.execute_batch(
         "DROP TABLE memory_embeddings; DROP TRIGGER memory_embedding_deleted; \
          DROP TABLE mailbox; DROP TABLE subscriptions; DROP TABLE audit; DROP TABLE audit_head; \
-         DROP TABLE api_tokens; DROP TABLE tenants; DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 2;",
+         DROP TABLE api_tokens; DROP TABLE tenants; DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 2;",
     )
     .unwrap();
     drop(raw);
@@ -306,7 +306,7 @@ async fn a_version_2_database_is_migrated_to_mailboxes() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
 }
 
 /// A version-3 database (mailboxes, no audit log) is migrated to version 4 and starts an
@@ -321,7 +321,7 @@ async fn a_version_3_database_is_migrated_to_the_audit_log() {
     raw.execute_batch(
         "DROP TABLE memory_embeddings; DROP TRIGGER memory_embedding_deleted; \
          DROP TABLE audit; DROP TABLE audit_head; DROP TABLE api_tokens; DROP TABLE tenants; \
-         DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 3;",
+         DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 3;",
     )
     .unwrap();
     drop(raw);
@@ -344,7 +344,7 @@ async fn a_version_3_database_is_migrated_to_the_audit_log() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
 }
 
 /// A version-4 database (audit log, no tenants) is migrated to version 5: its runs keep
@@ -358,7 +358,7 @@ async fn a_version_4_database_is_migrated_to_tenants() {
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     raw.execute_batch(
         "DROP TABLE memory_embeddings; DROP TRIGGER memory_embedding_deleted; DROP TABLE api_tokens; \
-         DROP TABLE tenants; DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 4;",
+         DROP TABLE tenants; DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 4;",
     )
     .unwrap();
     drop(raw);
@@ -381,7 +381,7 @@ async fn a_version_4_database_is_migrated_to_tenants() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
 }
 
 /// A version-5 database (no embeddings) keeps its records, which search by text as
@@ -395,7 +395,7 @@ async fn a_version_5_database_is_migrated_to_embeddings() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     raw.execute_batch(
-        "DROP TRIGGER memory_embedding_deleted; DROP TABLE memory_embeddings; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 5;",
+        "DROP TRIGGER memory_embedding_deleted; DROP TABLE memory_embeddings; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 5;",
     )
     .unwrap();
     drop(raw);
@@ -414,7 +414,7 @@ async fn a_version_5_database_is_migrated_to_embeddings() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
 }
 
 /// A version-6 database (before the console's indexes) keeps its runs, gains the indexes,
@@ -428,7 +428,7 @@ async fn a_version_6_database_is_migrated_to_the_consoles_indexes() {
     let newer = store.create_run(new_run(2)).await.unwrap().id;
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
-    raw.execute_batch("DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX journal_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 6;").unwrap();
+    raw.execute_batch("DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 6;").unwrap();
     drop(raw);
 
     let store = db.open();
@@ -438,16 +438,115 @@ async fn a_version_6_database_is_migrated_to_the_consoles_indexes() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
     let indexes: i64 = raw
         .query_row(
             "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' \
-             AND name IN ('runs_by_cost', 'runs_by_tenant_cost', 'journal_by_time')",
+             AND name IN ('runs_by_cost', 'runs_by_tenant_cost', 'llm_calls_by_time')",
             [],
             |row| row.get(0),
         )
         .unwrap();
     assert_eq!(indexes, 3);
+}
+
+/// A version-9 database (every payload a blob, both journal indexes) keeps its journal and
+/// conversations when version 10 rebuilds `journal` and `message_chain`: old entries read
+/// back from their blobs, new small payloads go inline, and the indexes are the new ones.
+/// The version-9 tables are made by hand, with the shapes that version created.
+#[tokio::test]
+async fn a_version_9_database_keeps_its_blobs_when_payloads_go_inline() {
+    let db = TestDb::new();
+    let store = db.open();
+    let run = store.create_run(new_run(1)).await.unwrap().id;
+    drop(store);
+    let raw = rusqlite::Connection::open(db.path()).unwrap();
+    raw.execute_batch(
+        "DROP TABLE journal; DROP TABLE message_chain;
+         CREATE TABLE journal (
+             run_id TEXT NOT NULL REFERENCES runs (id), seq INTEGER NOT NULL, method TEXT NOT NULL,
+             params_hash TEXT NOT NULL, params_blob TEXT NOT NULL REFERENCES blobs (hash),
+             status TEXT NOT NULL, result_blob TEXT REFERENCES blobs (hash),
+             error_blob TEXT REFERENCES blobs (hash), attempt INTEGER NOT NULL,
+             started_at_ms INTEGER NOT NULL, finished_at_ms INTEGER,
+             input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0,
+             llm_calls INTEGER NOT NULL DEFAULT 0, tool_calls INTEGER NOT NULL DEFAULT 0,
+             cost_micro_usd INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (run_id, seq)) WITHOUT ROWID;
+         CREATE INDEX journal_by_method ON journal (run_id, method, seq);
+         CREATE INDEX journal_by_time ON journal (method, started_at_ms);
+         CREATE TABLE message_chain (hash TEXT PRIMARY KEY NOT NULL, prev TEXT,
+             message_blob TEXT NOT NULL REFERENCES blobs (hash)) WITHOUT ROWID;
+         PRAGMA user_version = 9;",
+    )
+    .unwrap();
+    // One `llm.chat` entry as version 9 wrote it: params naming a one-message chain, and
+    // a result, each a blob.
+    let message = json!({"role": "user", "content": "hello"});
+    let (params, links) = keel_store::chain::split_params(&json!({"model": "m", "messages": [message]}));
+    let result = keel_store::chain::Blob::of(&json!({"model": "m", "choices": []}));
+    for blob in [&links[0].message, &params, &result] {
+        raw.execute(
+            "INSERT INTO blobs (hash, size, bytes) VALUES (?1, ?2, ?3)",
+            rusqlite::params![blob.hash, blob.bytes.len(), blob.bytes],
+        )
+        .unwrap();
+    }
+    raw.execute(
+        "INSERT INTO message_chain (hash, prev, message_blob) VALUES (?1, NULL, ?2)",
+        rusqlite::params![links[0].hash, links[0].message.hash],
+    )
+    .unwrap();
+    raw.execute(
+        "INSERT INTO journal (run_id, seq, method, params_hash, params_blob, status, result_blob, \
+         attempt, started_at_ms, finished_at_ms, llm_calls, cost_micro_usd) \
+         VALUES (?1, 1, 'llm.chat', 'h', ?2, 'ok', ?3, 1, 5, 6, 1, 7)",
+        rusqlite::params![run.as_str(), params.hash, result.hash],
+    )
+    .unwrap();
+    drop(raw);
+
+    let store = db.open();
+    let journal = store.journal(&run, 0).await.unwrap();
+    assert_eq!(journal.len(), 1, "the version-9 entry survives");
+    assert_eq!(journal[0].params, json!({"model": "m", "messages": [message.clone()]}));
+    assert_eq!(journal[0].result, Some(json!({"model": "m", "choices": []})));
+    let costs = store.cost_summary(&keel_store::CostFilter { since_ms: 0, bucket_ms: 1000, tenant: None });
+    let costs = costs.await.unwrap();
+    assert_eq!((costs.len(), costs[0].model.as_str(), costs[0].cost_micro_usd), (1, "m", 7));
+    // A new call re-sending the old message shares its node and stores its reply inline.
+    let next = NewEntry {
+        method: "llm.chat".to_owned(),
+        params: json!({"model": "m", "messages": [message.clone(), {"role": "user", "content": "again"}]}),
+        params_hash: "h2".to_owned(),
+        status: EntryStatus::Ok,
+        result: Some(json!({"model": "m2", "choices": []})),
+        error: None,
+        attempt: 1,
+        started_at_ms: 7,
+        finished_at_ms: Some(8),
+        usage: Usage { llm_calls: 1, cost_micro_usd: 3, ..Usage::default() },
+    };
+    let blobs = store.stats().await.unwrap().blobs;
+    store.append_entry(&run, next.clone()).await.unwrap();
+    assert_eq!(store.stats().await.unwrap().blobs, blobs, "small payloads are stored inline");
+    let journal = store.journal(&run, 0).await.unwrap();
+    assert_eq!((journal[1].params.clone(), journal[1].result.clone()), (next.params, next.result));
+    let costs = store.cost_summary(&keel_store::CostFilter { since_ms: 0, bucket_ms: 1000, tenant: None });
+    let models: Vec<_> = costs.await.unwrap().into_iter().map(|bucket| bucket.model).collect();
+    assert_eq!(models, ["m", "m2"], "the inline result names its model");
+    drop(store);
+
+    let raw = rusqlite::Connection::open(db.path()).unwrap();
+    let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
+    assert_eq!(version, 10);
+    let indexes: Vec<String> = raw
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'journal' ORDER BY name")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(indexes, ["llm_calls_by_time"], "the table itself is its primary key");
 }
 
 #[test]
