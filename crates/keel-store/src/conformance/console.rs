@@ -23,12 +23,14 @@ async fn ids(store: &dyn Store, filter: &RunFilter, what: &str) -> Vec<RunId> {
 pub async fn runs_list_sorted_searched_and_paged(store: &dyn Store) {
     let tenant = fresh_tenant("console");
     let start = now_ms();
-    // (command, cost in micro-USD, state): created in this order, one ms apart.
+    // (command, cost in micro-USD, state): created in this order, one ms apart. The ended
+    // ones get an end time, so that a backend indexing ended and live runs apart must
+    // merge them (b and d cost the same, one ended and one live).
     let plan = [
         (["python3", "Alpha.py"], 300, RunState::Running),
         (["python3", "beta.py"], 100, RunState::Succeeded),
-        (["node", "gamma_100%.js"], 500, RunState::Running),
-        (["python3", "delta.py"], 100, RunState::Failed),
+        (["node", "gamma_100%.js"], 500, RunState::Failed),
+        (["python3", "delta.py"], 100, RunState::Running),
         (["python3", "alphabet.py"], 0, RunState::Running),
     ];
     let mut runs = Vec::new();
@@ -44,6 +46,11 @@ pub async fn runs_list_sorted_searched_and_paged(store: &dyn Store) {
             let usage = Usage { llm_calls: 1, cost_micro_usd: *cost, ..Usage::default() };
             let entry = complete_entry("llm.chat", json!({"i": i}), EntryStatus::Ok, usage);
             store.append_entry(&id, entry).await.must("append_entry with a cost");
+        }
+        if state.is_terminal() {
+            let ended =
+                crate::RunPatch { ended_at_ms: Some(Some(created + 10)), ..crate::RunPatch::default() };
+            store.update_run(&id, None, ended).await.must("update_run ending a run");
         }
         runs.push(id);
     }

@@ -14,7 +14,8 @@ use crate::chain::{ChainCache, ChainNode};
 use crate::search::{self, BestHits, CosineQuery};
 use crate::{
     CostBucket, CostFilter, Error, EventRecord, JournalEntry, MailboxMessage, MemoryHit, MemoryRecord,
-    MemorySearch, Result, RunCount, RunFilter, RunRecord, SearchMode, Seq, StoreStats, ThreadMessage,
+    MemorySearch, Result, RunCount, RunFilter, RunOrder, RunRecord, SearchMode, Seq, StoreStats,
+    ThreadMessage,
 };
 
 /// The columns `decode_run` reads, in `SELECT` form.
@@ -76,11 +77,34 @@ pub(super) fn list_runs(connection: &Connection, filter: &RunFilter) -> Result<V
         None => -1,
     };
     let offset = i64::try_from(filter.offset).unwrap_or(i64::MAX);
+    let order = filter.order.order_by();
+    if !matches!(filter.order, RunOrder::CostliestFirst | RunOrder::CheapestFirst) {
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM runs {matching} ORDER BY {order} LIMIT {limit} OFFSET {offset}"
+        );
+        return query_all(connection, "listing runs", &sql, params_from_iter(values.iter()), decode_run);
+    }
+    // Only ended runs are indexed by cost (`ended_runs_by_cost`, `ended_runs_by_tenant_cost`):
+    // a live run's cost changes with every paid call, and keeping it in an index cost each
+    // of those commits two pages. So the ended runs come in cost order from the index, the
+    // live ones (`live_runs`) are sorted here, and the two meet in one order. Each side
+    // gives at most the rows the page could need from it. The indexes are named, so that
+    // a state filter never makes SQLite read every ended run of that state for the live
+    // side.
+    let each = if limit < 0 { -1 } else { limit.saturating_add(offset) };
+    let and = if conditions.is_empty() { String::new() } else { format!("AND {}", conditions.join(" AND ")) };
+    let ended = if filter.tenant.is_some() { "ended_runs_by_tenant_cost" } else { "ended_runs_by_cost" };
     let sql = format!(
-        "SELECT {RUN_COLUMNS} FROM runs {matching} ORDER BY {} LIMIT {limit} OFFSET {offset}",
-        filter.order.order_by()
+        "SELECT {RUN_COLUMNS} FROM \
+         (SELECT {RUN_COLUMNS} FROM runs INDEXED BY {ended} WHERE ended_at_ms IS NOT NULL {and} \
+          ORDER BY {order} LIMIT {each}) \
+         UNION ALL SELECT {RUN_COLUMNS} FROM \
+         (SELECT {RUN_COLUMNS} FROM runs INDEXED BY live_runs WHERE ended_at_ms IS NULL {and} \
+          ORDER BY {order} LIMIT {each}) \
+         ORDER BY {order} LIMIT {limit} OFFSET {offset}"
     );
-    query_all(connection, "listing runs", &sql, params_from_iter(values.iter()), decode_run)
+    let both = values.iter().chain(values.iter());
+    query_all(connection, "listing runs by cost", &sql, params_from_iter(both), decode_run)
 }
 
 /// See `Store::runs_ended_after`; `runs_by_end` serves it.

@@ -61,7 +61,11 @@
 //!   `journal_by_method` is gone (`latest_entry` reads the run's journal backwards from its
 //!   end, which the run's recovery reads whole anyway), and `journal_by_time` became
 //!   `llm_calls_by_time`, holding only completed `llm.chat` entries (all `cost_summary`
-//!   reads). Each had cost every append a page.
+//!   reads). Each had cost every append a page. `runs_by_cost` and `runs_by_tenant_cost`
+//!   became `ended_runs_by_cost` and `ended_runs_by_tenant_cost`, partial indexes of
+//!   ended runs: a live run's cost changes with every paid call, which rewrote an entry
+//!   of each (two pages a commit). Listing by cost merges the ended runs, in index order,
+//!   with the live ones (`live_runs`), sorted as read.
 
 use std::time::Duration;
 
@@ -376,7 +380,8 @@ const V9: &str = "
 CREATE INDEX runs_by_end ON runs (tenant, ended_at_ms, id) WHERE ended_at_ms IS NOT NULL;
 ";
 
-/// Version 10: small payloads inline, and two journal indexes fewer (see the module doc).
+/// Version 10: small payloads inline, two journal indexes fewer, and cost indexes of ended
+/// runs only (see the module doc).
 /// SQLite cannot make a column nullable in place, so `journal` and `message_chain` are
 /// rebuilt: a new table, the rows copied, the old one dropped (with its indexes) and the
 /// new one renamed. Existing payloads stay blobs; only new writes go inline.
@@ -432,6 +437,14 @@ INSERT INTO message_chain_v10 (hash, prev, message_blob)
     SELECT hash, prev, message_blob FROM message_chain;
 DROP TABLE message_chain;
 ALTER TABLE message_chain_v10 RENAME TO message_chain;
+
+DROP INDEX runs_by_cost;
+DROP INDEX runs_by_tenant_cost;
+CREATE INDEX ended_runs_by_cost ON runs (cost_micro_usd, created_at_ms, id)
+    WHERE ended_at_ms IS NOT NULL;
+CREATE INDEX ended_runs_by_tenant_cost ON runs (tenant, cost_micro_usd, created_at_ms, id)
+    WHERE ended_at_ms IS NOT NULL;
+CREATE INDEX live_runs ON runs (tenant, created_at_ms, id) WHERE ended_at_ms IS NULL;
 ";
 
 /// Settings of the one read-write connection. WAL lets readers run beside the writer;

@@ -243,7 +243,7 @@ async fn a_version_1_database_is_migrated_to_memory() {
         "DROP TABLE memory_embeddings; DROP TABLE memory_fts; DROP TABLE memory; DROP TABLE memory_deletes; DROP TABLE message_chain; \
          DROP TABLE thread_messages; DROP TABLE mailbox; DROP TABLE subscriptions; \
          DROP TABLE audit; DROP TABLE audit_head; DROP TABLE api_tokens; DROP TABLE tenants; \
-         DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 1;",
+         DROP INDEX runs_by_tenant; DROP INDEX ended_runs_by_cost; DROP INDEX ended_runs_by_tenant_cost; DROP INDEX live_runs; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 1;",
     )
     .unwrap();
     drop(raw);
@@ -283,7 +283,7 @@ async fn a_version_2_database_is_migrated_to_mailboxes() {
     raw.execute_batch(
         "DROP TABLE memory_embeddings; DROP TRIGGER memory_embedding_deleted; \
          DROP TABLE mailbox; DROP TABLE subscriptions; DROP TABLE audit; DROP TABLE audit_head; \
-         DROP TABLE api_tokens; DROP TABLE tenants; DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 2;",
+         DROP TABLE api_tokens; DROP TABLE tenants; DROP INDEX runs_by_tenant; DROP INDEX ended_runs_by_cost; DROP INDEX ended_runs_by_tenant_cost; DROP INDEX live_runs; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 2;",
     )
     .unwrap();
     drop(raw);
@@ -321,7 +321,7 @@ async fn a_version_3_database_is_migrated_to_the_audit_log() {
     raw.execute_batch(
         "DROP TABLE memory_embeddings; DROP TRIGGER memory_embedding_deleted; \
          DROP TABLE audit; DROP TABLE audit_head; DROP TABLE api_tokens; DROP TABLE tenants; \
-         DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 3;",
+         DROP INDEX runs_by_tenant; DROP INDEX ended_runs_by_cost; DROP INDEX ended_runs_by_tenant_cost; DROP INDEX live_runs; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 3;",
     )
     .unwrap();
     drop(raw);
@@ -358,7 +358,7 @@ async fn a_version_4_database_is_migrated_to_tenants() {
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     raw.execute_batch(
         "DROP TABLE memory_embeddings; DROP TRIGGER memory_embedding_deleted; DROP TABLE api_tokens; \
-         DROP TABLE tenants; DROP INDEX runs_by_tenant; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 4;",
+         DROP TABLE tenants; DROP INDEX runs_by_tenant; DROP INDEX ended_runs_by_cost; DROP INDEX ended_runs_by_tenant_cost; DROP INDEX live_runs; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 4;",
     )
     .unwrap();
     drop(raw);
@@ -395,7 +395,7 @@ async fn a_version_5_database_is_migrated_to_embeddings() {
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
     raw.execute_batch(
-        "DROP TRIGGER memory_embedding_deleted; DROP TABLE memory_embeddings; DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 5;",
+        "DROP TRIGGER memory_embedding_deleted; DROP TABLE memory_embeddings; DROP INDEX ended_runs_by_cost; DROP INDEX ended_runs_by_tenant_cost; DROP INDEX live_runs; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 5;",
     )
     .unwrap();
     drop(raw);
@@ -428,7 +428,7 @@ async fn a_version_6_database_is_migrated_to_the_consoles_indexes() {
     let newer = store.create_run(new_run(2)).await.unwrap().id;
     drop(store);
     let raw = rusqlite::Connection::open(db.path()).unwrap();
-    raw.execute_batch("DROP INDEX runs_by_cost; DROP INDEX runs_by_tenant_cost; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 6;").unwrap();
+    raw.execute_batch("DROP INDEX ended_runs_by_cost; DROP INDEX ended_runs_by_tenant_cost; DROP INDEX live_runs; DROP INDEX llm_calls_by_time; DROP INDEX runs_by_end; DROP TABLE trigger_fires; DROP TABLE triggers; PRAGMA user_version = 6;").unwrap();
     drop(raw);
 
     let store = db.open();
@@ -442,17 +442,19 @@ async fn a_version_6_database_is_migrated_to_the_consoles_indexes() {
     let indexes: i64 = raw
         .query_row(
             "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' \
-             AND name IN ('runs_by_cost', 'runs_by_tenant_cost', 'llm_calls_by_time')",
+             AND name IN ('ended_runs_by_cost', 'ended_runs_by_tenant_cost', 'live_runs', \
+             'llm_calls_by_time')",
             [],
             |row| row.get(0),
         )
         .unwrap();
-    assert_eq!(indexes, 3);
+    assert_eq!(indexes, 4);
 }
 
 /// A version-9 database (every payload a blob, both journal indexes) keeps its journal and
 /// conversations when version 10 rebuilds `journal` and `message_chain`: old entries read
-/// back from their blobs, new small payloads go inline, and the indexes are the new ones.
+/// back from their blobs, new small payloads go inline, and the indexes are the new ones
+/// (the cost indexes too).
 /// The version-9 tables are made by hand, with the shapes that version created.
 #[tokio::test]
 async fn a_version_9_database_keeps_its_blobs_when_payloads_go_inline() {
@@ -476,6 +478,9 @@ async fn a_version_9_database_keeps_its_blobs_when_payloads_go_inline() {
          CREATE INDEX journal_by_time ON journal (method, started_at_ms);
          CREATE TABLE message_chain (hash TEXT PRIMARY KEY NOT NULL, prev TEXT,
              message_blob TEXT NOT NULL REFERENCES blobs (hash)) WITHOUT ROWID;
+         DROP INDEX ended_runs_by_cost; DROP INDEX ended_runs_by_tenant_cost; DROP INDEX live_runs;
+         CREATE INDEX runs_by_cost ON runs (cost_micro_usd, created_at_ms, id);
+         CREATE INDEX runs_by_tenant_cost ON runs (tenant, cost_micro_usd, created_at_ms, id);
          PRAGMA user_version = 9;",
     )
     .unwrap();
@@ -547,6 +552,14 @@ async fn a_version_9_database_keeps_its_blobs_when_payloads_go_inline() {
         .collect::<Result<_, _>>()
         .unwrap();
     assert_eq!(indexes, ["llm_calls_by_time"], "the table itself is its primary key");
+    let cost_indexes: i64 = raw
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name LIKE '%runs_by%cost'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(cost_indexes, 2, "ended_runs_by_cost and ended_runs_by_tenant_cost, no others");
 }
 
 #[test]
