@@ -229,6 +229,19 @@ async fn dropping_the_store_from_a_task_does_not_block_forever() {
     assert_eq!(db.open().stats().await.unwrap().runs, 1);
 }
 
+/// The schema version this build writes.
+const SCHEMA_VERSION: i64 = 10;
+
+/// Opens the file of a store that was opened (and so migrated) and dropped, checking it
+/// is at this build's schema version.
+#[track_caller]
+fn migrated_file(db: &TestDb) -> rusqlite::Connection {
+    let raw = rusqlite::Connection::open(db.path()).unwrap();
+    let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    raw
+}
+
 /// A version-1 database (before memory) keeps its runs and gains the memory tables when a
 /// newer keel opens it. The v1 file is made by taking the version-2 objects out of a new
 /// one, which leaves exactly the version-1 schema.
@@ -266,9 +279,7 @@ async fn a_version_1_database_is_migrated_to_memory() {
     );
     assert_eq!(store.thread_append("t", "th", json!("m"), None, 1).await.unwrap(), 0);
     drop(store);
-    let raw = rusqlite::Connection::open(db.path()).unwrap();
-    let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 10);
+    migrated_file(&db);
 }
 
 /// A version-2 database (memory, no mailboxes) is migrated to version 3.
@@ -304,9 +315,7 @@ async fn a_version_2_database_is_migrated_to_mailboxes() {
     assert_eq!(store.mailbox_send(&run, message).await.unwrap(), 1);
     assert_eq!(store.mailbox_receive(&run, None).await.unwrap().unwrap().message, json!("hi"));
     drop(store);
-    let raw = rusqlite::Connection::open(db.path()).unwrap();
-    let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 10);
+    migrated_file(&db);
 }
 
 /// A version-3 database (mailboxes, no audit log) is migrated to version 4 and starts an
@@ -342,9 +351,7 @@ async fn a_version_3_database_is_migrated_to_the_audit_log() {
     };
     assert_eq!(store.audit_append(vec![record]).await.unwrap(), vec![1]);
     drop(store);
-    let raw = rusqlite::Connection::open(db.path()).unwrap();
-    let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 10);
+    migrated_file(&db);
 }
 
 /// A version-4 database (audit log, no tenants) is migrated to version 5: its runs keep
@@ -379,9 +386,7 @@ async fn a_version_4_database_is_migrated_to_tenants() {
     store.token_create(token.clone()).await.unwrap();
     assert_eq!(store.token_lookup("h").await.unwrap(), Some(token));
     drop(store);
-    let raw = rusqlite::Connection::open(db.path()).unwrap();
-    let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 10);
+    migrated_file(&db);
 }
 
 /// A version-5 database (no embeddings) keeps its records, which search by text as
@@ -412,9 +417,7 @@ async fn a_version_5_database_is_migrated_to_embeddings() {
         MemorySearch { query: String::new(), mode: SearchMode::Semantic, embedding: Some(embedding) };
     assert_eq!(store.mem_search("t", "ns", &semantic, 5).await.unwrap()[0].key, "old");
     drop(store);
-    let raw = rusqlite::Connection::open(db.path()).unwrap();
-    let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 10);
+    migrated_file(&db);
 }
 
 /// A version-6 database (before the console's indexes) keeps its runs, gains the indexes,
@@ -436,9 +439,7 @@ async fn a_version_6_database_is_migrated_to_the_consoles_indexes() {
     let listed: Vec<_> = store.list_runs(&filter).await.unwrap().into_iter().map(|run| run.id).collect();
     assert_eq!(listed, vec![older, newer], "v6 runs survive and list by cost (equal costs oldest first)");
     drop(store);
-    let raw = rusqlite::Connection::open(db.path()).unwrap();
-    let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 10);
+    let raw = migrated_file(&db);
     let indexes: i64 = raw
         .query_row(
             "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' \
@@ -541,9 +542,7 @@ async fn a_version_9_database_keeps_its_blobs_when_payloads_go_inline() {
     assert_eq!(models, ["m", "m2"], "the inline result names its model");
     drop(store);
 
-    let raw = rusqlite::Connection::open(db.path()).unwrap();
-    let version: i64 = raw.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
-    assert_eq!(version, 10);
+    let raw = migrated_file(&db);
     let indexes: Vec<String> = raw
         .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'journal' ORDER BY name")
         .unwrap()
