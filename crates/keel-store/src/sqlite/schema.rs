@@ -489,6 +489,7 @@ pub(super) fn configure_reader(connection: &Connection) -> Result<()> {
 /// read inside the write transaction, so two processes opening a new file at once do not
 /// both migrate it.
 pub(super) fn migrate(connection: &mut Connection) -> Result<()> {
+    let mut migrated = false;
     loop {
         let transaction = connection
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -499,6 +500,10 @@ pub(super) fn migrate(connection: &mut Connection) -> Result<()> {
         let version = usize::try_from(version)
             .map_err(|_| Error::Corrupt(format!("the database has a negative schema version ({version})")))?;
         if version == SCHEMA_VERSION {
+            drop(transaction);
+            if migrated {
+                shrink_wal(connection);
+            }
             return Ok(());
         }
         let Some(migration) = MIGRATIONS.get(version) else {
@@ -509,5 +514,21 @@ pub(super) fn migrate(connection: &mut Connection) -> Result<()> {
             .pragma_update(None, "user_version", version + 1)
             .map_err(sql_error("recording the schema version"))?;
         transaction.commit().map_err(sql_error("committing a schema migration"))?;
+        migrated = true;
+    }
+}
+
+/// Copies the WAL into the database file and truncates it. A migration that rebuilds a
+/// table (version 10 rebuilds the journal) writes the whole table into the WAL, which
+/// would otherwise keep that size on disk for as long as the store is open. Best effort:
+/// the data is safe in the WAL either way.
+fn shrink_wal(connection: &Connection) {
+    let result = connection.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get::<_, i64>(0));
+    match result {
+        Ok(0) => {}
+        Ok(_) => {
+            tracing::warn!("keel-store: another connection kept the WAL from shrinking after a migration")
+        }
+        Err(error) => tracing::warn!(%error, "keel-store could not shrink the WAL after a migration"),
     }
 }

@@ -509,9 +509,27 @@ async fn a_version_9_database_keeps_its_blobs_when_payloads_go_inline() {
         rusqlite::params![run.as_str(), params.hash, result.hash],
     )
     .unwrap();
+    // And a long journal of another run, so that the rebuild writes megabytes.
+    let long = keel_types::RunId::generate(2);
+    raw.execute(
+        "INSERT INTO runs (id, tenant, spec, state, created_at_ms, updated_at_ms, attempt) \
+         VALUES (?1, 't', '{}', 'running', 2, 2, 1)",
+        [long.as_str()],
+    )
+    .unwrap();
+    raw.execute(
+        "WITH RECURSIVE n(seq) AS (SELECT 1 UNION ALL SELECT seq + 1 FROM n WHERE seq < 20000) \
+         INSERT INTO journal (run_id, seq, method, params_hash, params_blob, status, attempt, started_at_ms) \
+         SELECT ?1, seq, 'tool.call', printf('%064d', seq), ?2, 'ok', 1, seq FROM n",
+        rusqlite::params![long.as_str(), params.hash],
+    )
+    .unwrap();
     drop(raw);
 
     let store = db.open();
+    let wal = std::fs::metadata(format!("{}-wal", db.path().display())).map_or(0, |m| m.len());
+    assert!(wal < 256 * 1024, "the WAL is truncated after the rebuild, not {wal} bytes");
+    assert_eq!(store.journal(&long, 0).await.unwrap().len(), 20_000);
     let journal = store.journal(&run, 0).await.unwrap();
     assert_eq!(journal.len(), 1, "the version-9 entry survives");
     assert_eq!(journal[0].params, json!({"model": "m", "messages": [message.clone()]}));
