@@ -656,8 +656,9 @@ fn complete_entry(
 
 /// Adds to a run's usage totals (and provider call count) in the current transaction.
 /// The cost is set only when it changes: naming an indexed column in `SET` rewrites its
-/// index entries (`runs_by_cost`, `runs_by_tenant_cost`: two pages) even when the value
-/// stays the same, and most entries (tool calls, messages) cost nothing.
+/// index entries even when the value stays the same (for an ended run, an entry of each
+/// of `ended_runs_by_cost` and `ended_runs_by_tenant_cost`: two pages), and most entries
+/// (tool calls, messages) cost nothing.
 fn add_usage(connection: &Connection, run: &RunId, usage: &Usage, provider_served: bool) -> Result<()> {
     if *usage == Usage::default() && !provider_served {
         return Ok(());
