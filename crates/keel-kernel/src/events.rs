@@ -146,12 +146,32 @@ pub struct EventStream {
     head: watch::Receiver<Seq>,
     buffered: std::collections::VecDeque<EventRecord>,
     done: bool,
+    /// When the follower first found the run ended with its final state event not yet
+    /// delivered (see `LAST_EVENTS_GRACE`).
+    ended_seen: Option<tokio::time::Instant>,
 }
+
+/// How long a follower that finds its run ended waits for the run's last events. The
+/// run's row is written first and its events after it (the final state event is emitted
+/// once the row is stored, and the event writer stores events a few milliseconds late),
+/// so a follower reading between the two must not end there. Only a kernel that died in
+/// between (or a node of a cluster that lost the run) leaves them unwritten: then the
+/// stream ends after this.
+const LAST_EVENTS_GRACE: Duration = Duration::from_secs(2);
 
 impl EventStream {
     pub(crate) fn new(store: Arc<dyn Store>, log: &EventLog, run: RunId, after: Seq, follow: bool) -> Self {
         let head = log.head(&run);
-        EventStream { store, run, after, follow, head, buffered: Default::default(), done: false }
+        EventStream {
+            store,
+            run,
+            after,
+            follow,
+            head,
+            buffered: Default::default(),
+            done: false,
+            ended_seen: None,
+        }
     }
 
     /// The next event, or `None` at the end (at once when not following).
@@ -183,8 +203,15 @@ impl EventStream {
             }
             let run = self.store.get_run(&self.run).await?;
             if run.is_none_or(|r| r.state.is_terminal()) {
-                // Ended before we started following and everything was delivered.
-                return Ok(None);
+                // Ended, but its final state event has not come (else `done`): it and the
+                // events just before it may still be on their way to the store.
+                let first = *self.ended_seen.get_or_insert_with(tokio::time::Instant::now);
+                let left = LAST_EVENTS_GRACE.saturating_sub(first.elapsed());
+                if left.is_zero() {
+                    return Ok(None);
+                }
+                let _ = tokio::time::timeout(left, self.head.changed()).await;
+                continue;
             }
             // Wake on a new event, or re-check now and then in case the run ended
             // without a further event (e.g. it was ended by another kernel).
@@ -198,4 +225,64 @@ fn is_terminal_state_event(data: &Value) -> bool {
         .and_then(Value::as_str)
         .and_then(|s| s.parse::<RunState>().ok())
         .is_some_and(RunState::is_terminal)
+}
+
+#[cfg(test)]
+mod tests {
+    use keel_protocol::EventKind;
+    use keel_store::{NewRun, RunPatch, SqliteStore};
+    use serde_json::json;
+
+    use super::*;
+
+    async fn ended_run(store: &Arc<dyn Store>) -> RunId {
+        let run = NewRun {
+            id: RunId::generate(1),
+            tenant: "t".into(),
+            spec: json!({}),
+            state: RunState::Running,
+            created_at_ms: 1,
+        };
+        let id = store.create_run(run).await.unwrap().id;
+        let ended =
+            RunPatch { state: Some(RunState::Succeeded), ended_at_ms: Some(Some(2)), ..RunPatch::default() };
+        store.update_run(&id, None, ended).await.unwrap();
+        id
+    }
+
+    /// The run's row says it ended before its final state event is stored (the order in
+    /// which the kernel writes them): a follower reading in between still gets the event.
+    #[tokio::test]
+    async fn a_follower_gets_the_events_stored_after_the_run_ended() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("keel.db")).unwrap());
+        let log = EventLog::start(store.clone());
+        let run = ended_run(&store).await;
+        let mut stream = EventStream::new(store.clone(), &log, run.clone(), 0, true);
+        let late = log.clone();
+        let id = run.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            late.emit(&id, EventKind::Syscall, json!({"seq": 1, "method": "state.checkpoint"}));
+            late.emit(&id, EventKind::State, json!({"state": "succeeded", "from": "running"}));
+        });
+        let checkpoint = stream.next().await.unwrap().expect("the event before the final state");
+        assert_eq!(checkpoint.kind, "syscall");
+        let last = stream.next().await.unwrap().expect("the final state event");
+        assert_eq!(last.data["state"], "succeeded");
+        assert!(stream.next().await.unwrap().is_none(), "the stream ends after the final state");
+    }
+
+    /// A run whose final state event never comes (its kernel died between the two
+    /// writes) ends the stream after the grace rather than following it forever.
+    #[tokio::test]
+    async fn a_follower_of_an_ended_run_without_its_last_events_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("keel.db")).unwrap());
+        let log = EventLog::start(store.clone());
+        let run = ended_run(&store).await;
+        let mut stream = EventStream::new(store.clone(), &log, run, 0, true);
+        let ended = tokio::time::timeout(LAST_EVENTS_GRACE * 5, stream.next()).await;
+        assert!(ended.expect("the stream must end").unwrap().is_none());
+    }
 }
