@@ -235,7 +235,11 @@ mod tests {
 
     use super::*;
 
-    async fn ended_run(store: &Arc<dyn Store>) -> RunId {
+    /// A store (in `dir`) with an event log, and a run whose row says it ended but none
+    /// of whose events are stored.
+    async fn an_ended_run(dir: &tempfile::TempDir) -> (Arc<dyn Store>, EventLog, RunId) {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("keel.db")).unwrap());
+        let log = EventLog::start(store.clone());
         let run = NewRun {
             id: RunId::generate(1),
             tenant: "t".into(),
@@ -247,7 +251,7 @@ mod tests {
         let ended =
             RunPatch { state: Some(RunState::Succeeded), ended_at_ms: Some(Some(2)), ..RunPatch::default() };
         store.update_run(&id, None, ended).await.unwrap();
-        id
+        (store, log, id)
     }
 
     /// The run's row says it ended before its final state event is stored (the order in
@@ -255,10 +259,8 @@ mod tests {
     #[tokio::test]
     async fn a_follower_gets_the_events_stored_after_the_run_ended() {
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("keel.db")).unwrap());
-        let log = EventLog::start(store.clone());
-        let run = ended_run(&store).await;
-        let mut stream = EventStream::new(store.clone(), &log, run.clone(), 0, true);
+        let (store, log, run) = an_ended_run(&dir).await;
+        let mut stream = EventStream::new(store, &log, run.clone(), 0, true);
         let late = log.clone();
         let id = run.clone();
         tokio::spawn(async move {
@@ -278,10 +280,8 @@ mod tests {
     #[tokio::test]
     async fn a_follower_of_an_ended_run_without_its_last_events_stops() {
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("keel.db")).unwrap());
-        let log = EventLog::start(store.clone());
-        let run = ended_run(&store).await;
-        let mut stream = EventStream::new(store.clone(), &log, run, 0, true);
+        let (store, log, run) = an_ended_run(&dir).await;
+        let mut stream = EventStream::new(store, &log, run, 0, true);
         let ended = tokio::time::timeout(LAST_EVENTS_GRACE * 5, stream.next()).await;
         assert!(ended.expect("the stream must end").unwrap().is_none());
     }

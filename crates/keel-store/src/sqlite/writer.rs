@@ -654,34 +654,29 @@ fn complete_entry(
     add_usage(connection, &run, &completion.usage, completion.provider_served)
 }
 
-/// Adds to a run's usage totals (and provider call count) in the current transaction.
-/// The cost is set only when it changes: naming an indexed column in `SET` rewrites its
-/// index entries even when the value stays the same (for an ended run, an entry of each
-/// of `ended_runs_by_cost` and `ended_runs_by_tenant_cost`: two pages), and most entries
-/// (tool calls, messages) cost nothing.
+/// Adds to a run's usage totals (and provider call count) in the current transaction;
+/// an entry that adds nothing writes nothing.
 fn add_usage(connection: &Connection, run: &RunId, usage: &Usage, provider_served: bool) -> Result<()> {
     if *usage == Usage::default() && !provider_served {
         return Ok(());
     }
-    let counts = params![
-        run.as_str(),
-        usage.input_tokens,
-        usage.output_tokens,
-        usage.llm_calls,
-        usage.tool_calls,
-        u64::from(provider_served),
-        usage.cost_micro_usd,
-    ];
-    let sql = if usage.cost_micro_usd == 0 {
+    run_sql(
+        connection,
+        "adding to a run's usage",
         "UPDATE runs SET input_tokens = input_tokens + ?2, output_tokens = output_tokens + ?3, \
          llm_calls = llm_calls + ?4, tool_calls = tool_calls + ?5, \
-         provider_calls = provider_calls + ?6 WHERE id = ?1 AND ?7 = 0"
-    } else {
-        "UPDATE runs SET input_tokens = input_tokens + ?2, output_tokens = output_tokens + ?3, \
-         llm_calls = llm_calls + ?4, tool_calls = tool_calls + ?5, \
-         provider_calls = provider_calls + ?6, cost_micro_usd = cost_micro_usd + ?7 WHERE id = ?1"
-    };
-    run_sql(connection, "adding to a run's usage", sql, counts)?;
+         cost_micro_usd = cost_micro_usd + ?6, provider_calls = provider_calls + ?7 \
+         WHERE id = ?1",
+        params![
+            run.as_str(),
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.llm_calls,
+            usage.tool_calls,
+            usage.cost_micro_usd,
+            u64::from(provider_served),
+        ],
+    )?;
     Ok(())
 }
 
