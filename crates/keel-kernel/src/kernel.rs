@@ -349,6 +349,13 @@ impl Kernel {
         self.live(run).map_or(0, |live| live.inflight.load(std::sync::atomic::Ordering::SeqCst))
     }
 
+    /// Whether a receive of the run's live agent is on offer to senders: waiting on an
+    /// empty mailbox, to be completed in the commit of the next send to it (see
+    /// `syscall/ipc.rs`). For diagnostics and tests.
+    pub fn receive_on_offer(&self, run: &RunId) -> bool {
+        self.inner.mailboxes.on_offer(run)
+    }
+
     /// The open `human.ask` question of a waiting or paused run (with its form, if any).
     async fn open_question(&self, run: &RunId) -> Result<Option<HumanAskParams>> {
         if let Some(live) = self.live(run)

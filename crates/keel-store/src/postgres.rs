@@ -573,7 +573,9 @@ impl Store for PgStore {
         let tx = &transaction;
         let write = async move {
             let done = match op {
-                MailboxOp::Send { to, message } => {
+                // The receiver takes the message itself: a send's transaction here locks
+                // and fences the sender's run only.
+                MailboxOp::Send { to, message } | MailboxOp::SendToReceiver { to, message, .. } => {
                     let text = message.message.to_string();
                     // Both run rows, in id order: two runs sending to each other at once then
                     // wait for one another instead of deadlocking.

@@ -489,13 +489,27 @@ impl Store for SqliteStore {
         result_of: MailboxResult,
     ) -> Result<Option<(Seq, MailboxDone)>> {
         let entry = EncodedEntry::of(NewEntry { result: None, ..entry });
+        let (op, receive) = match op {
+            MailboxOp::SendToReceiver { to, message, receive } => {
+                let receive = EncodedEntry::of(NewEntry { result: None, ..*receive });
+                (MailboxOp::Send { to, message }, Some(Box::new(receive)))
+            }
+            op => (op, None),
+        };
         let text = match &op {
-            MailboxOp::Send { message, .. } => message.message.to_string(),
+            MailboxOp::Send { message, .. } | MailboxOp::SendToReceiver { message, .. } => {
+                message.message.to_string()
+            }
             MailboxOp::Receive => String::new(),
         };
         let run = run.clone();
         let (entry, op) = (Box::new(entry), Box::new(op));
-        self.write(|reply| WriteCommand::JournalMailbox { run, entry, op, text, result_of, reply }).await
+        self.write(|reply| WriteCommand::JournalMailbox { run, entry, op, receive, text, result_of, reply })
+            .await
+    }
+
+    fn completes_waiting_receives(&self) -> bool {
+        true
     }
 
     async fn mailbox_len(&self, run: &RunId) -> Result<u64> {

@@ -226,6 +226,7 @@ impl Kernel {
             ended: tokio::sync::watch::Sender::new(false),
             inflight: Default::default(),
             waiting_calls: Default::default(),
+            receives_wait: AtomicBool::new(true),
             swapping: AtomicBool::new(false),
             lost: AtomicBool::new(false),
             _egress: egress,

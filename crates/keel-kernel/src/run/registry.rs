@@ -80,6 +80,9 @@ pub(crate) struct LiveRun {
     /// Syscalls in flight, and how many of them are durable waits (see `swap.rs`).
     pub(crate) inflight: std::sync::atomic::AtomicUsize,
     pub(crate) waiting_calls: std::sync::atomic::AtomicUsize,
+    /// Whether the run's last `ipc.recv` found its mailbox empty: the next one offers
+    /// itself to senders before it looks (see `syscall/ipc.rs`).
+    pub(crate) receives_wait: AtomicBool,
     /// Set when the kernel stops the agent to swap the run out.
     pub(crate) swapping: AtomicBool,
     /// Set when another node took the run over (see `run/cluster.rs`): the agent is

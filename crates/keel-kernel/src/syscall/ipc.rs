@@ -22,7 +22,6 @@
 
 use keel_protocol::EventKind;
 use std::pin::pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use keel_protocol::rpc::{
@@ -35,8 +34,10 @@ use serde_json::{Value, json};
 use crate::Kernel;
 use crate::mailboxes::MailboxWait;
 use crate::now_ms;
-use crate::run::LiveRun;
 use crate::syscall::{InStore, Reply, SyscallError, internal, parse};
+
+mod recv;
+use recv::Take;
 
 const MAX_CORRELATION_ID_BYTES: usize = 256;
 const MAX_TOPIC_BYTES: usize = 256;
@@ -180,20 +181,11 @@ pub fn check(method: &str, params: &Value) -> Result<IpcCall, SyscallError> {
     })
 }
 
-/// How a receive takes its message.
-#[derive(Clone, Copy)]
-enum Take<'a> {
-    /// Marked with the key of its journaled intent (a receive retried after a crash).
-    Keyed(&'a str),
-    /// In the same commit as the call's journal entry.
-    Journaled(&'a InStore<'a>),
-}
-
 /// What a send or receive answers, and its journal keeps: a send its message's seq in
 /// the receiver's mailbox, a receive the message.
 fn mailbox_result(done: &MailboxDone) -> Value {
     match done {
-        MailboxDone::Sent(seq) => json!({ "seq": seq }),
+        MailboxDone::Sent(seq) | MailboxDone::SentAndTaken { seq, .. } => json!({ "seq": seq }),
         MailboxDone::Received(message) => {
             let message = IpcMessage {
                 from: message.from.as_ref().map(|id| id.as_str().to_owned()),
@@ -252,8 +244,11 @@ impl Kernel {
                 }
                 let outcome = match (&to, &topic, journal) {
                     (Some(to), _, Some(journal)) => {
+                        // A receive waiting on the target's mailbox completes in this
+                        // send's commit: one commit for both runs' steps.
+                        let claim = self.inner.mailboxes.claim(to);
                         let send = MailboxOp::Send { to: to.clone(), message: new.clone() };
-                        journal.write(send, mailbox_result).await.and_then(|written| match written {
+                        journal.write(send, claim, mailbox_result).await.and_then(|written| match written {
                             Some((_, result)) => Ok((result, vec![to.clone()])),
                             None => Err(keel_store::Error::Corrupt("a send wrote nothing".to_owned())),
                         })
@@ -318,71 +313,6 @@ impl Kernel {
             if let Some(run) = found_full {
                 full = Some(self.inner.mailboxes.wait(&run));
             }
-        }
-    }
-
-    /// Takes the run's next message, waiting up to `timeout_ms` (forever when `None`).
-    async fn mailbox_recv(
-        &self,
-        live: &Arc<LiveRun>,
-        timeout_ms: Option<u64>,
-        take: Take<'_>,
-    ) -> Result<Value, SyscallError> {
-        let deadline = timeout_ms.map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
-        let _waiting = crate::swap::Busy::new(&live.waiting_calls);
-        // A wait that lasts shows as `waiting(message)` (and may be swapped out); a quick
-        // exchange changes no state (each change is a durable write).
-        let long = timeout_ms.is_none_or(|ms| ms >= 1000);
-        let park_after = tokio::time::Instant::now() + PARK_AFTER;
-        let mut parked = false;
-        let mailbox = self.inner.mailboxes.wait(&live.id);
-        loop {
-            let mut notified = pin!(mailbox.waits.arrived.notified());
-            notified.as_mut().enable();
-            let received = match take {
-                Take::Keyed(key) => self
-                    .store()
-                    .mailbox_receive(&live.id, Some(key))
-                    .await
-                    .map_err(internal)?
-                    .map(|message| mailbox_result(&MailboxDone::Received(message))),
-                Take::Journaled(journal) => {
-                    journal.write(MailboxOp::Receive, mailbox_result).await.map_err(internal)?.map(|(_, r)| r)
-                }
-            };
-            if parked && received.is_some() {
-                self.wake_run(live, keel_types::WaitReason::Message).await;
-            } else if received.is_none() && long && !parked && tokio::time::Instant::now() >= park_after {
-                self.park_run(live, keel_types::WaitReason::Message).await;
-                parked = true;
-            }
-            if let Some(received) = received {
-                // Senders waiting for room here wake now; one on another node finds the
-                // room at its next poll (a notice per message received would cost a
-                // database round trip on every receive).
-                self.inner.mailboxes.taken(&live.id);
-                return Ok(received);
-            }
-            if !self.is_current(live) {
-                return Err(SyscallError::new(
-                    ErrorKind::Cancelled,
-                    "ipc.recv: the run is ending; no message will come",
-                ));
-            }
-            let mut wake = tokio::time::Instant::now() + POLL;
-            if long && !parked {
-                wake = wake.min(park_after);
-            }
-            if let Some(deadline) = deadline {
-                if tokio::time::Instant::now() >= deadline {
-                    if parked {
-                        self.wake_run(live, keel_types::WaitReason::Message).await;
-                    }
-                    return Ok(json!({ "message": null }));
-                }
-                wake = wake.min(deadline);
-            }
-            let _ = tokio::time::timeout_at(wake, notified).await;
         }
     }
 
@@ -545,8 +475,12 @@ impl Kernel {
             let registered = self.register_name(&tenant, &live.id, name).await;
             return self.journaled(journal, how, |_| async { Effect::reply(registered) }).await.reply;
         }
-        if let IpcCall::Send { to, .. } = &call {
-            // An unknown target (or another tenant's run) leaves nothing to replay.
+        let fresh = journal.reuse.is_none();
+        if let IpcCall::Send { to, .. } = &call
+            && !fresh
+        {
+            // An unknown target (or another tenant's run) leaves nothing to replay. (A
+            // fresh send is refused so by the store, in its write: see below.)
             let target = self.store().get_run(to).await.map_err(internal)?;
             if target.is_none_or(|run| run.tenant != tenant) {
                 return Err(SyscallError::new(
@@ -555,9 +489,10 @@ impl Kernel {
                 ));
             }
         }
-        let fresh = journal.reuse.is_none();
         if fresh && matches!(call, IpcCall::Send { .. } | IpcCall::Recv { .. }) {
-            // The mailbox write and the call's journal entry are one commit.
+            // The mailbox write and the call's journal entry are one commit. A send to an
+            // unknown target (or another tenant's run) is `RunNotFound`, which writes and
+            // journals nothing.
             return self
                 .journaled_in_store(journal, async |in_store| match call {
                     IpcCall::Recv { timeout_ms } => {

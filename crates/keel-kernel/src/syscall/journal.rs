@@ -16,11 +16,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use keel_protocol::EventKind;
-use keel_store::{Completion, JournalEntry, MailboxOp, MailboxResult, NewEntry, Seq};
+use keel_store::{Completion, JournalEntry, MailboxDone, MailboxOp, MailboxResult, NewEntry, Seq};
 use keel_types::{EntryStatus, Usage};
 use serde_json::{Value, json};
 
 use super::{Reply, SyscallError, internal};
+use crate::mailboxes::{Claim, Handed};
 use crate::run::{BufferedRead, LiveRun};
 use crate::{Kernel, now_ms};
 
@@ -437,6 +438,58 @@ impl Kernel {
     }
 }
 
+/// A send that completes the receive it claimed in its own commit
+/// (`MailboxOp::SendToReceiver`), then tells the receiver what it took. Spawned: the
+/// receiver must hear back once the commit is made, whoever stops waiting for it.
+async fn send_to_receiver(
+    store: Arc<dyn keel_store::Store>,
+    run: keel_types::RunId,
+    entry: NewEntry,
+    to: keel_types::RunId,
+    message: keel_store::NewMessage,
+    claim: Claim,
+    result_of: MailboxResult,
+) -> keel_store::Result<Option<(Seq, MailboxDone)>> {
+    let receive = Box::new(claim.offered().entry.clone());
+    let task = tokio::spawn(async move {
+        let op = MailboxOp::SendToReceiver { to, message, receive };
+        let written = store.journal_mailbox(&run, entry, op, result_of).await;
+        claim.settle(match &written {
+            Ok(Some((_, MailboxDone::SentAndTaken { receive_seq, message, .. }))) => {
+                Handed::Taken(*receive_seq, result_of(&MailboxDone::Received(message.clone())))
+            }
+            Err(keel_store::Error::OutcomeUnknown { .. }) => Handed::Unknown,
+            _ => Handed::NotTaken,
+        });
+        written
+    });
+    task.await.unwrap_or_else(|failed| {
+        Err(keel_store::Error::OutcomeUnknown {
+            step: "sending to a waiting receiver",
+            source: Box::new(failed),
+        })
+    })
+}
+
+impl InStore<'_> {
+    /// Completes this receive with what a sender's claim of it came to (see
+    /// `mailboxes.rs`): `Some(result)` when the send's commit journaled it (`entry` is the
+    /// entry offered), `None` when the receive must go on. A commit whose outcome is
+    /// unknown is read back from the journal.
+    pub(crate) async fn handed(&self, entry: &NewEntry, handed: Handed) -> keel_store::Result<Option<Value>> {
+        let (seq, result) = match handed {
+            Handed::Taken(seq, result) => (seq, result),
+            Handed::NotTaken => return Ok(None),
+            Handed::Unknown => match self.kernel.landed(self.live, entry).await? {
+                Some(landed) => (landed.seq, landed.result.unwrap_or(Value::Null)),
+                None => return Ok(None),
+            },
+        };
+        self.written.store(seq, Ordering::SeqCst);
+        Ok(Some(result))
+    }
+}
+
 /// Whether an answer made without a store write is journaled (see
 /// [`Kernel::journaled_in_store`]): a result, and a refusal the agent must see again on
 /// replay (`would_block`). Not an unknown target (nothing to replay), nor a call cut off.
@@ -460,31 +513,53 @@ pub(crate) struct InStore<'a> {
 }
 
 impl InStore<'_> {
+    /// The call's journal entry, complete but for its result.
+    pub(crate) fn entry(&self) -> NewEntry {
+        completed_entry(
+            self.live.attempt,
+            self.method,
+            self.params.clone(),
+            self.hash.clone(),
+            &Ok(Value::Null),
+            Usage::default(),
+        )
+    }
+
     /// Makes the mailbox write `op` and journals the call complete in the same commit,
     /// its result `result_of` the outcome: the entry's seq and that result. `None` when a
     /// receive found nothing (nothing written); a refusal (`MailboxFull`, `RunNotFound`)
     /// wrote nothing either. Waits out a store outage; a commit cut off (`OutcomeUnknown`)
     /// is resolved by reading the journal back, and made again only if it did not land
     /// (then neither the entry nor the write did: they are one transaction).
+    ///
+    /// With `claim`, a send (`op`) also completes the receive it claimed, in its first
+    /// attempt's commit, and settles the claim with what that came to (see `mailboxes.rs`).
+    /// That commit is made by a task of its own, so that the receiver hears what became of
+    /// its receive even when this call is dropped midway.
     pub(crate) async fn write(
         &self,
         op: MailboxOp,
+        claim: Option<Claim>,
         result_of: MailboxResult,
     ) -> keel_store::Result<Option<(Seq, Value)>> {
         let (kernel, live) = (self.kernel, self.live);
-        let entry = completed_entry(
-            live.attempt,
-            self.method,
-            self.params.clone(),
-            self.hash.clone(),
-            &Ok(Value::Null),
-            Usage::default(),
-        );
+        let entry = self.entry();
         let _timer = kernel.inner.metrics.journal_commit(crate::metrics::JournalOp::Append);
+        let claim = std::sync::Mutex::new(claim);
         loop {
             let written = kernel
                 .while_current(live, || {
-                    kernel.store().journal_mailbox(&live.id, entry.clone(), op.clone(), result_of)
+                    let store = kernel.store().clone();
+                    let (run, entry, op, claim) =
+                        (live.id.clone(), entry.clone(), op.clone(), crate::lock(&claim).take());
+                    async move {
+                        match (claim, op) {
+                            (Some(claim), MailboxOp::Send { to, message }) => {
+                                send_to_receiver(store, run, entry, to, message, claim, result_of).await
+                            }
+                            (_, op) => store.journal_mailbox(&run, entry, op, result_of).await,
+                        }
+                    }
                 })
                 .await;
             match written {

@@ -48,6 +48,37 @@ fn two_runs_exchange_a_request_and_its_reply() {
     assert_eq!(test.journal(&asker).len(), 2, "a send to nobody leaves no trace");
 }
 
+/// A receive waiting on an empty mailbox is completed by the send's own commit: when the
+/// send answers, the receiver's journal already holds the message, taken once.
+#[test]
+fn a_send_completes_the_receive_waiting_for_it_in_its_own_commit() {
+    let test = TestKernel::start();
+    let sender = test.create_run(json!({}));
+    let receiver = test.create_run(json!({}));
+    let mut sender_agent = test.agent(&sender);
+    let mut receiver_agent = test.agent(&receiver);
+    let receiving = in_background(move || receiver_agent.recv(Some(60_000)));
+    let id = receiver.clone();
+    wait_for("the receive to be on offer", || {
+        let id = id.clone();
+        test.on_kernel(|kernel| async move { kernel.receive_on_offer(&id) }).then_some(())
+    });
+    assert_eq!(sender_agent.send(receiver.as_str(), &json!("hello"), Some("c-1"), true).unwrap(), 1);
+    let journal = test.journal(&receiver);
+    assert_eq!(methods(&journal), [("ipc.recv", EntryStatus::Ok)], "journaled by the send's commit");
+    assert_eq!(journal[0].result.as_ref().unwrap()["message"]["message"], json!("hello"));
+    let received = receiving.join().unwrap().unwrap().expect("the message");
+    assert_eq!((received.message, received.seq), (json!("hello"), 1));
+    assert_eq!(received.correlation_id.as_deref(), Some("c-1"));
+    assert_eq!(received.from.as_deref(), Some(sender.as_str()));
+    assert_eq!(test.journal(&receiver).len(), 1, "taken once");
+    assert_eq!(methods(&test.journal(&sender)), [("ipc.send", EntryStatus::Ok)]);
+    let id = receiver.clone();
+    assert!(!test.on_kernel(|kernel| async move { kernel.receive_on_offer(&id) }), "the offer is gone");
+    let mut receiver_agent = test.agent(&receiver);
+    assert_eq!(receiver_agent.recv(Some(0)).unwrap(), None, "nothing is left in the mailbox");
+}
+
 /// Set for the child process that runs `a_full_mailbox_refuses_a_send_that_will_not_wait`
 /// with a small mailbox: the capacity is read from the environment at kernel start.
 const SMALL_MAILBOX_CHILD: &str = "KEEL_KERNEL_IT_SMALL_MAILBOX";

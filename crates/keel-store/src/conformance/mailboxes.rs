@@ -101,7 +101,7 @@ pub async fn mailbox_idempotent_send_and_receive(store: &dyn Store) {
 /// The result a journaled mailbox write records: what it came to, in a shape of the test's.
 fn recorded(done: &MailboxDone) -> Value {
     match done {
-        MailboxDone::Sent(seq) => json!({ "sent": seq }),
+        MailboxDone::Sent(seq) | MailboxDone::SentAndTaken { seq, .. } => json!({ "sent": seq }),
         MailboxDone::Received(message) => json!({ "took": message.seq, "message": message.message }),
     }
 }
@@ -174,6 +174,106 @@ pub async fn mailbox_writes_journaled_with_their_entry(store: &dyn Store) {
         Error::RunNotFound(_),
         "a journaled receive of no run",
     );
+}
+
+/// A send to a waiting receiver (`MailboxOp::SendToReceiver`) either completes the receive
+/// in its own write (`SentAndTaken`: the receiver's oldest message taken, its entry
+/// appended complete with the result made from `Received`) or is a plain send (`Sent`,
+/// the message left for the receiver); either way nothing is taken twice, and a refused
+/// send writes nothing in either journal. Which one is the backend's
+/// `completes_waiting_receives`; returned, so a backend's own tests may require it.
+pub async fn mailbox_send_completes_a_waiting_receive(store: &dyn Store) -> bool {
+    let (from, to) = (fresh_run(store).await, fresh_run(store).await);
+    let entry = |method: &str| complete_entry(method, json!({"to": "x"}), EntryStatus::Ok, Usage::default());
+    let handoff = |message: &str| MailboxOp::SendToReceiver {
+        to: to.clone(),
+        message: mail(Some(&from), json!(message), 2, None),
+        receive: Box::new(entry("ipc.recv")),
+    };
+    store.mailbox_send(&to, mail(None, json!("older"), 2, None)).await.must("mailbox_send");
+
+    let (seq, done) = store
+        .journal_mailbox(&from, entry("ipc.send"), handoff("a"), recorded)
+        .await
+        .must("journal_mailbox send to a receiver")
+        .expect("a send always writes");
+    assert_eq!(seq, 1);
+    let sender = store.journal(&from, 0).await.must("journal");
+    assert_eq!(sender.len(), 1);
+    assert_eq!(sender[0].result, Some(json!({"sent": 2})), "the sender's result is made from the outcome");
+    let receiver = store.journal(&to, 0).await.must("journal");
+    let completes = match done {
+        MailboxDone::SentAndTaken { seq: 2, receive_seq: 1, message } => {
+            assert_eq!(
+                message.message,
+                json!("older"),
+                "the receiver takes its oldest message, not the one sent"
+            );
+            assert_eq!(receiver.len(), 1, "the receive is journaled with the send");
+            assert_eq!((receiver[0].method.as_str(), receiver[0].status), ("ipc.recv", EntryStatus::Ok));
+            assert_eq!(receiver[0].result, Some(json!({"took": 1, "message": "older"})));
+            assert_eq!(
+                store.mailbox_len(&to).await.must("mailbox_len"),
+                1,
+                "the message sent is still there"
+            );
+            true
+        }
+        MailboxDone::Sent(2) => {
+            assert!(receiver.is_empty(), "a plain send journals nothing for the receiver");
+            assert_eq!(store.mailbox_len(&to).await.must("mailbox_len"), 2);
+            store.mailbox_receive(&to, None).await.must("mailbox_receive").expect("the older message");
+            false
+        }
+        other => panic!("store conformance: a send to a receiver answered {other:?}"),
+    };
+    assert_eq!(
+        completes,
+        store.completes_waiting_receives(),
+        "a backend completes waiting receives exactly when it says it does"
+    );
+    let next = store.mailbox_receive(&to, None).await.must("mailbox_receive").expect("the message sent");
+    assert_eq!(next.message, json!("a"), "each message is taken once");
+
+    // Into an empty mailbox: the receiver takes the message sent.
+    let (_, done) = store
+        .journal_mailbox(&from, entry("ipc.send"), handoff("b"), recorded)
+        .await
+        .must("journal_mailbox send to a receiver")
+        .expect("a send always writes");
+    if completes {
+        let MailboxDone::SentAndTaken { message, receive_seq: 2, .. } = done else {
+            panic!("store conformance: a backend that completed one receive answered {done:?}")
+        };
+        assert_eq!(message.message, json!("b"));
+        assert_eq!(store.mailbox_receive(&to, None).await.must("mailbox_receive"), None, "taken once");
+    } else {
+        assert!(matches!(done, MailboxDone::Sent(_)), "{done:?}");
+        assert_eq!(
+            store.mailbox_receive(&to, None).await.must("mailbox_receive").expect("b").message,
+            json!("b")
+        );
+    }
+
+    // A refused send writes nothing, for either run.
+    let full = fresh_run(store).await;
+    for i in 0..2 {
+        store.mailbox_send(&full, mail(None, json!(i), 2, None)).await.must("mailbox_send");
+    }
+    let refused = MailboxOp::SendToReceiver {
+        to: full.clone(),
+        message: mail(Some(&from), json!("c"), 2, None),
+        receive: Box::new(entry("ipc.recv")),
+    };
+    expect_error!(
+        store.journal_mailbox(&from, entry("ipc.send"), refused, recorded).await,
+        Error::MailboxFull { capacity: 2, .. },
+        "a send to a receiver whose mailbox is full",
+    );
+    assert_eq!(store.journal(&from, 0).await.must("journal").len(), 2, "a refused send journals nothing");
+    assert!(store.journal(&full, 0).await.must("journal").is_empty(), "nor the receive");
+    assert_eq!(store.mailbox_len(&full).await.must("mailbox_len"), 2, "and takes nothing");
+    completes
 }
 
 /// A send to a run of another tenant, or to no run, is `RunNotFound`; receiving from or

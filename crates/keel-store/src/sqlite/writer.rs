@@ -119,6 +119,9 @@ pub(super) enum WriteCommand {
         /// The entry, its result still to be made from the op's outcome.
         entry: Box<EncodedEntry>,
         op: Box<MailboxOp>,
+        /// With a send, the waiting receive of its target to complete in the same
+        /// transaction (`MailboxOp::SendToReceiver`), its result still to be made.
+        receive: Option<Box<EncodedEntry>>,
         /// A send's message as JSON text.
         text: String,
         result_of: MailboxResult,
@@ -335,9 +338,12 @@ fn apply(connection: &Connection, command: WriteCommand) -> Box<dyn Answer> {
         WriteCommand::MailboxReceive { run, idempotency_key, reply } => {
             answer(reply, unguarded(connection, |c| mailbox_receive(c, &run, idempotency_key.as_deref())))
         }
-        WriteCommand::JournalMailbox { run, entry, op, text, result_of, reply } => {
-            answer(reply, unguarded(connection, |c| journal_mailbox(c, &run, *entry, *op, &text, result_of)))
-        }
+        WriteCommand::JournalMailbox { run, entry, op, receive, text, result_of, reply } => answer(
+            reply,
+            unguarded(connection, |c| {
+                journal_mailbox(c, &run, *entry, *op, receive.map(|r| *r), &text, result_of)
+            }),
+        ),
         WriteCommand::TopicSubscribe { tenant, topic, run, subscribe, reply } => {
             answer(reply, in_savepoint(connection, |c| topic_subscribe(c, &tenant, &topic, &run, subscribe)))
         }
@@ -1035,21 +1041,27 @@ fn take_oldest(connection: &Connection, run: &RunId, key: Option<&str>) -> Resul
     Ok(Some(message))
 }
 
-/// A mailbox write and the journal entry recording it, in the command's savepoint: an
-/// error anywhere leaves neither.
+/// A mailbox write and the journal entry recording it (with a send, also the entry of
+/// the receive it completes, `receive`), run `unguarded`: every refusal comes before the
+/// first write.
 fn journal_mailbox(
     connection: &Connection,
     run: &RunId,
     mut entry: EncodedEntry,
     op: MailboxOp,
+    receive: Option<EncodedEntry>,
     text: &str,
     result_of: MailboxResult,
 ) -> Result<Option<(Seq, MailboxDone)>> {
     queries::require_run(connection, run)?;
     let done = match op {
-        MailboxOp::Send { to, message } => {
+        MailboxOp::Send { to, message } | MailboxOp::SendToReceiver { to, message, .. } => {
             require_tenant_run(connection, &message.tenant, &to)?;
-            MailboxDone::Sent(deliver(connection, &to, &message, text)?)
+            let seq = deliver(connection, &to, &message, text)?;
+            match receive {
+                Some(receive) => take_for_receiver(connection, &to, seq, receive, result_of)?,
+                None => MailboxDone::Sent(seq),
+            }
         }
         MailboxOp::Receive => match take_oldest(connection, run, None)? {
             Some(message) => MailboxDone::Received(message),
@@ -1063,6 +1075,25 @@ fn journal_mailbox(
         add_usage(connection, run, &entry.usage, false)?;
     }
     Ok(Some((seq, done)))
+}
+
+/// The second half of a send to a waiting receiver (`MailboxOp::SendToReceiver`): run `to`
+/// takes its oldest message and its `receive` entry is appended, complete, recording it.
+/// Finding nothing to take (a retried send whose message was taken since) is a plain send.
+fn take_for_receiver(
+    connection: &Connection,
+    to: &RunId,
+    seq: Seq,
+    mut receive: EncodedEntry,
+    result_of: MailboxResult,
+) -> Result<MailboxDone> {
+    let Some(message) = take_oldest(connection, to, None)? else {
+        return Ok(MailboxDone::Sent(seq));
+    };
+    receive.result = Some(Blob::of(&result_of(&MailboxDone::Received(message.clone()))));
+    let receive_seq = queries::last_journal_seq(connection, to)? + 1;
+    insert_entry(connection, to, receive_seq, &receive)?;
+    Ok(MailboxDone::SentAndTaken { seq, receive_seq, message })
 }
 
 /// Stores the nodes of a message chain that are not stored yet (see

@@ -28,6 +28,14 @@ async fn conformance_suite_twice_on_one_file_single_threaded() {
     conformance::run_all(store).await;
 }
 
+/// SQLite completes a waiting receive in the send's own commit: the IPC round trip's two
+/// commits (issue 16) rest on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_completes_a_waiting_receive_in_its_commit() {
+    let db = TestDb::new();
+    assert!(conformance::mailbox_send_completes_a_waiting_receive(&db.open()).await);
+}
+
 /// A dump of one file restored into another reads back the same, and the copy carries on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dump_and_restore_between_two_files() {

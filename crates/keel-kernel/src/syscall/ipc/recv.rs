@@ -1,0 +1,191 @@
+//! `ipc.recv`'s wait: its own take of the oldest message, or, while the mailbox is empty,
+//! its receive on offer to senders (`crate::mailboxes`): the first send completes it in its
+//! own commit and answers here.
+
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use keel_protocol::rpc::ErrorKind;
+use keel_store::{MailboxDone, MailboxOp};
+use serde_json::{Value, json};
+
+use super::{PARK_AFTER, POLL, mailbox_result};
+use crate::Kernel;
+use crate::mailboxes::{Hold, HoldFn};
+use crate::run::LiveRun;
+use crate::syscall::{InStore, SyscallError, internal};
+
+/// How a receive takes its message.
+#[derive(Clone, Copy)]
+pub(super) enum Take<'a> {
+    /// Marked with the key of its journaled intent (a receive retried after a crash).
+    Keyed(&'a str),
+    /// In the same commit as the call's journal entry.
+    Journaled(&'a InStore<'a>),
+}
+
+/// A call in flight of a run that is no durable wait, counted while it lives.
+struct InFlight(Arc<LiveRun>);
+
+impl InFlight {
+    fn new(live: Arc<LiveRun>) -> InFlight {
+        live.inflight.fetch_add(1, Ordering::SeqCst);
+        InFlight(live)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Kernel {
+    /// Takes the run's next message, waiting up to `timeout_ms` (forever when `None`).
+    pub(super) async fn mailbox_recv(
+        &self,
+        live: &Arc<LiveRun>,
+        timeout_ms: Option<u64>,
+        take: Take<'_>,
+    ) -> Result<Value, SyscallError> {
+        let deadline = timeout_ms.map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+        let _waiting = crate::swap::Busy::new(&live.waiting_calls);
+        // A wait that lasts shows as `waiting(message)` (and may be swapped out); a quick
+        // exchange changes no state (each change is a durable write).
+        let long = timeout_ms.is_none_or(|ms| ms >= 1000);
+        let park_after = tokio::time::Instant::now() + PARK_AFTER;
+        let mut parked = false;
+        let mailbox = self.inner.mailboxes.wait(&live.id);
+        let journaled = match take {
+            Take::Journaled(journal) if self.store().completes_waiting_receives() => Some(journal),
+            _ => None,
+        };
+        let mut first = true;
+        loop {
+            let mut notified = pin!(mailbox.waits.arrived.notified());
+            notified.as_mut().enable();
+            // While the mailbox is empty, a journaled receive is on offer to senders: the
+            // first send completes it in its own commit and answers here (see `Mailboxes`).
+            // A run whose receives wait offers first and looks with a read (which does not
+            // queue behind commits in flight, as a take would, while senders cannot see
+            // the offer); one that finds messages waiting takes first. A message sent
+            // before the offer is seen by the look or the take; one sent after either,
+            // without the offer, wakes `notified`.
+            let offer = || {
+                let entry = journaled?.entry();
+                mailbox.offer(entry.clone(), self.receiver_hold(live)).map(|offer| (entry, offer))
+            };
+            let mut offered = None;
+            let mut received = None;
+            let offer_first = first && live.receives_wait.load(Ordering::Relaxed);
+            first = false;
+            if let (true, Some(journal)) = (offer_first, journaled)
+                && let Some((entry, on_offer)) = offer()
+            {
+                if self.store().mailbox_len(&live.id).await.is_ok_and(|n| n == 0) {
+                    offered = Some((entry, on_offer));
+                } else if let Some(handed) = on_offer.wait_then_withdraw(std::future::ready(())).await {
+                    received = journal.handed(&entry, handed).await.map_err(internal)?;
+                }
+            }
+            if received.is_none() && offered.is_none() {
+                received = self.take_message(live, take).await?;
+                if received.is_none() {
+                    offered = offer();
+                }
+            }
+            live.receives_wait.store(received.is_none(), Ordering::Relaxed);
+            if received.is_none() && long && !parked && tokio::time::Instant::now() >= park_after {
+                self.park_run(live, keel_types::WaitReason::Message).await;
+                parked = true;
+            }
+            if let Some(received) = received {
+                return Ok(self.received(live, parked, received).await);
+            }
+            let now = tokio::time::Instant::now();
+            let mut wake = now + POLL;
+            if long && !parked {
+                wake = wake.min(park_after);
+            }
+            let stop = if !self.is_current(live) {
+                Some(Err(SyscallError::new(
+                    ErrorKind::Cancelled,
+                    "ipc.recv: the run is ending; no message will come",
+                )))
+            } else if deadline.is_some_and(|deadline| now >= deadline) {
+                Some(Ok(json!({ "message": null })))
+            } else {
+                None
+            };
+            wake = deadline.map_or(wake, |deadline| wake.min(deadline));
+            let wait = async {
+                if stop.is_none() {
+                    let _ = tokio::time::timeout_at(wake, notified).await;
+                }
+            };
+            // An offer is withdrawn before the receive ends: one a sender claimed is
+            // answered with what the send took, which its journal now holds.
+            match (offered, journaled) {
+                (Some((entry, offer)), Some(journal)) => {
+                    if let Some(handed) = offer.wait_then_withdraw(wait).await
+                        && let Some(received) = journal.handed(&entry, handed).await.map_err(internal)?
+                    {
+                        return Ok(self.received(live, parked, received).await);
+                    }
+                }
+                _ => wait.await,
+            }
+            if let Some(stop) = stop {
+                if parked && stop.is_ok() {
+                    self.wake_run(live, keel_types::WaitReason::Message).await;
+                }
+                return stop;
+            }
+        }
+    }
+
+    /// When a send may claim the run's offered receive (see `Mailboxes::claim`): while the
+    /// run is current and not being swapped out or taken over. The claim then counts as a
+    /// call of the run in flight that is no durable wait, so no swap-out begins under it;
+    /// counted before the checks, so that a swap-out not seen begun cannot begin.
+    fn receiver_hold(&self, live: &Arc<LiveRun>) -> HoldFn {
+        let (kernel, live) = (self.clone(), live.clone());
+        Box::new(move || {
+            let held = InFlight::new(live.clone());
+            let usable = kernel.is_current(&live)
+                && !live.swapping.load(Ordering::SeqCst)
+                && !live.lost.load(Ordering::SeqCst);
+            usable.then(|| Box::new(held) as Hold)
+        })
+    }
+
+    /// A receive's own take of its oldest message, if there is one.
+    async fn take_message(&self, live: &Arc<LiveRun>, take: Take<'_>) -> Result<Option<Value>, SyscallError> {
+        Ok(match take {
+            Take::Keyed(key) => self
+                .store()
+                .mailbox_receive(&live.id, Some(key))
+                .await
+                .map_err(internal)?
+                .map(|message| mailbox_result(&MailboxDone::Received(message))),
+            Take::Journaled(journal) => journal
+                .write(MailboxOp::Receive, None, mailbox_result)
+                .await
+                .map_err(internal)?
+                .map(|(_, r)| r),
+        })
+    }
+
+    /// A receive's message taken: the run waits no more, and senders waiting for room in
+    /// its mailbox wake (one on another node finds the room at its next poll: a notice per
+    /// message received would cost a database round trip on every receive).
+    async fn received(&self, live: &Arc<LiveRun>, parked: bool, received: Value) -> Value {
+        if parked {
+            self.wake_run(live, keel_types::WaitReason::Message).await;
+        }
+        self.inner.mailboxes.taken(&live.id);
+        received
+    }
+}
