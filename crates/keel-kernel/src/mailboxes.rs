@@ -85,7 +85,7 @@ pub(crate) struct OfferedReceive {
 pub(crate) enum Handed {
     /// The send's commit completed it: its entry's seq, and its result.
     Taken(Seq, Value),
-    /// The send took nothing for it (refused, or a backend that sends alone): the receive
+    /// The send took nothing for it (refused, or it made the send alone): the receive
     /// goes on as if it had not been offered.
     NotTaken,
     /// The send's commit was cut off (or its task failed): whether the receive's entry

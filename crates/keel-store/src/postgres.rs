@@ -567,21 +567,58 @@ impl Store for PgStore {
         result_of: MailboxResult,
     ) -> Result<Option<(Seq, MailboxDone)>> {
         let mut entry = EncodedEntry::of(NewEntry { result: None, ..entry });
+        let (op, receive) = match op {
+            MailboxOp::SendToReceiver { to, message, receive } => {
+                let receive = EncodedEntry::of(NewEntry { result: None, ..*receive });
+                (MailboxOp::Send { to, message }, Some(receive))
+            }
+            op => (op, None),
+        };
         let mut client = self.client("journaling a mailbox write").await?;
         let unstored = self.chain_ends.unstored(&client, &entry.params_chain).await?.to_vec();
+        let (receive_chain, receive_unstored) = match &receive {
+            Some(receive) => (
+                receive.params_chain.clone(),
+                self.chain_ends.unstored(&client, &receive.params_chain).await?.to_vec(),
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
         let transaction = begin(&mut client).await?;
         let tx = &transaction;
+        let fences = &self.fences;
         let write = async move {
             let done = match op {
-                // The receiver takes the message itself: a send's transaction here locks
-                // and fences the sender's run only.
                 MailboxOp::Send { to, message } | MailboxOp::SendToReceiver { to, message, .. } => {
                     let text = message.message.to_string();
+                    // The receiver's lease too, before any run's row (the order every
+                    // write takes them in); a receiver this node no longer holds takes
+                    // nothing, and the send goes on alone.
+                    let receive = match receive {
+                        Some(receive) => match fences.check(tx, &to).await {
+                            Ok(()) => Some(receive),
+                            Err(Error::Fenced { .. } | Error::Refused(_)) => None,
+                            Err(err) => return Err(err),
+                        },
+                        None => None,
+                    };
                     // Both run rows, in id order: two runs sending to each other at once then
                     // wait for one another instead of deadlocking.
                     let tenants = writes::lock_runs(tx, &[run, &to]).await?;
                     let owner = tenants.get(to.as_str()).map(String::as_str);
-                    MailboxDone::Sent(writes::mailbox_send_locked(tx, &to, owner, &message, &text).await?)
+                    let seq = writes::mailbox_send_locked(tx, &to, owner, &message, &text).await?;
+                    match receive {
+                        Some(mut receive) => match writes::mailbox_receive(tx, &to, None).await? {
+                            Some(message) => {
+                                let received = MailboxDone::Received(message.clone());
+                                receive.result = Some(Blob::of(&result_of(&received)));
+                                let receive_seq =
+                                    writes::append_entry(tx, &to, &receive, &receive_unstored).await?;
+                                MailboxDone::SentAndTaken { seq, receive_seq, message }
+                            }
+                            None => MailboxDone::Sent(seq),
+                        },
+                        None => MailboxDone::Sent(seq),
+                    }
                 }
                 MailboxOp::Receive => match writes::mailbox_receive(tx, run, None).await? {
                     Some(message) => MailboxDone::Received(message),
@@ -596,7 +633,14 @@ impl Store for PgStore {
         let Some((seq, done, entry)) = self.fences.checked(tx, run, write).await? else { return Ok(None) };
         commit(transaction).await?;
         self.chain_ends.committed(&entry.params_chain);
+        if matches!(done, MailboxDone::SentAndTaken { .. }) {
+            self.chain_ends.committed(&receive_chain);
+        }
         Ok(Some((seq, done)))
+    }
+
+    fn completes_waiting_receives(&self) -> bool {
+        true
     }
 
     async fn mailbox_len(&self, run: &RunId) -> Result<u64> {
