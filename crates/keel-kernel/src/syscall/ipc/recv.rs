@@ -170,11 +170,22 @@ impl Kernel {
                 .await
                 .map_err(internal)?
                 .map(|message| mailbox_result(&MailboxDone::Received(message))),
-            Take::Journaled(journal) => journal
-                .write(MailboxOp::Receive, None, mailbox_result)
-                .await
-                .map_err(internal)?
-                .map(|(_, r)| r),
+            Take::Journaled(journal) => {
+                // Counted as a send's claim is (`receiver_hold`): no swap-out begins while
+                // the take may commit, so a run is never swapped out as waiting for a
+                // message its journal already holds (with nothing left in its mailbox to
+                // wake it). One already begun takes nothing. (A run that is stopping still
+                // takes: its agent receives the stop signal in its grace period.)
+                let _held = InFlight::new(live.clone());
+                if live.swapping.load(Ordering::SeqCst) {
+                    return Ok(None);
+                }
+                journal
+                    .write(MailboxOp::Receive, None, mailbox_result)
+                    .await
+                    .map_err(internal)?
+                    .map(|(_, r)| r)
+            }
         })
     }
 
