@@ -359,7 +359,7 @@ pub trait Store: Send + Sync + 'static {
         result_of: MailboxResult,
     ) -> Result<Option<(Seq, MailboxDone)>>;
 
-    /// Whether `journal_mailbox` completes a `MailboxOp::SendToReceiver`'s receive in the
+    /// Whether `journal_mailbox` completes a `MailboxOp::Send`'s `receive` in the
     /// send's transaction, rather than make the send alone: the kernel offers receives
     /// waiting on an empty mailbox to senders only then.
     fn completes_waiting_receives(&self) -> bool {

@@ -568,11 +568,11 @@ impl Store for PgStore {
     ) -> Result<Option<(Seq, MailboxDone)>> {
         let mut entry = EncodedEntry::of(NewEntry { result: None, ..entry });
         let (op, receive) = match op {
-            MailboxOp::SendToReceiver { to, message, receive } => {
-                let receive = EncodedEntry::of(NewEntry { result: None, ..*receive });
-                (MailboxOp::Send { to, message }, Some(receive))
+            MailboxOp::Send { to, message, receive } => {
+                let receive = receive.map(|receive| EncodedEntry::of(NewEntry { result: None, ..*receive }));
+                (MailboxOp::Send { to, message, receive: None }, receive)
             }
-            op => (op, None),
+            MailboxOp::Receive => (MailboxOp::Receive, None),
         };
         let mut client = self.client("journaling a mailbox write").await?;
         let unstored = self.chain_ends.unstored(&client, &entry.params_chain).await?.to_vec();
@@ -588,7 +588,7 @@ impl Store for PgStore {
         let fences = &self.fences;
         let write = async move {
             let done = match op {
-                MailboxOp::Send { to, message } | MailboxOp::SendToReceiver { to, message, .. } => {
+                MailboxOp::Send { to, message, .. } => {
                     let text = message.message.to_string();
                     // The receiver's lease too, before any run's row (the order every
                     // write takes them in); a receiver this node no longer holds takes
@@ -607,16 +607,10 @@ impl Store for PgStore {
                     let owner = tenants.get(to.as_str()).map(String::as_str);
                     let seq = writes::mailbox_send_locked(tx, &to, owner, &message, &text).await?;
                     match receive {
-                        Some(mut receive) => match writes::mailbox_receive(tx, &to, None).await? {
-                            Some(message) => {
-                                let received = MailboxDone::Received(message.clone());
-                                receive.result = Some(Blob::of(&result_of(&received)));
-                                let receive_seq =
-                                    writes::append_entry(tx, &to, &receive, &receive_unstored).await?;
-                                MailboxDone::SentAndTaken { seq, receive_seq, message }
-                            }
-                            None => MailboxDone::Sent(seq),
-                        },
+                        Some(receive) => {
+                            writes::take_for_receiver(tx, &to, seq, receive, &receive_unstored, result_of)
+                                .await?
+                        }
                         None => MailboxDone::Sent(seq),
                     }
                 }

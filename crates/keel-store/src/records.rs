@@ -387,14 +387,14 @@ pub struct NewMessage {
 #[derive(Debug, Clone, PartialEq)]
 pub enum MailboxOp {
     /// Puts `message` in run `to`'s mailbox, checked as `Store::mailbox_send` checks it.
-    Send { to: RunId, message: NewMessage },
-    /// A send to a run whose agent is waiting in a receive: `Send`, and in the same
-    /// transaction run `to` takes its oldest undelivered message (the one sent, when its
-    /// mailbox was empty) with `receive` appended to `to`'s journal, complete, to record it
-    /// (its result made by `result_of` from `MailboxDone::Received`). Both runs' steps in
-    /// one commit (`MailboxDone::SentAndTaken`). A backend may make the send alone
+    ///
+    /// With `receive`, run `to`'s agent is waiting in a receive: in the same transaction
+    /// `to` takes its oldest undelivered message (the one sent, when its mailbox was empty)
+    /// and `receive` is appended to `to`'s journal, complete, to record it (its result made
+    /// by `result_of` from `MailboxDone::Received`). Both runs' steps in one commit
+    /// (`MailboxDone::SentAndTaken`). A backend may make the send alone
     /// (`MailboxDone::Sent`): the receiver then takes the message itself.
-    SendToReceiver { to: RunId, message: NewMessage, receive: Box<NewEntry> },
+    Send { to: RunId, message: NewMessage, receive: Option<Box<NewEntry>> },
     /// Takes the oldest undelivered message of the journaling run's own mailbox.
     Receive,
 }
@@ -408,7 +408,7 @@ pub type MailboxResult = for<'a> fn(&'a MailboxDone) -> serde_json::Value;
 pub enum MailboxDone {
     /// The message's seq in the receiving run's mailbox.
     Sent(Seq),
-    /// A `SendToReceiver` made whole: the message's seq in the receiving run's mailbox,
+    /// A `Send` with a `receive` made whole: the message's seq in the receiving run's mailbox,
     /// and the receive completed with it: its entry's seq in the receiver's journal and
     /// the message it took.
     SentAndTaken { seq: Seq, receive_seq: Seq, message: MailboxMessage },

@@ -489,18 +489,15 @@ impl Store for SqliteStore {
         result_of: MailboxResult,
     ) -> Result<Option<(Seq, MailboxDone)>> {
         let entry = EncodedEntry::of(NewEntry { result: None, ..entry });
-        let (op, receive) = match op {
-            MailboxOp::SendToReceiver { to, message, receive } => {
-                let receive = EncodedEntry::of(NewEntry { result: None, ..*receive });
-                (MailboxOp::Send { to, message }, Some(Box::new(receive)))
+        // A send's `receive` is encoded here, off the writer's thread, as the entry is.
+        let (op, text, receive) = match op {
+            MailboxOp::Send { to, message, receive } => {
+                let text = message.message.to_string();
+                let receive =
+                    receive.map(|receive| Box::new(EncodedEntry::of(NewEntry { result: None, ..*receive })));
+                (MailboxOp::Send { to, message, receive: None }, text, receive)
             }
-            op => (op, None),
-        };
-        let text = match &op {
-            MailboxOp::Send { message, .. } | MailboxOp::SendToReceiver { message, .. } => {
-                message.message.to_string()
-            }
-            MailboxOp::Receive => String::new(),
+            MailboxOp::Receive => (MailboxOp::Receive, String::new(), None),
         };
         let run = run.clone();
         let (entry, op) = (Box::new(entry), Box::new(op));

@@ -247,7 +247,7 @@ impl Kernel {
                         // A receive waiting on the target's mailbox completes in this
                         // send's commit: one commit for both runs' steps.
                         let claim = self.inner.mailboxes.claim(to);
-                        let send = MailboxOp::Send { to: to.clone(), message: new.clone() };
+                        let send = MailboxOp::Send { to: to.clone(), message: new.clone(), receive: None };
                         journal.write(send, claim, mailbox_result).await.and_then(|written| match written {
                             Some((_, result)) => Ok((result, vec![to.clone()])),
                             None => Err(keel_store::Error::Corrupt("a send wrote nothing".to_owned())),

@@ -438,21 +438,18 @@ impl Kernel {
     }
 }
 
-/// A send that completes the receive it claimed in its own commit
-/// (`MailboxOp::SendToReceiver`), then tells the receiver what it took. Spawned: the
+/// A send (`op`) that completes the receive it claimed in its own commit (the op's
+/// `receive`), then tells the receiver what it took. Spawned: the
 /// receiver must hear back once the commit is made, whoever stops waiting for it.
 async fn send_to_receiver(
     store: Arc<dyn keel_store::Store>,
     run: keel_types::RunId,
     entry: NewEntry,
-    to: keel_types::RunId,
-    message: keel_store::NewMessage,
+    op: MailboxOp,
     claim: Claim,
     result_of: MailboxResult,
 ) -> keel_store::Result<Option<(Seq, MailboxDone)>> {
-    let receive = Box::new(claim.offered().entry.clone());
     let task = tokio::spawn(async move {
-        let op = MailboxOp::SendToReceiver { to, message, receive };
         let written = store.journal_mailbox(&run, entry, op, result_of).await;
         claim.settle(match &written {
             Ok(Some((_, MailboxDone::SentAndTaken { receive_seq, message, .. }))) => {
@@ -554,8 +551,10 @@ impl InStore<'_> {
                         (live.id.clone(), entry.clone(), op.clone(), crate::lock(&claim).take());
                     async move {
                         match (claim, op) {
-                            (Some(claim), MailboxOp::Send { to, message }) => {
-                                send_to_receiver(store, run, entry, to, message, claim, result_of).await
+                            (Some(claim), MailboxOp::Send { to, message, .. }) => {
+                                let receive = Some(Box::new(claim.offered().entry.clone()));
+                                let op = MailboxOp::Send { to, message, receive };
+                                send_to_receiver(store, run, entry, op, claim, result_of).await
                             }
                             (_, op) => store.journal_mailbox(&run, entry, op, result_of).await,
                         }

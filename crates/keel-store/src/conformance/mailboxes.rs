@@ -115,6 +115,7 @@ pub async fn mailbox_writes_journaled_with_their_entry(store: &dyn Store) {
     let send = |message: &str| MailboxOp::Send {
         to: to.clone(),
         message: mail(Some(&from), json!(message), 2, None),
+        receive: None,
     };
 
     let (seq, done) = store
@@ -141,7 +142,7 @@ pub async fn mailbox_writes_journaled_with_their_entry(store: &dyn Store) {
     foreign.tenant = "conformance-other".to_owned();
     expect_error!(
         store
-            .journal_mailbox(&from, entry("ipc.send"), MailboxOp::Send { to: to.clone(), message: foreign }, recorded)
+            .journal_mailbox(&from, entry("ipc.send"), MailboxOp::Send { to: to.clone(), message: foreign, receive: None }, recorded)
             .await,
         Error::RunNotFound(ref id) if *id == to,
         "a journaled send to another tenant's run",
@@ -176,7 +177,7 @@ pub async fn mailbox_writes_journaled_with_their_entry(store: &dyn Store) {
     );
 }
 
-/// A send to a waiting receiver (`MailboxOp::SendToReceiver`) either completes the receive
+/// A send to a waiting receiver (`MailboxOp::Send` with a `receive`) either completes the receive
 /// in its own write (`SentAndTaken`: the receiver's oldest message taken, its entry
 /// appended complete with the result made from `Received`) or is a plain send (`Sent`,
 /// the message left for the receiver); either way nothing is taken twice, and a refused
@@ -185,10 +186,10 @@ pub async fn mailbox_writes_journaled_with_their_entry(store: &dyn Store) {
 pub async fn mailbox_send_completes_a_waiting_receive(store: &dyn Store) -> bool {
     let (from, to) = (fresh_run(store).await, fresh_run(store).await);
     let entry = |method: &str| complete_entry(method, json!({"to": "x"}), EntryStatus::Ok, Usage::default());
-    let handoff = |message: &str| MailboxOp::SendToReceiver {
+    let handoff = |message: &str| MailboxOp::Send {
         to: to.clone(),
         message: mail(Some(&from), json!(message), 2, None),
-        receive: Box::new(entry("ipc.recv")),
+        receive: Some(Box::new(entry("ipc.recv"))),
     };
     store.mailbox_send(&to, mail(None, json!("older"), 2, None)).await.must("mailbox_send");
 
@@ -260,10 +261,10 @@ pub async fn mailbox_send_completes_a_waiting_receive(store: &dyn Store) -> bool
     for i in 0..2 {
         store.mailbox_send(&full, mail(None, json!(i), 2, None)).await.must("mailbox_send");
     }
-    let refused = MailboxOp::SendToReceiver {
+    let refused = MailboxOp::Send {
         to: full.clone(),
         message: mail(Some(&from), json!("c"), 2, None),
-        receive: Box::new(entry("ipc.recv")),
+        receive: Some(Box::new(entry("ipc.recv"))),
     };
     expect_error!(
         store.journal_mailbox(&from, entry("ipc.send"), refused, recorded).await,

@@ -20,7 +20,8 @@ use super::queries::{self, RUN_COLUMNS, count, execute, prepare, query_opt, quer
 use super::{int, pg_error};
 use crate::chain::{self, Blob, ChainLink, EncodedCompletion, EncodedEntry};
 use crate::{
-    Error, MailboxMessage, MemoryEmbedding, NewEvent, NewMessage, NewRun, Result, RunPatch, RunRecord, Seq,
+    Error, MailboxDone, MailboxMessage, MailboxResult, MemoryEmbedding, NewEvent, NewMessage, NewRun, Result,
+    RunPatch, RunRecord, Seq,
 };
 use crate::{mailbox, search};
 
@@ -645,6 +646,25 @@ pub(super) async fn topic_publish(
         delivered.push((run, seq));
     }
     Ok(delivered)
+}
+
+/// The second half of a send to a waiting receiver (`MailboxOp::Send`'s `receive`): run
+/// `to` takes its oldest message and its `receive` entry is appended, complete, recording
+/// it. Finding nothing to take is a plain send.
+pub(super) async fn take_for_receiver(
+    transaction: &Transaction<'_>,
+    to: &RunId,
+    seq: Seq,
+    mut receive: EncodedEntry,
+    unstored: &[ChainLink],
+    result_of: MailboxResult,
+) -> Result<MailboxDone> {
+    let Some(message) = mailbox_receive(transaction, to, None).await? else {
+        return Ok(MailboxDone::Sent(seq));
+    };
+    receive.result = Some(Blob::of(&result_of(&MailboxDone::Received(message.clone()))));
+    let receive_seq = append_entry(transaction, to, &receive, unstored).await?;
+    Ok(MailboxDone::SentAndTaken { seq, receive_seq, message })
 }
 
 /// Takes the oldest undelivered message under the run's row lock, so two receives never

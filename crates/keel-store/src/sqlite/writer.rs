@@ -119,8 +119,7 @@ pub(super) enum WriteCommand {
         /// The entry, its result still to be made from the op's outcome.
         entry: Box<EncodedEntry>,
         op: Box<MailboxOp>,
-        /// With a send, the waiting receive of its target to complete in the same
-        /// transaction (`MailboxOp::SendToReceiver`), its result still to be made.
+        /// A send's `receive`, encoded, its result still to be made.
         receive: Option<Box<EncodedEntry>>,
         /// A send's message as JSON text.
         text: String,
@@ -1055,7 +1054,7 @@ fn journal_mailbox(
 ) -> Result<Option<(Seq, MailboxDone)>> {
     queries::require_run(connection, run)?;
     let done = match op {
-        MailboxOp::Send { to, message } | MailboxOp::SendToReceiver { to, message, .. } => {
+        MailboxOp::Send { to, message, .. } => {
             require_tenant_run(connection, &message.tenant, &to)?;
             let seq = deliver(connection, &to, &message, text)?;
             match receive {
@@ -1077,7 +1076,7 @@ fn journal_mailbox(
     Ok(Some((seq, done)))
 }
 
-/// The second half of a send to a waiting receiver (`MailboxOp::SendToReceiver`): run `to`
+/// The second half of a send to a waiting receiver (`MailboxOp::Send`'s `receive`): run `to`
 /// takes its oldest message and its `receive` entry is appended, complete, recording it.
 /// Finding nothing to take (a retried send whose message was taken since) is a plain send.
 fn take_for_receiver(

@@ -26,13 +26,18 @@ pub(super) enum Take<'a> {
     Journaled(&'a InStore<'a>),
 }
 
-/// A call in flight of a run that is no durable wait, counted while it lives.
+/// A call in flight of a run that is no durable wait, counted while it lives: no swap-out
+/// of the run begins under it (see `run/swap.rs`).
 struct InFlight(Arc<LiveRun>);
 
 impl InFlight {
-    fn new(live: Arc<LiveRun>) -> InFlight {
+    /// Counts a call in flight unless a swap-out of the run has begun. Counted before the
+    /// swap-out is looked for, as the swapper sets its flag before it counts the calls, so
+    /// one of the two always sees the other.
+    fn unless_swapping(live: &Arc<LiveRun>) -> Option<InFlight> {
         live.inflight.fetch_add(1, Ordering::SeqCst);
-        InFlight(live)
+        let held = InFlight(live.clone());
+        (!live.swapping.load(Ordering::SeqCst)).then_some(held)
     }
 }
 
@@ -148,15 +153,12 @@ impl Kernel {
 
     /// When a send may claim the run's offered receive (see `Mailboxes::claim`): while the
     /// run is current and not being swapped out or taken over. The claim then counts as a
-    /// call of the run in flight that is no durable wait, so no swap-out begins under it;
-    /// counted before the checks, so that a swap-out not seen begun cannot begin.
+    /// call of the run in flight ([`InFlight`]), so no swap-out begins under it.
     fn receiver_hold(&self, live: &Arc<LiveRun>) -> HoldFn {
         let (kernel, live) = (self.clone(), live.clone());
         Box::new(move || {
-            let held = InFlight::new(live.clone());
-            let usable = kernel.is_current(&live)
-                && !live.swapping.load(Ordering::SeqCst)
-                && !live.lost.load(Ordering::SeqCst);
+            let held = InFlight::unless_swapping(&live)?;
+            let usable = kernel.is_current(&live) && !live.lost.load(Ordering::SeqCst);
             usable.then(|| Box::new(held) as Hold)
         })
     }
@@ -176,10 +178,7 @@ impl Kernel {
                 // message its journal already holds (with nothing left in its mailbox to
                 // wake it). One already begun takes nothing. (A run that is stopping still
                 // takes: its agent receives the stop signal in its grace period.)
-                let _held = InFlight::new(live.clone());
-                if live.swapping.load(Ordering::SeqCst) {
-                    return Ok(None);
-                }
+                let Some(_held) = InFlight::unless_swapping(live) else { return Ok(None) };
                 journal
                     .write(MailboxOp::Receive, None, mailbox_result)
                     .await
