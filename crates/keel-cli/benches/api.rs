@@ -37,7 +37,13 @@ impl Api {
     }
 
     pub fn runs(&self, limit: usize) -> Vec<Value> {
-        let (status, runs) = self.get(&format!("/v1/runs?limit={limit}"));
+        self.runs_where("", limit)
+    }
+
+    /// The newest `limit` runs (at most 10,000) matching `filter` (a query string such
+    /// as `state=failed`, or empty).
+    pub fn runs_where(&self, filter: &str, limit: usize) -> Vec<Value> {
+        let (status, runs) = self.get(&format!("/v1/runs?limit={limit}&{filter}"));
         assert_eq!(status, 200, "list runs: {runs}");
         runs.as_array().cloned().unwrap_or_default()
     }
@@ -56,6 +62,18 @@ pub fn request(
     token: Option<&str>,
     body: Option<&Value>,
 ) -> (u16, Value) {
+    let (status, body) = request_text(addr, method, path, token, body);
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// One request on its own connection; the status and the body as text.
+pub fn request_text(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> (u16, String) {
     let body = body.map(Value::to_string).unwrap_or_default();
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
     let mut stream = TcpStream::connect(addr).expect("connect");
@@ -72,7 +90,7 @@ pub fn request(
     let response = String::from_utf8_lossy(&response);
     let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     let body = response.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    (status, body.to_owned())
 }
 
 /// Whether a process has exited: no `/proc` entry, or a zombie (dead, not yet reaped).

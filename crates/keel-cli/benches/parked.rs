@@ -8,7 +8,10 @@
 //! cargo bench -p keel-cli --bench parked
 //!
 //! BENCH_RUNS (default 1000), BENCH_TIER (the runs' sandbox tier, default `process`),
-//! BENCH_CLIENTS (concurrent API clients creating runs and sending messages, default 8).
+//! BENCH_CLIENTS (concurrent API clients creating runs and sending messages, default 8),
+//! BENCH_AGENT (`python`, the default: `bench_parked.py` on the SDK; or `perl`:
+//! `bench_parked.pl`, the same calls written by hand, whose start costs a few milliseconds,
+//! so 100,000 runs take minutes, not hours). The floor is the same agent's interpreter.
 
 #[path = "api.rs"]
 mod api;
@@ -137,15 +140,28 @@ fn parallel(n: usize, clients: usize, work: impl Fn(usize) + Sync) {
     });
 }
 
-fn count(runs: &[Value], check: impl Fn(&Value) -> bool) -> usize {
-    runs.iter().filter(|r| check(r)).count()
+/// The sum of the daemon's `/metrics` series `name` whose labels include `label` (any when
+/// empty). The run gauges are one grouped store query, cheap at any N, where a listing is
+/// a page of at most 10,000 runs.
+fn metric(api: &api::Api, name: &str, label: &str) -> u64 {
+    let (status, text) = api::request_text(&api.addr, "GET", "/metrics", Some(&api.token), None);
+    assert_eq!(status, 200, "GET /metrics: {text}");
+    text.lines()
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let labels = series.strip_prefix(name)?;
+            (labels.is_empty() || labels.starts_with('{')).then_some(())?;
+            labels.contains(label).then(|| value.parse::<f64>().ok())?
+        })
+        .sum::<f64>() as u64
 }
 
-fn wait_for(what: &str, api: &api::Api, n: usize, check: impl Fn(&Value) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(3600);
+/// Waits until `done()` (a count) reaches `n`, reporting progress every 5 s.
+fn wait_for(what: &str, n: usize, done: impl Fn() -> u64) {
+    let deadline = Instant::now() + Duration::from_secs(3 * 3600);
     let mut report = Instant::now();
     loop {
-        let done = count(&api.runs(n + 10), &check);
+        let done = done() as usize;
         if done == n {
             return;
         }
@@ -154,35 +170,68 @@ fn wait_for(what: &str, api: &api::Api, n: usize, check: impl Fn(&Value) -> bool
             eprintln!("{what}: {done} of {n}");
             report = Instant::now();
         }
-        std::thread::sleep(Duration::from_millis(250));
+        // A count reads every run's row: at 100,000 runs, polled 4 times a second, it
+        // would take a share of the CPU the phase being timed needs.
+        std::thread::sleep(Duration::from_millis(if n > 10_000 { 2000 } else { 250 }));
+    }
+}
+
+/// The agent the runs start: its command, and the floor's bare start of its interpreter
+/// (what the agent does before its first call to the kernel).
+struct Agent {
+    command: Vec<String>,
+    floor_program: String,
+    floor_args: Vec<String>,
+    label: &'static str,
+}
+
+impl Agent {
+    fn of(name: &str) -> Agent {
+        let dir = common::bench_dir();
+        match name {
+            "python" => {
+                // The interpreter `python3` is (through a pyenv shim, say), as the sandbox runs it.
+                let out = std::process::Command::new("python3")
+                    .args(["-c", "import sys; print(sys.executable)"])
+                    .output()
+                    .expect("run python3");
+                Agent {
+                    command: vec!["python3".into(), dir.join("bench_parked.py").display().to_string()],
+                    floor_program: String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+                    floor_args: vec!["-c".into(), "import keel".into()],
+                    label: "python3 -c 'import keel'",
+                }
+            }
+            "perl" => Agent {
+                command: vec!["perl".into(), dir.join("bench_parked.pl").display().to_string()],
+                floor_program: "perl".into(),
+                floor_args: vec!["-Mstrict".into(), "-e".into(), "1".into()],
+                label: "perl -Mstrict -e 1",
+            },
+            other => panic!("BENCH_AGENT must be `python` or `perl`, not {other:?}"),
+        }
     }
 }
 
 const SETTLE: Duration = Duration::from_secs(6);
 
 /// The floor: the same agent's interpreter started bare, `n` times on `clients` threads,
-/// each waited for: fork+exec of `python3` importing the SDK, which is all the agent does
-/// before its first call to the kernel, with the interpreter and environment a sandboxed
-/// agent gets. Returns the time for all `n`.
-fn bare_agents(n: usize, clients: usize, sdk: &std::path::Path) -> Duration {
-    // The interpreter `python3` is (through a pyenv shim, say), as the sandbox runs it.
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .expect("run python3");
-    let python = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+/// each waited for: fork+exec of `python3` importing the SDK (or perl loading its
+/// module), which is all the agent does before its first call to the kernel, with the
+/// interpreter and environment a sandboxed agent gets. Returns the time for all `n`.
+fn bare_agents(agent: &Agent, n: usize, clients: usize, sdk: &std::path::Path) -> Duration {
     let started = Instant::now();
     parallel(n, clients, |_| {
-        let status = std::process::Command::new(&python)
-            .args(["-c", "import keel"])
+        let status = std::process::Command::new(&agent.floor_program)
+            .args(&agent.floor_args)
             .env_clear()
             .envs([("PATH", "/usr/local/bin:/usr/bin:/bin"), ("LANG", "C.UTF-8"), ("PYTHONUNBUFFERED", "1")])
             .env("HOME", std::env::temp_dir())
             .env("PYTHONPATH", sdk)
             .stdin(std::process::Stdio::null())
             .status()
-            .expect("spawn python3");
-        assert!(status.success(), "python3 -c 'import keel' failed: {status}");
+            .expect("spawn the agent's interpreter");
+        assert!(status.success(), "{} failed: {status}", agent.label);
     });
     started.elapsed()
 }
@@ -191,7 +240,8 @@ fn main() {
     let n = env_usize("BENCH_RUNS", 1000);
     let clients = env_usize("BENCH_CLIENTS", 8);
     let tier = std::env::var("BENCH_TIER").unwrap_or_else(|_| "process".into());
-    let script = common::bench_dir().join("bench_parked.py").display().to_string();
+    let agent_name = std::env::var("BENCH_AGENT").unwrap_or_else(|_| "python".into());
+    let agent = Agent::of(&agent_name);
     let daemon = common::Daemon::start_with_env(
         tempfile::tempdir().expect("tempdir"),
         &[("KEEL_SWAP_AFTER_SECS", "1".to_owned()), ("KEEL_MAILBOX_CAPACITY", "1000".to_owned())],
@@ -210,7 +260,7 @@ fn main() {
     std::thread::sleep(SETTLE);
     let (idle_kernel, idle_all, idle_procs) = tree_memory();
     let floor_n = n.min(1000);
-    let floor = bare_agents(floor_n, clients, &daemon.data.path().join("sdk/python"));
+    let floor = bare_agents(&agent, floor_n, clients, &daemon.data.path().join("sdk/python"));
     let floor_rate = floor_n as f64 / floor.as_secs_f64();
     std::thread::sleep(Duration::from_secs(1));
 
@@ -218,14 +268,14 @@ fn main() {
     let started = Instant::now();
     parallel(n, clients, |i| {
         let id = api.create_run(&json!({
-            "command": ["python3", script], "cwd": common::bench_dir().display().to_string(),
+            "command": agent.command, "cwd": common::bench_dir().display().to_string(),
             "sandbox": {"tier": tier},
         }));
         *ids[i].lock().expect("ids lock") = id;
     });
     let created = started.elapsed();
     eprintln!("created {n} runs in {created:?}");
-    wait_for("runs swapped", &api, n, |r| r["swapped"] == true);
+    wait_for("runs swapped", n, || metric(&api, "keel_runs_swapped", ""));
     let swapped = started.elapsed();
     // Longer than the kernel's 5 s period of giving freed memory back (`swap.rs`), so both
     // readings are of what it holds, not of what a moment ago's work left in the allocator.
@@ -263,13 +313,12 @@ fn main() {
     });
     let sent = started.elapsed();
     // The warm-up run ends too (`failed`: it never calls `run.exit`).
-    wait_for("runs ended", &api, n + 1, |r| matches!(r["state"].as_str(), Some("succeeded" | "failed")));
+    wait_for("runs ended", n + 1, || {
+        metric(&api, "keel_runs", "state=\"succeeded\"") + metric(&api, "keel_runs", "state=\"failed\"")
+    });
     let resumed = started.elapsed();
-    let failures: Vec<Value> = api
-        .runs(n + 10)
-        .into_iter()
-        .filter(|r| r["state"] == "failed" && r["run_id"] != warm.as_str())
-        .collect();
+    let failures: Vec<Value> =
+        api.runs_where("state=failed", 1000).into_iter().filter(|r| r["run_id"] != warm.as_str()).collect();
     let failed = failures.len();
     for failure in &failures {
         let id = failure["run_id"].as_str().unwrap_or_default();
@@ -284,14 +333,15 @@ fn main() {
 
     let per_run = |now: u64, idle: u64| (now.saturating_sub(idle)) as f64 / n as f64;
     println!(
-        "cargo bench -p keel-cli --bench parked   # BENCH_RUNS={n} BENCH_TIER={tier}\n\n{}\n",
+        "cargo bench -p keel-cli --bench parked   # BENCH_RUNS={n} BENCH_TIER={tier} BENCH_AGENT={agent_name}\n\n{}\n",
         common::store_label()
     );
     println!("| phase | runs | total s | runs/s | vs the floor's rate |");
     println!("|---|---:|---:|---:|---:|");
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
     println!(
-        "| floor: bare fork+exec of the agent's interpreter (`python3 -c 'import keel'`, {clients} clients) | {} | {:.1} | {floor_rate:.0} | 1.00x |",
+        "| floor: bare fork+exec of the agent's interpreter (`{}`, {clients} clients) | {} | {:.1} | {floor_rate:.0} | 1.00x |",
+        agent.label,
         floor_n,
         floor.as_secs_f64()
     );

@@ -166,7 +166,7 @@ pub async fn serve(ctx: Context, args: ServeArgs) -> Result<ExitCode> {
         eprintln!("keel: metrics (Prometheus, no token) at http://{metrics_addr}/metrics");
         let router = keel_server::metrics_router(kernel.clone());
         tokio::spawn(async move {
-            if let Err(err) = axum::serve(metrics_listener, router).await {
+            if let Err(err) = client::serve(metrics_listener, router).await {
                 tracing::error!("the metrics listener stopped: {err}");
             }
         });
@@ -189,7 +189,7 @@ pub async fn serve(ctx: Context, args: ServeArgs) -> Result<ExitCode> {
             eprintln!("keel: drained; handing {runs} run(s) to the other nodes");
         }
     };
-    axum::serve(client::no_delay(listener), router)
+    client::serve(client::no_delay(listener), router)
         .with_graceful_shutdown(shutdown)
         .await
         .context("serving the HTTP API")?;
