@@ -209,6 +209,11 @@ pub(super) fn journal(connection: &Connection, run: &RunId, after: Seq) -> Resul
 }
 
 /// Up to `limit` entries (all when `None`) with seq greater than `after`, in seq order.
+/// The statement of `journal_page`: a run's entries after a seq, at most a limit.
+pub(super) fn journal_page_sql() -> String {
+    format!("{ENTRY_SELECT} WHERE j.run_id = ?1 AND j.seq > ?2 ORDER BY j.seq LIMIT ?3")
+}
+
 pub(super) fn journal_page(
     connection: &Connection,
     run: &RunId,
@@ -221,7 +226,7 @@ pub(super) fn journal_page(
     let mut entries = query_all(
         connection,
         "reading a journal",
-        &format!("{ENTRY_SELECT} WHERE j.run_id = ?1 AND j.seq > ?2 ORDER BY j.seq LIMIT ?3"),
+        &journal_page_sql(),
         params![run.as_str(), seq_param(after), limit],
         |row| decode_entry(row, run),
     )?;

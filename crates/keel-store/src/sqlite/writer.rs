@@ -1220,6 +1220,40 @@ mod tests {
         connection.query_row(sql, [], |row| row.get(0)).expect(sql)
     }
 
+    /// A cached statement is planned once: reading other runs' journals with other
+    /// limits binds new values to `LIMIT ?3` and `?1`, and must not make SQLite parse and
+    /// plan the statement again (`keep_statements_prepared`). A connection without the
+    /// setting does re-prepare, which shows the check can fail.
+    #[test]
+    fn a_journal_read_is_planned_once_whatever_it_binds() {
+        use rusqlite::StatementStatus;
+        let (dir, connection) = database();
+        let runs = [RunId::generate(1), RunId::generate(2)];
+        for run in &runs {
+            create_run(&connection, new_run(run)).expect("create");
+            for step in 1..=3 {
+                append_entry(&connection, run.clone(), entry(step)).expect("append");
+            }
+        }
+        let reprepared = |connection: &Connection| {
+            for round in 0..3 {
+                for run in &runs {
+                    let limit = [None, Some(1), Some(2)][round];
+                    let entries = queries::journal_page(connection, run, 0, limit).expect("read");
+                    assert_eq!(entries.len(), limit.unwrap_or(3));
+                }
+            }
+            let statement = connection.prepare_cached(&queries::journal_page_sql()).expect("cached");
+            statement.get_status(StatementStatus::RePrepare)
+        };
+        let reader = Connection::open(dir.path().join("keel.db")).expect("open a reader");
+        super::super::schema::configure_reader(&reader).expect("configure the reader");
+        assert_eq!(reprepared(&reader), 0, "the reader re-planned its journal read");
+        assert_eq!(reprepared(&connection), 0, "the writer re-planned its journal read");
+        let plain = Connection::open(dir.path().join("keel.db")).expect("open");
+        assert!(reprepared(&plain) > 0, "without the setting SQLite re-plans on a new LIMIT");
+    }
+
     /// Commands that run without a savepoint refuse before writing, so a refused one
     /// in the middle of a batch leaves the others' writes, and writes nothing itself.
     #[test]
