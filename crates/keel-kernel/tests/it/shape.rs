@@ -1,7 +1,8 @@
 //! The kernel's shape, held by tests (ARCHITECTURE.md, "The kernel's modules"): the
 //! subsystems name neither `Kernel` nor `LiveRun`, `run/` never names `syscall/`, only
 //! `kernel.rs` and `kernel/` have public methods on `Kernel`, no file grows past about
-//! 600 lines without saying why at its top, and `keel-server` does not depend on the store.
+//! 600 lines without saying why at its top, `keel-server` does not depend on the store,
+//! and the binary serves every router through `client::serve`.
 
 use std::path::{Path, PathBuf};
 
@@ -11,15 +12,20 @@ fn src() -> PathBuf {
 
 /// Every `.rs` file under `src`, as (path relative to `src`, text).
 fn sources() -> Vec<(String, String)> {
+    sources_under(&src())
+}
+
+/// Every `.rs` file under `root`, as (path relative to `root`, text).
+fn sources_under(root: &Path) -> Vec<(String, String)> {
     let mut files = Vec::new();
-    let mut dirs = vec![src()];
+    let mut dirs = vec![root.to_path_buf()];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             if path.is_dir() {
                 dirs.push(path);
             } else if path.extension().is_some_and(|e| e == "rs") {
-                let name = path.strip_prefix(src()).unwrap().display().to_string();
+                let name = path.strip_prefix(root).unwrap().display().to_string();
                 files.push((name, std::fs::read_to_string(&path).unwrap()));
             }
         }
@@ -110,4 +116,26 @@ fn the_server_reaches_the_store_only_through_the_kernel() {
     let store = std::fs::read_to_string(store).unwrap();
     let default = store.lines().find(|line| line.trim_start().starts_with("default")).unwrap_or("");
     assert!(!default.contains("conformance"), "the conformance suite stays out of product builds");
+}
+
+/// `axum::serve` given a router rebuilds it for every connection it accepts;
+/// `keel-cli`'s `client::serve` makes it a service once. No listener may bypass it.
+#[test]
+fn the_binary_serves_every_router_through_client_serve() {
+    let cli = Path::new(env!("CARGO_MANIFEST_DIR")).join("../keel-cli/src");
+    let calls: Vec<String> = sources_under(&cli)
+        .iter()
+        .flat_map(|(file, text)| {
+            code(text)
+                .into_iter()
+                .enumerate()
+                .filter(|(_, line)| line.contains("axum::serve("))
+                .map(move |(number, line)| format!("{file}:{}: {}", number + 1, line.trim()))
+        })
+        .collect();
+    assert_eq!(calls.len(), 1, "only `client::serve` calls axum::serve: {calls:#?}");
+    assert!(
+        calls[0].starts_with("client.rs:") && calls[0].contains("router.into_make_service()"),
+        "{calls:#?}"
+    );
 }
