@@ -22,15 +22,6 @@ fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// User plus system CPU of a process so far, in clock ticks (1/100 s).
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> =
-        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
-    fields.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
-}
-
 struct Case {
     name: String,
     p50: f64,
@@ -40,12 +31,13 @@ struct Case {
     cpu: Option<f64>,
 }
 
-/// `n` sequential requests, each on its own connection; checks every status.
-fn measure(name: &str, n: usize, daemon_pid: Option<u32>, request: impl Fn() -> u16) -> Case {
+/// `n` sequential requests, each on its own connection; checks every status. With
+/// `daemon`, also the daemon's CPU per request.
+fn measure(name: &str, n: usize, daemon: Option<&common::Daemon>, request: impl Fn() -> u16) -> Case {
     for _ in 0..n / 10 {
         assert_eq!(request(), 200, "{name}: warm-up");
     }
-    let ticks = daemon_pid.map(cpu_ticks);
+    let cpu_before = daemon.map(common::Daemon::cpu);
     let mut samples = Vec::with_capacity(n);
     for _ in 0..n {
         let started = Instant::now();
@@ -54,51 +46,41 @@ fn measure(name: &str, n: usize, daemon_pid: Option<u32>, request: impl Fn() -> 
         assert_eq!(status, 200, "{name}");
     }
     let cpu =
-        daemon_pid.zip(ticks).map(|(pid, before)| (cpu_ticks(pid) - before) as f64 * 10_000.0 / n as f64);
+        daemon.zip(cpu_before).map(|(daemon, before)| (daemon.cpu() - before).as_secs_f64() * 1e6 / n as f64);
     let mean = samples.iter().sum::<f64>() / n as f64;
     let (p50, p99) = api::percentiles(&mut samples);
     Case { name: name.to_owned(), p50, mean, p99, cpu }
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let n = env_usize("BENCH_N", 2000);
     // The floor: the least an axum server does for a request on a new connection.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the floor's server");
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime for the floor's server");
+    let listener =
+        runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind the floor's server");
     let floor_addr = listener.local_addr().expect("floor addr").to_string();
     let floor = axum::Router::new()
         .route("/v1/health", axum::routing::get(|| async { axum::Json(json!({"ok": true})) }));
-    tokio::spawn(
-        async move { axum::serve(listener, floor.into_make_service()).await.expect("floor server") },
-    );
+    runtime
+        .spawn(async move { axum::serve(listener, floor.into_make_service()).await.expect("floor server") });
 
     let daemon = common::Daemon::start_with_env(tempfile::tempdir().expect("tempdir"), &[]);
     let api = api::Api::of(&daemon);
-    let pid: u32 = serde_json::from_slice::<serde_json::Value>(
-        &std::fs::read(daemon.data.path().join("kernel.json")).expect("kernel.json"),
-    )
-    .expect("kernel.json is JSON")["pid"]
-        .as_u64()
-        .expect("pid") as u32;
     let run = api.create_run(&json!({
         "command": ["true"], "cwd": common::bench_dir().display().to_string(), "sandbox": {"tier": "none"},
     }));
 
-    let cases = tokio::task::spawn_blocking(move || {
-        vec![
-            measure("floor: one-route axum server, `GET /v1/health`", n, None, || {
-                api::request_text(&floor_addr, "GET", "/v1/health", None, None).0
-            }),
-            measure("daemon: `GET /v1/health` (no token)", n, Some(pid), || {
-                api::request_text(&api.addr, "GET", "/v1/health", None, None).0
-            }),
-            measure("daemon: `GET /v1/runs/{id}` (token, a store read)", n, Some(pid), || {
-                api.get(&format!("/v1/runs/{run}")).0
-            }),
-        ]
-    })
-    .await
-    .expect("the measuring thread");
+    let cases = [
+        measure("floor: one-route axum server, `GET /v1/health`", n, None, || {
+            api::request_text(&floor_addr, "GET", "/v1/health", None, None).0
+        }),
+        measure("daemon: `GET /v1/health` (no token)", n, Some(&daemon), || {
+            api::request_text(&api.addr, "GET", "/v1/health", None, None).0
+        }),
+        measure("daemon: `GET /v1/runs/{id}` (token, a store read)", n, Some(&daemon), || {
+            api.get(&format!("/v1/runs/{run}")).0
+        }),
+    ];
 
     println!("cargo bench -p keel-cli --bench http   # BENCH_N={n}, one connection per request\n");
     println!("| case | p50 µs | mean µs | p99 µs | daemon CPU per request µs |");

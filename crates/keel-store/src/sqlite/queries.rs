@@ -208,12 +208,12 @@ pub(super) fn journal(connection: &Connection, run: &RunId, after: Seq) -> Resul
     journal_page(connection, run, after, None)
 }
 
-/// Up to `limit` entries (all when `None`) with seq greater than `after`, in seq order.
 /// The statement of `journal_page`: a run's entries after a seq, at most a limit.
 pub(super) fn journal_page_sql() -> String {
     format!("{ENTRY_SELECT} WHERE j.run_id = ?1 AND j.seq > ?2 ORDER BY j.seq LIMIT ?3")
 }
 
+/// Up to `limit` entries (all when `None`) with seq greater than `after`, in seq order.
 pub(super) fn journal_page(
     connection: &Connection,
     run: &RunId,
