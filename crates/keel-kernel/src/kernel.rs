@@ -39,12 +39,12 @@ use keel_protocol::api::{
 use keel_protocol::rpc::HumanAskParams;
 use keel_sandbox::Sandbox;
 use keel_store::{AuditFilter, RunFilter, RunRecord, Seq, Store};
-use keel_types::{RunId, RunState};
+use keel_types::{RunId, RunState, WaitReason};
 use serde_json::Value;
 
 use crate::events::{EventLog, EventStream};
 use crate::llmqueue::LlmQueues;
-use crate::run::{Command, LiveRun};
+use crate::run::{Command, LiveRun, RunSpec};
 use crate::tenants::Principal;
 use crate::{DataDir, Error, LockedDataDir, Result, lock, views};
 
@@ -374,11 +374,6 @@ impl Kernel {
     fn llm_queues(&self) -> LlmQueues {
         LlmQueues::new(self.inner.llm.waiting_calls())
     }
-
-    /// Where `run`'s LLM call stands in its provider's queue, in words, while it waits.
-    fn llm_queue_reason(&self, run: &RunId) -> Option<String> {
-        self.llm_queues().reason(run)
-    }
 }
 
 /// Operators talking to runs (the HTTP API's messages and signals).
@@ -449,20 +444,20 @@ impl Kernel {
     /// Acts on an operator command; returns the run as it is afterwards.
     pub async fn execute(&self, command: Command) -> Result<RunView> {
         let record = self.act(command).await?;
-        self.view(&record, None).await
+        self.view(&record).await
     }
 
     /// Starts a run for `principal` (within its tenant's quotas).
     pub async fn create_run_for(&self, principal: &Principal, params: CreateRunParams) -> Result<RunView> {
         let record = self.create_within_quota(principal, params).await?;
-        self.view(&record, None).await
+        self.view(&record).await
     }
 
     /// A run as `principal` sees it (another tenant's run is `RunNotFound`, like a
     /// missing one).
     pub async fn run(&self, principal: &Principal, run: &RunId) -> Result<RunView> {
         let record = self.run_for(principal, run).await?;
-        self.view(&record, None).await
+        self.view(&record).await
     }
 
     /// Whether `principal` may see and act on `run`: `RunNotFound` when not (another
@@ -493,12 +488,7 @@ impl Kernel {
         };
         let records = self.list(&filter).await?;
         // One look at the LLM queues serves the whole listing.
-        let queues = self.llm_queues();
-        let mut runs = Vec::with_capacity(records.len());
-        for record in &records {
-            runs.push(self.view(record, Some(&queues)).await?);
-        }
-        Ok(runs)
+        self.views(&records, &self.llm_queues()).await
     }
 
     /// A run with its journal and the calls waiting for an operator.
@@ -506,7 +496,7 @@ impl Kernel {
         let record = self.run_for(principal, run).await?;
         let journal = self.inner.store.journal(run, 0).await?;
         Ok(InspectView {
-            run: self.view(&record, None).await?,
+            run: self.view(&record).await?,
             journal: journal.iter().map(views::journal_entry).collect(),
             approvals: self.pending_approvals(run),
         })
@@ -553,29 +543,42 @@ impl Kernel {
     }
 
     /// A run's view: its record, its open question, its budget and why it waits (a
-    /// budget, an approval, a live slot, its place in an LLM queue). A listing passes the
-    /// LLM queues it looked at once for all its runs.
-    async fn view(&self, record: &RunRecord, queues: Option<&LlmQueues>) -> Result<RunView> {
-        let question = if matches!(record.state, RunState::Waiting | RunState::Paused) {
-            self.open_question(&record.id).await?
-        } else {
-            None
-        };
-        let mut view = views::run(record, question);
-        view.budget = self.budget_view(record).await?;
-        view.reason = self
-            .budget_reason(&record.id)
-            .or_else(|| self.approval_reason(&record.id))
-            .or_else(|| self.queue_reason(&record.id))
-            // Among several nodes, a run queued through another node may not be in the
-            // ledger as this node last read it.
-            .or_else(|| {
-                (record.state == RunState::Queued).then(|| "queued: waiting for a live slot".to_owned())
-            })
-            .or_else(|| match queues {
-                Some(queues) => queues.reason(&record.id),
-                None => self.llm_queue_reason(&record.id),
-            });
-        Ok(view)
+    /// budget, an approval, a live slot, its place in an LLM queue).
+    async fn view(&self, record: &RunRecord) -> Result<RunView> {
+        let mut views = self.views(std::slice::from_ref(record), &self.llm_queues()).await?;
+        Ok(views.pop().expect("one view per record"))
+    }
+
+    /// The views of several runs, reading what the records lack (the runs' budget
+    /// top-ups) in one read for all of them; a listing passes the LLM queues it looked at
+    /// once for all its runs.
+    async fn views(&self, records: &[RunRecord], queues: &LlmQueues) -> Result<Vec<RunView>> {
+        // A spec that does not parse still lists the run (without command, parent or
+        // budget); acting on it reports the bad spec.
+        let specs: Vec<_> = records.iter().map(|record| RunSpec::of(record).ok()).collect();
+        let budgets = self.budget_views(records, &specs).await?;
+        let mut views = Vec::with_capacity(records.len());
+        for ((record, spec), budget) in records.iter().zip(&specs).zip(budgets) {
+            // Only a run waiting for a person (or paused, which keeps what it waited for)
+            // can have a question open: one waiting for a message, its children, a
+            // budget or an approval is not searched for one in its journal.
+            let asking = matches!(record.state, RunState::Waiting | RunState::Paused)
+                && matches!(record.wait_reason, Some(WaitReason::Human) | None);
+            let question = if asking { self.open_question(&record.id).await? } else { None };
+            let mut view = views::run(record, spec.as_ref(), question);
+            view.budget = budget;
+            view.reason = self
+                .budget_reason(&record.id)
+                .or_else(|| self.approval_reason(&record.id))
+                .or_else(|| self.queue_reason(&record.id))
+                // Among several nodes, a run queued through another node may not be in the
+                // ledger as this node last read it.
+                .or_else(|| {
+                    (record.state == RunState::Queued).then(|| "queued: waiting for a live slot".to_owned())
+                })
+                .or_else(|| queues.reason(&record.id));
+            views.push(view);
+        }
+        Ok(views)
     }
 }

@@ -5,6 +5,8 @@ use keel_protocol::rpc::HumanAskParams;
 use keel_store::{EventRecord, JournalEntry, RunRecord};
 use keel_types::Usage;
 
+use crate::run::RunSpec;
+
 pub fn usage(usage: &Usage) -> UsageView {
     UsageView {
         input_tokens: usage.input_tokens,
@@ -15,20 +17,17 @@ pub fn usage(usage: &Usage) -> UsageView {
     }
 }
 
-pub fn run(record: &RunRecord, question: Option<HumanAskParams>) -> RunView {
+pub fn run(record: &RunRecord, spec: Option<&RunSpec>, question: Option<HumanAskParams>) -> RunView {
     let (question, question_form) = match question {
         Some(ask) => (Some(ask.question), ask.form),
         None => (None, None),
     };
-    // A spec that does not parse still lists the run (without command or parent); acting
-    // on it reports the bad spec.
-    let spec = crate::run::RunSpec::of(record).ok();
     RunView {
         run_id: record.id.to_string(),
         tenant: record.tenant.clone(),
         state: record.state.as_str().to_owned(),
         wait_reason: record.wait_reason.map(|r| r.as_str().to_owned()),
-        command: spec.as_ref().map(|spec| spec.command.clone()).unwrap_or_default(),
+        command: spec.map(|spec| spec.command.clone()).unwrap_or_default(),
         created_at: record.created_at_ms,
         updated_at: record.updated_at_ms,
         ended_at: record.ended_at_ms,
@@ -44,8 +43,8 @@ pub fn run(record: &RunRecord, question: Option<HumanAskParams>) -> RunView {
         // Filled in by callers that can afford the lookups (see `Kernel::budget_view`).
         budget: None,
         reason: None,
-        started_by: spec.as_ref().and_then(|spec| spec.trigger.clone()),
-        parent: spec.and_then(|spec| spec.parent).map(|p| p.to_string()),
+        started_by: spec.and_then(|spec| spec.trigger.clone()),
+        parent: spec.and_then(|spec| spec.parent.as_ref()).map(ToString::to_string),
         swapped: crate::swap::is_swapped(record),
     }
 }

@@ -257,6 +257,11 @@ pub trait Store: Send + Sync + 'static {
 
     async fn kv_get(&self, scope: &str, key: &str) -> Result<Option<Value>>;
 
+    /// The values of several `(scope, key)` pairs in one read, one answer per pair in
+    /// the order asked (`None` for a missing key). A listing of runs, or a launch that
+    /// needs two of a run's values, reads them this way rather than a read apiece.
+    async fn kv_get_many(&self, keys: &[(String, String)]) -> Result<Vec<Option<Value>>>;
+
     /// Durable on return.
     async fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()>;
 

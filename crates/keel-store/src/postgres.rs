@@ -451,6 +451,11 @@ impl Store for PgStore {
         queries::kv_get(&client, scope, key).await
     }
 
+    async fn kv_get_many(&self, keys: &[(String, String)]) -> Result<Vec<Option<Value>>> {
+        let client = self.client("reading kv values").await?;
+        queries::kv_get_many(&client, keys).await
+    }
+
     async fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()> {
         let client = self.client("writing a kv value").await?;
         writes::kv_put(&client, scope, key, &value.to_string()).await.map_err(outcome_unknown)

@@ -362,6 +362,14 @@ impl Store for SqliteStore {
         self.read(move |connection| queries::kv_get(connection, &scope, &key)).await
     }
 
+    async fn kv_get_many(&self, keys: &[(String, String)]) -> Result<Vec<Option<Value>>> {
+        let keys = keys.to_vec();
+        self.read(move |connection| {
+            keys.iter().map(|(scope, key)| queries::kv_get(connection, scope, key)).collect()
+        })
+        .await
+    }
+
     async fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()> {
         let scope = scope.to_owned();
         let key = key.to_owned();

@@ -354,7 +354,7 @@ impl Kernel {
                 ),
             ));
         }
-        let view = self.view(&record, None).await.map_err(rpc_error)?;
+        let view = self.view(&record).await.map_err(rpc_error)?;
         let state = map::task_state(&view.state, view.wait_reason.as_deref());
         let baseline = key(&view, state);
         if state == TaskState::InputRequired {
@@ -494,7 +494,7 @@ impl Kernel {
 
     async fn a2a_view(&self, run: &RunId) -> Result<RunView> {
         let record = self.get(run).await?;
-        self.view(&record, None).await
+        self.view(&record).await
     }
 
     /// The whole task a run is, with its history (the journal's answered questions).
@@ -505,7 +505,7 @@ impl Kernel {
     /// The task a run is, and the key a stream compares its later states with, from one
     /// view of the run.
     async fn a2a_snapshot(&self, record: &RunRecord) -> Result<(Task, (TaskState, u64))> {
-        let view = self.view(record, None).await?;
+        let view = self.view(record).await?;
         let input = RunSpec::of(record).ok().and_then(|spec| spec.input);
         let exchanges: Vec<Exchange> = self
             .store()

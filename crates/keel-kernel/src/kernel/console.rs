@@ -46,7 +46,7 @@ impl RunChanges {
             while let Some(run) = self.ready.pop_front() {
                 let Some(record) = self.kernel.inner.store.get_run(&run).await? else { continue };
                 if self.principal.owns(&record) {
-                    return Ok(Some(RunChange::Run(Box::new(self.kernel.view(&record, None).await?))));
+                    return Ok(Some(RunChange::Run(Box::new(self.kernel.view(&record).await?))));
                 }
             }
             let first = match self.changes.recv().await {
@@ -113,9 +113,8 @@ impl Kernel {
         records.sort_by_key(|record| (record.updated_at_ms, record.created_at_ms));
         records.truncate(MAX_INBOX);
         let mut items = Vec::with_capacity(records.len());
-        let queues = self.llm_queues();
-        for record in &records {
-            let run = self.view(record, Some(&queues)).await?;
+        let views = self.views(&records, &self.llm_queues()).await?;
+        for (record, run) in records.iter().zip(views) {
             let approvals = self.pending_approvals(&record.id);
             let (kind, summary) = match record.wait_reason {
                 Some(WaitReason::Human) => {
@@ -189,11 +188,9 @@ impl Kernel {
             limit: Some(TOP_RUNS),
             ..RunFilter::default()
         };
-        let mut top_runs = Vec::new();
-        let queues = self.llm_queues();
-        for record in self.list(&top).await?.iter().filter(|record| record.usage.cost_micro_usd > 0) {
-            top_runs.push(self.view(record, Some(&queues)).await?);
-        }
+        let mut costly = self.list(&top).await?;
+        costly.retain(|record| record.usage.cost_micro_usd > 0);
+        let top_runs = self.views(&costly, &self.llm_queues()).await?;
         Ok(CostsView { since: since_ms, bucket_ms: filter.bucket_ms, buckets, top_runs })
     }
 }

@@ -175,7 +175,7 @@ impl Kernel {
         let run =
             run.ok_or_else(|| Error::Conflict(format!("schedule {name} already fired at this moment")))?;
         let record = self.get(&run).await?;
-        self.view(&record, None).await
+        self.view(&record).await
     }
 
     async fn schedule_for(&self, principal: &Principal, name: &str) -> Result<TriggerRecord> {

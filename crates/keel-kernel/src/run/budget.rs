@@ -7,7 +7,7 @@ use crate::budget::{DEFAULT_LOOP_THRESHOLD, RunBudget, limits_of, params_of, sum
 use crate::error::SyscallError;
 use crate::lock;
 use crate::now_ms;
-use crate::run::LiveRun;
+use crate::run::{LiveRun, RunSpec};
 use crate::{Error, Kernel, Result};
 use keel_core::budget::{Account, Exhausted, LoopDetector, ReservationId};
 use keel_core::lifecycle::Command as Lifecycle;
@@ -26,38 +26,42 @@ const SLICE_SCOPE: &str = "kernel:budget-slices";
 
 const TOPUP_SCOPE: &str = "kernel:budget-topups";
 
-impl Kernel {
-    /// The run's effective limits: those it was created with plus every top-up (kept
-    /// durably in the kv space, so they survive restarts). `None` if it has no budget.
-    async fn budget_params(&self, record: &RunRecord) -> Result<Option<BudgetParams>> {
-        let initial = crate::run::RunSpec::of(record)?.budget;
-        let topups: Option<BudgetParams> = self
-            .store()
-            .kv_get(TOPUP_SCOPE, record.id.as_str())
-            .await?
-            .map(serde_json::from_value)
-            .transpose()
-            .map_err(|e| {
-                Error::Store(keel_store::Error::Corrupt(format!(
-                    "the budget top-ups of run {}: {e}",
-                    record.id
-                )))
-            })?;
-        Ok(match (initial, topups) {
-            (Some(a), Some(b)) => Some(sum(&a, &b)),
-            (a, b) => a.or(b),
-        })
-    }
+/// The kv key of a run's top-ups.
+fn topup_key(run: &RunId) -> (String, String) {
+    (TOPUP_SCOPE.to_owned(), run.to_string())
+}
 
+/// The run's effective limits: those it was created with (`initial`) plus every top-up
+/// (`topups`, kept durably in the kv space so that they survive restarts). `None` if it
+/// has no budget.
+fn effective_params(
+    run: &RunId,
+    initial: Option<BudgetParams>,
+    topups: Option<Value>,
+) -> Result<Option<BudgetParams>> {
+    let topups: Option<BudgetParams> = topups.map(serde_json::from_value).transpose().map_err(|e| {
+        Error::Store(keel_store::Error::Corrupt(format!("the budget top-ups of run {run}: {e}")))
+    })?;
+    Ok(match (initial, topups) {
+        (Some(a), Some(b)) => Some(sum(&a, &b)),
+        (a, b) => a.or(b),
+    })
+}
+
+impl Kernel {
     /// The budget state of a freshly launched attempt: what was spent before (including
-    /// every call a replay will answer from the journal) is already spent.
-    pub(crate) async fn load_budget(&self, record: &RunRecord) -> Result<RunBudget> {
-        let params = self.budget_params(record).await?.unwrap_or_default();
+    /// every call a replay will answer from the journal) is already spent. Its top-ups
+    /// and its children's slices come in one read.
+    pub(crate) async fn load_budget(&self, record: &RunRecord, spec: &RunSpec) -> Result<RunBudget> {
+        let keys = [topup_key(&record.id), (SLICE_SCOPE.to_owned(), record.id.to_string())];
+        let mut values = self.store().kv_get_many(&keys).await?.into_iter();
+        let (topups, slices) = (values.next().flatten(), values.next().flatten());
+        let params = effective_params(&record.id, spec.budget.clone(), topups)?.unwrap_or_default();
         let (limits, wall_secs) = limits_of(&params);
         let mut account = Account::new(limits);
         account.record(record.usage);
-        let slices = self.charge_children(&mut account, &record.id).await?;
-        let threshold = crate::run::RunSpec::of(record)?.loop_threshold.unwrap_or(DEFAULT_LOOP_THRESHOLD);
+        let slices = self.charge_children(&mut account, slices).await?;
+        let threshold = spec.loop_threshold.unwrap_or(DEFAULT_LOOP_THRESHOLD);
         Ok(RunBudget {
             account: Mutex::new(account),
             loops: Mutex::new(LoopDetector::new(threshold)),
@@ -80,12 +84,10 @@ impl Kernel {
     async fn charge_children(
         &self,
         account: &mut Account,
-        run: &RunId,
+        slices: Option<Value>,
     ) -> Result<std::collections::HashMap<String, ReservationId>> {
         let mut held = std::collections::HashMap::new();
-        let Some(Value::Object(table)) = self.store().kv_get(SLICE_SCOPE, run.as_str()).await? else {
-            return Ok(held);
-        };
+        let Some(Value::Object(table)) = slices else { return Ok(held) };
         for (child, slice) in table {
             let Ok(params) = serde_json::from_value::<BudgetParams>(slice) else { continue };
             let Ok(child_id) = RunId::parse(&child) else { continue };
@@ -148,20 +150,37 @@ impl Kernel {
         live.budget.changed.notify_waiters();
     }
 
-    /// What `keel ps` / `inspect` show: limits and what is left, from durable state.
-    pub(crate) async fn budget_view(&self, record: &RunRecord) -> Result<Option<BudgetView>> {
-        let Some(params) = self.budget_params(record).await? else { return Ok(None) };
-        let (limits, wall_secs) = limits_of(&params);
-        let mut account = Account::new(limits);
-        account.record(record.usage);
-        let remaining = account.remaining();
-        let elapsed_secs =
-            record.ended_at_ms.unwrap_or_else(now_ms).saturating_sub(record.created_at_ms) / 1000;
-        let wall_left = wall_secs.map(|w| w.saturating_sub(elapsed_secs));
-        Ok(Some(BudgetView {
-            limits: params_of(&limits, wall_secs),
-            remaining: params_of(&remaining, wall_left),
-        }))
+    /// What `keel ps` / `inspect` show of each run: limits and what is left, from durable
+    /// state (`specs` are the runs' decoded specs, `None` where one does not parse). The
+    /// top-ups of every run come in one read.
+    pub(crate) async fn budget_views(
+        &self,
+        records: &[RunRecord],
+        specs: &[Option<RunSpec>],
+    ) -> Result<Vec<Option<BudgetView>>> {
+        let keys: Vec<_> = records.iter().map(|record| topup_key(&record.id)).collect();
+        let topups = self.store().kv_get_many(&keys).await?;
+        let now = now_ms();
+        records
+            .iter()
+            .zip(specs)
+            .zip(topups)
+            .map(|((record, spec), topups)| {
+                let initial = spec.as_ref().and_then(|spec| spec.budget.clone());
+                let Some(params) = effective_params(&record.id, initial, topups)? else { return Ok(None) };
+                let (limits, wall_secs) = limits_of(&params);
+                let mut account = Account::new(limits);
+                account.record(record.usage);
+                let remaining = account.remaining();
+                let elapsed_secs =
+                    record.ended_at_ms.unwrap_or(now).saturating_sub(record.created_at_ms) / 1000;
+                let wall_left = wall_secs.map(|w| w.saturating_sub(elapsed_secs));
+                Ok(Some(BudgetView {
+                    limits: params_of(&limits, wall_secs),
+                    remaining: params_of(&remaining, wall_left),
+                }))
+            })
+            .collect()
     }
 
     /// Why a live run is parked by its budget, if it is.

@@ -153,7 +153,7 @@ impl Kernel {
         } else {
             Replay { matcher: ReplayMatcher::live(), recorded: HashMap::new() }
         };
-        let budget = self.load_budget(record).await?;
+        let budget = self.load_budget(record, &spec).await?;
         let token = keel_types::random_token();
         // The agent may say hello before its sandbox has reported the start (a cold
         // sandbox under load answers after the agent already runs): its token is known

@@ -159,6 +159,7 @@ faulty_store! {
         fn append_events(&self, run: &RunId, events: &[NewEvent]) -> Result<Seq>;
         fn events(&self, run: &RunId, after: Seq, limit: usize) -> Result<Vec<EventRecord>>;
         fn kv_get(&self, scope: &str, key: &str) -> Result<Option<Value>>;
+        fn kv_get_many(&self, keys: &[(String, String)]) -> Result<Vec<Option<Value>>>;
         fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()>;
         fn thread_append(&self, tenant: &str, thread: &str, message: Value, idempotency_key: Option<&str>,
             appended_at_ms: u64) -> Result<u64>;

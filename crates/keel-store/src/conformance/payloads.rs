@@ -197,3 +197,29 @@ pub async fn kv_put_get_and_scopes(store: &dyn Store) {
         "a stored JSON null must read back as Some(null), not as a missing key"
     );
 }
+
+/// `kv_get_many` answers every pair in the order asked: keys of several scopes, a missing
+/// key, a stored null and a pair asked twice; nothing asked, nothing answered.
+pub async fn kv_get_many_answers_each_pair_in_order(store: &dyn Store) {
+    let unique = RunId::generate(now_ms());
+    let a = format!("conformance/{unique}/many-a");
+    let b = format!("conformance/{unique}/many-b");
+    store.kv_put(&a, "k", json!({"v": 1})).await.must("kv_put");
+    store.kv_put(&b, "k", json!([2])).await.must("kv_put");
+    store.kv_put(&a, "null", Value::Null).await.must("kv_put");
+    let pair = |scope: &str, key: &str| (scope.to_owned(), key.to_owned());
+    let asked = [
+        pair(&b, "k"),
+        pair(&a, "missing"),
+        pair(&a, "k"),
+        pair(&a, "null"),
+        pair(&b, "k"),
+        pair(&b, "null"),
+    ];
+    assert_eq!(
+        store.kv_get_many(&asked).await.must("kv_get_many"),
+        vec![Some(json!([2])), None, Some(json!({"v": 1})), Some(Value::Null), Some(json!([2])), None],
+        "one answer per pair, in the order asked"
+    );
+    assert_eq!(store.kv_get_many(&[]).await.must("kv_get_many"), Vec::<Option<Value>>::new());
+}

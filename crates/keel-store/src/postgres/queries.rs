@@ -346,6 +346,36 @@ pub(super) async fn kv_get(client: &impl GenericClient, scope: &str, key: &str) 
     row.map(|row| json_column(&row, "value", &format!("kv key {key:?} in scope {scope:?}"))).transpose()
 }
 
+/// Every pair's value in one statement: the pairs go as two arrays, numbered by
+/// `WITH ORDINALITY` so that each row finds its place in the answer.
+pub(super) async fn kv_get_many(
+    client: &impl GenericClient,
+    keys: &[(String, String)],
+) -> Result<Vec<Option<Value>>> {
+    let mut values = vec![None; keys.len()];
+    if keys.is_empty() {
+        return Ok(values);
+    }
+    let (scopes, names): (Vec<&str>, Vec<&str>) = keys.iter().map(|(s, k)| (s.as_str(), k.as_str())).unzip();
+    let rows = query_rows(
+        client,
+        "reading kv values",
+        "SELECT asked.i, kv.value FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS asked(scope, key, i) \
+         JOIN kv ON kv.scope = asked.scope AND kv.key = asked.key",
+        &[&scopes, &names],
+    )
+    .await?;
+    for row in rows {
+        let index: i64 = column(&row, "i", "a kv value asked for")?;
+        let slot = usize::try_from(index - 1).ok().filter(|i| *i < values.len()).ok_or_else(|| {
+            Error::Corrupt(format!("Postgres numbered an asked kv key {index} of {}", keys.len()))
+        })?;
+        let (scope, key) = &keys[slot];
+        values[slot] = Some(json_column(&row, "value", &format!("kv key {key:?} in scope {scope:?}"))?);
+    }
+    Ok(values)
+}
+
 pub(super) async fn thread_read(
     client: &impl GenericClient,
     tenant: &str,
