@@ -487,8 +487,7 @@ impl Kernel {
             offset: query.offset,
         };
         let records = self.list(&filter).await?;
-        // One look at the LLM queues serves the whole listing.
-        self.views(&records, &self.llm_queues()).await
+        self.views(&records).await
     }
 
     /// A run with its journal and the calls waiting for an operator.
@@ -545,14 +544,15 @@ impl Kernel {
     /// A run's view: its record, its open question, its budget and why it waits (a
     /// budget, an approval, a live slot, its place in an LLM queue).
     async fn view(&self, record: &RunRecord) -> Result<RunView> {
-        let mut views = self.views(std::slice::from_ref(record), &self.llm_queues()).await?;
+        let mut views = self.views(std::slice::from_ref(record)).await?;
         Ok(views.pop().expect("one view per record"))
     }
 
     /// The views of several runs, reading what the records lack (the runs' budget
-    /// top-ups) in one read for all of them; a listing passes the LLM queues it looked at
-    /// once for all its runs.
-    async fn views(&self, records: &[RunRecord], queues: &LlmQueues) -> Result<Vec<RunView>> {
+    /// top-ups) in one read for all of them. The LLM queues are looked at once, and only
+    /// if some run has no other reason to show.
+    async fn views(&self, records: &[RunRecord]) -> Result<Vec<RunView>> {
+        let queues = std::cell::OnceCell::new();
         // A spec that does not parse still lists the run (without command, parent or
         // budget); acting on it reports the bad spec.
         let specs: Vec<_> = records.iter().map(|record| RunSpec::of(record).ok()).collect();
@@ -576,7 +576,7 @@ impl Kernel {
                 .or_else(|| {
                     (record.state == RunState::Queued).then(|| "queued: waiting for a live slot".to_owned())
                 })
-                .or_else(|| queues.reason(&record.id));
+                .or_else(|| queues.get_or_init(|| self.llm_queues()).reason(&record.id));
             views.push(view);
         }
         Ok(views)

@@ -40,7 +40,7 @@ pub fn run(record: &RunRecord, spec: Option<&RunSpec>, question: Option<HumanAsk
         provider_calls: record.provider_calls,
         question,
         question_form,
-        // Filled in by callers that can afford the lookups (see `Kernel::budget_view`).
+        // Filled in by `Kernel::views`, which reads what they need for a whole listing at once.
         budget: None,
         reason: None,
         started_by: spec.and_then(|spec| spec.trigger.clone()),

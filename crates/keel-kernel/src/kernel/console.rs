@@ -113,7 +113,7 @@ impl Kernel {
         records.sort_by_key(|record| (record.updated_at_ms, record.created_at_ms));
         records.truncate(MAX_INBOX);
         let mut items = Vec::with_capacity(records.len());
-        let views = self.views(&records, &self.llm_queues()).await?;
+        let views = self.views(&records).await?;
         for (record, run) in records.iter().zip(views) {
             let approvals = self.pending_approvals(&record.id);
             let (kind, summary) = match record.wait_reason {
@@ -190,7 +190,7 @@ impl Kernel {
         };
         let mut costly = self.list(&top).await?;
         costly.retain(|record| record.usage.cost_micro_usd > 0);
-        let top_runs = self.views(&costly, &self.llm_queues()).await?;
+        let top_runs = self.views(&costly).await?;
         Ok(CostsView { since: since_ms, bucket_ms: filter.bucket_ms, buckets, top_runs })
     }
 }

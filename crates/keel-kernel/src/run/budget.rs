@@ -31,6 +31,11 @@ fn topup_key(run: &RunId) -> (String, String) {
     (TOPUP_SCOPE.to_owned(), run.to_string())
 }
 
+/// The kv key of the slices a run carved for its children.
+fn slice_key(run: &RunId) -> (String, String) {
+    (SLICE_SCOPE.to_owned(), run.to_string())
+}
+
 /// The run's effective limits: those it was created with (`initial`) plus every top-up
 /// (`topups`, kept durably in the kv space so that they survive restarts). `None` if it
 /// has no budget.
@@ -53,7 +58,7 @@ impl Kernel {
     /// every call a replay will answer from the journal) is already spent. Its top-ups
     /// and its children's slices come in one read.
     pub(crate) async fn load_budget(&self, record: &RunRecord, spec: &RunSpec) -> Result<RunBudget> {
-        let keys = [topup_key(&record.id), (SLICE_SCOPE.to_owned(), record.id.to_string())];
+        let keys = [topup_key(&record.id), slice_key(&record.id)];
         let mut values = self.store().kv_get_many(&keys).await?.into_iter();
         let (topups, slices) = (values.next().flatten(), values.next().flatten());
         let params = effective_params(&record.id, spec.budget.clone(), topups)?.unwrap_or_default();
