@@ -26,6 +26,7 @@ pub mod process;
 pub mod profile;
 pub mod resolve;
 pub mod seccomp;
+mod spawner;
 mod sys;
 /// For the kernel: after many runs are swapped out, their memory goes back to the system.
 pub use sys::release_free_heap;

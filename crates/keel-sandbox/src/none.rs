@@ -82,9 +82,10 @@ impl Sandbox for NoSandbox {
         };
         // Its own process group, so a stop reaches every process the agent forks; and it
         // dies with the kernel, so after a crash recovery restarts it from the journal
-        // instead of racing an orphan.
-        let (pid, pidfd) = sys::spawn_dying_with_parent(&exec).map_err(spawn_error)?;
-        drop(exec); // Our copies of the child's ends of its pipes.
+        // instead of racing an orphan. Started by the spawner thread, whose descriptor
+        // table is a handful, not the kernel's (see `spawner`); our copies of the child's
+        // ends of its pipes are closed then.
+        let (pid, pidfd) = crate::spawner::spawn(exec).await.map_err(spawn_error)?;
         let waiter = Reaped::new(pid, pidfd).map_err(spawn_error)?;
         if let (Some(bytes), Some(input)) = (spec.stdin, stdin) {
             let mut input = pipe::Sender::from_owned_fd(input).map_err(spawn_error)?;

@@ -25,6 +25,9 @@ const TESTS: &[Test] = &[
     ("without_a_sandbox_the_exit_status_is_the_programs", || Box::pin(exit_status())),
     ("without_a_sandbox_a_missing_program_is_an_error", || Box::pin(missing_program())),
     ("without_a_sandbox_the_program_dies_with_its_launcher", || Box::pin(dies_with_launcher())),
+    ("without_a_sandbox_the_program_outlives_the_thread_that_launched_it", || {
+        Box::pin(outlives_launching_thread())
+    }),
 ];
 
 /// Given as the first argument, this binary launches `sleep 600` without a sandbox, prints
@@ -152,6 +155,11 @@ async fn starts_clean() {
     // was given. (Not Python: it ignores SIGPIPE and SIGXFSZ itself.)
     let held = std::fs::File::open("/dev/null").unwrap();
     let held = std::os::fd::AsRawFd::as_raw_fd(&held);
+    // Without close-on-exec too (a library's careless open): the agent starts from a
+    // table of its own, not a copy of ours.
+    // SAFETY: a path literal; the fd is closed below.
+    let inheritable = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY) };
+    assert!(inheritable > 2);
     let script = r#"test "$(ps -o pgid= $$)" -eq $$ && echo own-group
         grep -E '^Sig(Blk|Ign)' /proc/self/status | tr -s '\t' ' '
         ls /proc/self/fd | tr '\n' ' '; echo
@@ -171,6 +179,9 @@ async fn starts_clean() {
     let mut fds: Vec<i32> = lines[3].split_whitespace().map(|fd| fd.parse().unwrap()).collect();
     fds.sort_unstable();
     assert!(fds.starts_with(&[0, 1, 2]) && !fds.contains(&held), "fd {held} leaked: {out}");
+    assert!(!fds.contains(&inheritable), "fd {inheritable} (not close-on-exec) leaked: {out}");
+    // SAFETY: opened above, owned by nothing else.
+    unsafe { libc::close(inheritable) };
     assert_eq!(lines[4], format!("cwd one two words {marker}"), "{out}");
 }
 
@@ -219,4 +230,30 @@ async fn dies_with_launcher() {
         assert!(std::time::Instant::now() < deadline, "the program outlived its launcher");
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+}
+
+/// An agent dies with the kernel (PR_SET_PDEATHSIG), which the kernel of Linux ties to
+/// the *thread* that started it: one started from a thread that then ended (a runtime's
+/// worker, a pool's thread) would be killed with it.
+async fn outlives_launching_thread() {
+    let pid = std::thread::spawn(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let launched = runtime.block_on(NoSandbox.launch(spec(&["sleep", "600"], None))).unwrap();
+        let pid = launched.pid as i32;
+        // Nothing of this runtime may wait for it: the test reaps it.
+        std::mem::forget(launched);
+        pid
+    })
+    .join()
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let running = state.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'));
+    // SAFETY: our own child, in its own process group; `status` is a valid out-pointer.
+    unsafe {
+        libc::kill(-pid, libc::SIGKILL);
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, 0);
+    }
+    assert!(running, "the agent died with the thread that launched it: {state}");
 }
