@@ -41,7 +41,7 @@ pub use records::{
     ApiTokenRecord, AuditBreak, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, CostBucket,
     CostFilter, EventRecord, JournalEntry, MailboxDone, MailboxMessage, MailboxOp, MailboxResult,
     MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, RunCount,
-    RunFilter, RunOrder, RunPatch, RunRecord, SearchMode, StoreStats, TenantRecord, ThreadMessage,
+    RunFilter, RunOrder, RunPatch, RunRecord, SearchMode, SpecJson, StoreStats, TenantRecord, ThreadMessage,
 };
 pub use sqlite::SqliteStore;
 pub use triggers::{FireRecord, TriggerRecord};

@@ -24,7 +24,7 @@ impl NewRun {
         RunRecord {
             id: self.id,
             tenant: self.tenant,
-            spec: self.spec,
+            spec: SpecJson::from(&self.spec),
             state: self.state,
             wait_reason: None,
             created_at_ms: self.created_at_ms,
@@ -41,12 +41,56 @@ impl NewRun {
     }
 }
 
+/// A run's spec as the JSON text it is stored as (always valid JSON: checked when made).
+/// Whoever reads it decodes it into its own type straight from the text (the kernel's
+/// `RunSpec`): a listing of many runs copies text instead of building a `Value` tree per
+/// run, which was most of a listing's CPU.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SpecJson(String);
+
+impl SpecJson {
+    /// `text` if it is JSON; the parser's error otherwise.
+    pub fn parse(text: String) -> Result<SpecJson, serde_json::Error> {
+        // Checked without building anything.
+        serde_json::from_str::<serde::de::IgnoredAny>(&text)?;
+        Ok(SpecJson(text))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The spec as a `Value` (for what reads a field or two, and tests).
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(&self.0).expect("a SpecJson is valid JSON")
+    }
+}
+
+impl From<&Value> for SpecJson {
+    fn from(value: &Value) -> SpecJson {
+        SpecJson(value.to_string())
+    }
+}
+
+impl std::fmt::Debug for SpecJson {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The JSON text.
+impl std::fmt::Display for SpecJson {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A run as stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRecord {
     pub id: RunId,
     pub tenant: String,
-    pub spec: Value,
+    pub spec: SpecJson,
     pub state: RunState,
     /// Set exactly while `state` is `waiting` (and kept while a waiting run is paused).
     pub wait_reason: Option<WaitReason>,
@@ -549,7 +593,7 @@ mod tests {
         RunRecord {
             id: RunId::parse("run_00000000000000000000000001").unwrap(),
             tenant: "t".to_owned(),
-            spec: json!({"cmd": "x"}),
+            spec: SpecJson::from(&json!({"cmd": "x"})),
             state: RunState::Waiting,
             wait_reason: Some(WaitReason::Human),
             created_at_ms: 1,
@@ -563,6 +607,21 @@ mod tests {
             usage: Usage::default(),
             provider_calls: 0,
         }
+    }
+
+    #[test]
+    fn a_spec_keeps_its_text_and_must_be_json() {
+        // Kept as written: the key order and the numbers' spelling are the writer's.
+        let text = r#"{"z":1,"a":[1.50,"x"],"version":1}"#;
+        let spec = SpecJson::parse(text.to_owned()).unwrap();
+        assert_eq!(spec.as_str(), text);
+        assert_eq!(spec.to_string(), text);
+        assert_eq!(spec.to_value(), json!({"z": 1, "a": [1.5, "x"], "version": 1}));
+        for bad in ["{not json", "", r#"{"a":1} trailing"#, r#"{"a":}"#] {
+            assert!(SpecJson::parse(bad.to_owned()).is_err(), "{bad:?} was taken as JSON");
+        }
+        let value = json!({"command": ["sleep", "1"]});
+        assert_eq!(SpecJson::from(&value).to_value(), value);
     }
 
     #[test]

@@ -271,7 +271,9 @@ impl RunSpec {
     /// kernel wrote, is an error naming the run, never a spec with fields missing.
     pub(crate) fn of(record: &RunRecord) -> Result<RunSpec> {
         let bad = |detail: String| Error::RunSpec { run: record.id.clone(), detail };
-        let spec: RunSpec = serde_path_to_error::deserialize(&record.spec).map_err(|e| {
+        // Straight from the stored text: no `Value` tree on the way (see `SpecJson`).
+        let mut text = serde_json::Deserializer::from_str(record.spec.as_str());
+        let spec: RunSpec = serde_path_to_error::deserialize(&mut text).map_err(|e| {
             let path = e.path().to_string();
             bad(format!("at `{path}`: {}", e.into_inner()))
         })?;
@@ -323,7 +325,7 @@ mod tests {
         RunRecord {
             id: RunId::generate(1),
             tenant: "default".into(),
-            spec,
+            spec: keel_store::SpecJson::from(&spec),
             state: keel_types::RunState::Created,
             wait_reason: None,
             attempt: 0,

@@ -34,8 +34,8 @@ fn started_by(test: &TestKernel, trigger: &str) -> Vec<(RunId, Value)> {
     let store = test.store();
     let runs = test.on_kernel(|_| async move { store.list_runs(&RunFilter::default()).await }).expect("runs");
     runs.into_iter()
-        .filter(|run| run.spec["trigger"] == format!("event:{trigger}"))
-        .map(|run| (run.id, run.spec["input"].clone()))
+        .filter(|run| run.spec.to_value()["trigger"] == format!("event:{trigger}"))
+        .map(|run| (run.id, run.spec.to_value()["input"].clone()))
         .collect()
 }
 

@@ -74,7 +74,7 @@ fn a_delivery_recorded_before_a_crash_is_created_by_its_redelivery() {
     assert_eq!(redelivered.run_id, recorded.to_string(), "the recorded run, not a second one");
     assert!(!redelivered.duplicate, "the first delivery to be answered 2xx is not a duplicate");
     let record = test.get(&recorded);
-    assert_eq!(record.spec["input"]["payload"]["ref"], "refs/heads/main", "{:?}", record.spec);
+    assert_eq!(record.spec.to_value()["input"]["payload"]["ref"], "refs/heads/main", "{:?}", record.spec);
     let again = deliver(&test);
     assert_eq!((again.run_id.as_str(), again.duplicate), (recorded.to_string().as_str(), true));
 }

@@ -16,7 +16,7 @@ pub async fn runs_create_get_list(store: &dyn Store) {
     let expected = RunRecord {
         id: new.id.clone(),
         tenant: new.tenant.clone(),
-        spec: new.spec.clone(),
+        spec: crate::SpecJson::from(&new.spec),
         state: RunState::Created,
         wait_reason: None,
         created_at_ms,

@@ -17,7 +17,8 @@ use crate::chain::{self, ChainCache, ChainNode};
 use crate::search::{self, BestHits, CosineQuery};
 use crate::{
     CostBucket, CostFilter, Error, EventRecord, JournalEntry, MailboxMessage, MemoryHit, MemoryRecord,
-    MemorySearch, Result, RunCount, RunFilter, RunRecord, SearchMode, Seq, StoreStats, ThreadMessage,
+    MemorySearch, Result, RunCount, RunFilter, RunRecord, SearchMode, Seq, SpecJson, StoreStats,
+    ThreadMessage,
 };
 
 /// The columns `decode_run` reads, in `SELECT` form.
@@ -605,7 +606,7 @@ pub(super) fn decode_run(row: &Row) -> Result<RunRecord> {
     Ok(RunRecord {
         id,
         tenant: column(row, "tenant", &place)?,
-        spec: json_column(row, "spec", &place)?,
+        spec: spec_column(row, &place)?,
         state: parsed_column(row, "state", &place)?,
         wait_reason: optional_parsed_column(row, "wait_reason", &place)?,
         created_at_ms: count(row, "created_at_ms", &place)?,
@@ -684,6 +685,12 @@ where
 {
     let text: Option<&str> = column(row, name, place)?;
     text.map(|text| text.parse().map_err(|error| corrupt(name, place, error))).transpose()
+}
+
+/// A run's spec: its text, checked to be JSON.
+fn spec_column(row: &Row, place: &str) -> Result<SpecJson> {
+    let text: &str = column(row, "spec", place)?;
+    SpecJson::parse(text.to_owned()).map_err(|error| corrupt("spec", place, error))
 }
 
 pub(super) fn json_column(row: &Row, name: &str, place: &str) -> Result<Value> {

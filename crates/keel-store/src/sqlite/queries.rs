@@ -14,7 +14,7 @@ use crate::chain::{ChainCache, ChainNode};
 use crate::search::{self, BestHits, CosineQuery};
 use crate::{
     CostBucket, CostFilter, Error, EventRecord, JournalEntry, MailboxMessage, MemoryHit, MemoryRecord,
-    MemorySearch, Result, RunCount, RunFilter, RunOrder, RunRecord, SearchMode, Seq, StoreStats,
+    MemorySearch, Result, RunCount, RunFilter, RunOrder, RunRecord, SearchMode, Seq, SpecJson, StoreStats,
     ThreadMessage,
 };
 
@@ -606,7 +606,7 @@ pub(super) fn decode_run(row: &Row<'_>) -> Result<RunRecord> {
     Ok(RunRecord {
         id,
         tenant: column(row, "tenant", &place)?,
-        spec: json_column(row, "spec", &place)?,
+        spec: spec_column(row, &place)?,
         state: parsed_column(row, "state", &place)?,
         wait_reason: optional_parsed_column(row, "wait_reason", &place)?,
         created_at_ms: column(row, "created_at_ms", &place)?,
@@ -679,6 +679,12 @@ where
 {
     let text: Option<String> = column(row, name, place)?;
     text.map(|text| text.parse().map_err(|error| corrupt(name, place, error))).transpose()
+}
+
+/// A run's spec: its text, checked to be JSON.
+fn spec_column(row: &Row<'_>, place: &str) -> Result<SpecJson> {
+    let text: String = column(row, "spec", place)?;
+    SpecJson::parse(text).map_err(|error| corrupt("spec", place, error))
 }
 
 pub(super) fn json_column(row: &Row<'_>, name: &str, place: &str) -> Result<Value> {
