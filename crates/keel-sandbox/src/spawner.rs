@@ -60,9 +60,15 @@ pub(crate) async fn spawn(exec: Exec) -> io::Result<(i32, OwnedFd)> {
     };
     // The exchange waits while the child execs (hundreds of microseconds): not on a
     // thread of the async runtime, which has one per core.
-    tokio::task::spawn_blocking(move || request(spawner, exec))
-        .await
-        .map_err(|err| io::Error::other(format!("the request to the spawner thread was lost: {err}")))?
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    tokio::task::spawn_blocking(move || {
+        if let Err(Ok((pid, _pidfd))) = answer.send(request(spawner, exec)) {
+            // The launch was given up while its agent started: no agent runs untracked.
+            sys::kill(-pid, libc::SIGKILL);
+            sys::reap(pid);
+        }
+    });
+    answered.await.map_err(|_| io::Error::other("the spawner thread's answer was lost"))?
 }
 
 fn request(spawner: &Mutex<Spawner>, exec: Exec) -> io::Result<(i32, OwnedFd)> {

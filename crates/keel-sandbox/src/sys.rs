@@ -723,6 +723,15 @@ pub fn spawn_dying_with_parent(exec: &Exec) -> io::Result<(i32, OwnedFd)> {
     Ok((pid, pidfd))
 }
 
+/// waitpid(pid): waits until our child `pid` has ended, and reaps it.
+pub fn reap(pid: i32) {
+    let mut status: c_int = 0;
+    // SAFETY: `status` is a valid out-pointer.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+        && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+    {}
+}
+
 /// waitpid(pid, WNOHANG): the raw wait status of our child `pid` once it has ended.
 pub fn try_reap(pid: i32) -> io::Result<Option<c_int>> {
     let mut status: c_int = 0;

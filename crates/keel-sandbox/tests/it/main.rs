@@ -28,6 +28,7 @@ const TESTS: &[Test] = &[
     ("without_a_sandbox_the_program_outlives_the_thread_that_launched_it", || {
         Box::pin(outlives_launching_thread())
     }),
+    ("without_a_sandbox_a_launch_given_up_leaves_no_program", || Box::pin(given_up_launch())),
 ];
 
 /// Given as the first argument, this binary launches `sleep 600` without a sandbox, prints
@@ -256,4 +257,34 @@ async fn outlives_launching_thread() {
         libc::waitpid(pid, &mut status, 0);
     }
     assert!(running, "the agent died with the thread that launched it: {state}");
+}
+
+/// A launch whose caller stops waiting (a client that hung up) while the program starts
+/// leaves nothing running that no one follows.
+async fn given_up_launch() {
+    let marker = format!("keel-sandbox-given-up-{}", std::process::id());
+    for _ in 0..10 {
+        let mut spec = spec(&["sleep", "600"], None);
+        spec.env.retain(|(name, _)| name != "KEEL_RUN_ID");
+        spec.env.push(("KEEL_RUN_ID".into(), marker.clone()));
+        spec.run_marker = marker.clone();
+        // Polled once, it runs until it waits for the spawner's answer; then it is dropped.
+        let mut launch = NoSandbox.launch(spec);
+        let polled =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(launch.as_mut().poll(cx).is_pending())).await;
+        assert!(polled, "the launch finished without waiting");
+        drop(launch);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let left = keel_sandbox::tree::processes_with_marker(&marker);
+        if left.is_empty() {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            keel_sandbox::tree::kill_pids(&left);
+            panic!("programs of given-up launches still run: {left:?}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
