@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use nix::sys::socket::{AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, sendmsg, socketpair};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::unix::pipe;
@@ -717,18 +717,7 @@ impl Zygote {
         let raw: Vec<i32> = fds.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
         loop {
             let mut ready = self.socket.writable().await?;
-            let sent = ready.try_io(|socket| {
-                let iov = [std::io::IoSlice::new(request)];
-                let rights = [ControlMessage::ScmRights(&raw)];
-                sendmsg::<()>(
-                    std::os::fd::AsRawFd::as_raw_fd(socket.get_ref()),
-                    &iov,
-                    &rights,
-                    MsgFlags::empty(),
-                    None,
-                )
-                .map_err(std::io::Error::from)
-            });
+            let sent = ready.try_io(|socket| sys::send_with_fds(socket.get_ref().as_fd(), request, &raw));
             match sent {
                 Ok(result) => {
                     result?;

@@ -22,14 +22,11 @@
 //! kernel), agents start from the calling thread as before, after one warning.
 
 use std::ffi::CString;
-use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
-use nix::sys::socket::{
-    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg, sendmsg,
-    socketpair,
-};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 
 use crate::sys::{self, Exec};
 
@@ -41,14 +38,11 @@ struct Program {
     cwd: CString,
 }
 
-/// The process's side of the spawner.
-struct Spawner {
-    socket: OwnedFd,
-    /// The program of the request in flight; set just before the socket carries its stdio.
-    next: Arc<Mutex<Option<Program>>>,
-}
+/// The process's end of the spawner's socket; `None` if the thread could not be made.
+static SPAWNER: OnceLock<Option<Mutex<OwnedFd>>> = OnceLock::new();
 
-static SPAWNER: OnceLock<Option<Mutex<Spawner>>> = OnceLock::new();
+/// The program of the request in flight: set just before the socket carries its stdio.
+static NEXT: Mutex<Option<Program>> = Mutex::new(None);
 
 /// [`sys::spawn_dying_with_parent`], from the spawner thread: the same child, pid and
 /// pidfd, and the same errors. Consumes `exec` (this process's copies of the child's
@@ -71,19 +65,19 @@ pub(crate) async fn spawn(exec: Exec) -> io::Result<(i32, OwnedFd)> {
     answered.await.map_err(|_| io::Error::other("the spawner thread's answer was lost"))?
 }
 
-fn request(spawner: &Mutex<Spawner>, exec: Exec) -> io::Result<(i32, OwnedFd)> {
-    // One request at a time: the spawner answers in order, and `next` holds one program.
-    let spawner = spawner.lock().unwrap_or_else(PoisonError::into_inner);
+fn request(socket: &Mutex<OwnedFd>, exec: Exec) -> io::Result<(i32, OwnedFd)> {
+    // One request at a time: the spawner answers in order, and `NEXT` holds one program.
+    let socket = lock(socket);
     let Exec { program, argv, envp, cwd, stdio } = exec;
-    *lock(&spawner.next) = Some(Program { program, argv, envp, cwd });
+    *lock(&NEXT) = Some(Program { program, argv, envp, cwd });
     let raw = stdio.each_ref().map(AsRawFd::as_raw_fd);
-    if let Err(err) = send(&spawner.socket, &[0], &raw) {
-        lock(&spawner.next).take();
+    if let Err(err) = sys::send_with_fds(socket.as_fd(), &[0], &raw) {
+        lock(&NEXT).take();
         return Err(err);
     }
     drop(stdio);
     let mut reply = [0u8; 8];
-    let (length, fds) = receive(&spawner.socket, &mut reply)?;
+    let (length, fds) = sys::receive_with_fds(socket.as_fd(), &mut reply)?;
     let pid = i32::from_ne_bytes(reply[..4].try_into().expect("4 bytes"));
     let errno = i32::from_ne_bytes(reply[4..].try_into().expect("4 bytes"));
     match (length, fds.into_iter().next()) {
@@ -94,9 +88,9 @@ fn request(spawner: &Mutex<Spawner>, exec: Exec) -> io::Result<(i32, OwnedFd)> {
 }
 
 /// Starts the spawner thread, or says why not and returns `None`.
-fn start() -> Option<Mutex<Spawner>> {
+fn start() -> Option<Mutex<OwnedFd>> {
     match try_start() {
-        Ok(spawner) => Some(Mutex::new(spawner)),
+        Ok(socket) => Some(Mutex::new(socket)),
         Err(err) => {
             tracing::warn!(
                 "agents of tier `none` start from the kernel's own threads (slower with many runs live): \
@@ -107,20 +101,13 @@ fn start() -> Option<Mutex<Spawner>> {
     }
 }
 
-fn try_start() -> io::Result<Spawner> {
+fn try_start() -> io::Result<OwnedFd> {
     let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
         .map_err(io::Error::from)?;
-    let next: Arc<Mutex<Option<Program>>> = Arc::default();
-    let their_next = next.clone();
     let theirs_raw = theirs.as_raw_fd();
     let (ready, unshared) = std::sync::mpsc::channel::<io::Result<()>>();
     std::thread::Builder::new().name("keel-spawner".into()).spawn(move || {
-        // SAFETY: every signal blocked for this thread only; the old mask is not needed.
-        unsafe {
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &all, std::ptr::null_mut());
-        }
+        sys::block_all_signals();
         if let Err(err) = sys::unshare(libc::CLONE_FILES) {
             // Still the process's table: `theirs` is closed there when dropped here.
             drop(theirs);
@@ -130,25 +117,25 @@ fn try_start() -> io::Result<Spawner> {
         // Our copy of the process's table: keep stdio and our end of the socket.
         sys::close_from_except(3, &[theirs_raw]);
         let _ = ready.send(Ok(()));
-        serve(&theirs, &their_next)
+        serve(&theirs)
     })?;
     unshared.recv().map_err(|_| io::Error::other("the spawner thread ended as it started"))??;
     // SAFETY: the process's copy of the spawner's end, which nothing in this table owns
     // (the `OwnedFd` went to the thread, whose table has its own copy now).
-    drop(unsafe { OwnedFd::from_raw_fd(theirs_raw) });
-    Ok(Spawner { socket: ours, next })
+    drop(unsafe { sys::owned_fd(theirs_raw) });
+    Ok(ours)
 }
 
 /// The spawner thread's loop. It never returns: its children would die with it.
-fn serve(socket: &OwnedFd, next: &Mutex<Option<Program>>) -> ! {
+fn serve(socket: &OwnedFd) -> ! {
     loop {
         let mut doorbell = [0u8; 1];
-        let answer = match receive(socket, &mut doorbell) {
+        let answer = match sys::receive_with_fds(socket.as_fd(), &mut doorbell) {
             // The process's end never closes while the process lives.
             Ok((0, fds)) if fds.is_empty() => loop {
                 std::thread::park();
             },
-            Ok((_, fds)) => match (lock(next).take(), <[OwnedFd; 3]>::try_from(fds)) {
+            Ok((_, fds)) => match (lock(&NEXT).take(), <[OwnedFd; 3]>::try_from(fds)) {
                 (Some(Program { program, argv, envp, cwd }), Ok(stdio)) => {
                     sys::spawn_dying_with_parent(&Exec { program, argv, envp, cwd, stdio })
                 }
@@ -165,43 +152,8 @@ fn serve(socket: &OwnedFd, next: &Mutex<Option<Program>>) -> ! {
         reply[4..].copy_from_slice(&errno.to_ne_bytes());
         let fds: Vec<RawFd> = pidfd.iter().map(AsRawFd::as_raw_fd).collect();
         // Only fails if the process's end is gone, which it never is.
-        let _ = send(socket, &reply, &fds);
+        let _ = sys::send_with_fds(socket.as_fd(), &reply, &fds);
     }
-}
-
-/// One message with `fds` attached.
-fn send(socket: &OwnedFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
-    let rights = [ControlMessage::ScmRights(fds)];
-    let control: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &rights };
-    loop {
-        match sendmsg::<()>(socket.as_raw_fd(), &[IoSlice::new(bytes)], control, MsgFlags::empty(), None) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            other => return other.map(drop).map_err(io::Error::from),
-        }
-    }
-}
-
-/// One message into `buffer`: its length and the fds it carried (close-on-exec).
-fn receive(socket: &OwnedFd, buffer: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
-    let mut space = nix::cmsg_space!([RawFd; 3]);
-    let mut iov = [IoSliceMut::new(buffer)];
-    let message = loop {
-        match recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            other => break other.map_err(io::Error::from)?,
-        }
-    };
-    let mut fds = Vec::new();
-    for cmsg in message.cmsgs().map_err(io::Error::from)? {
-        if let ControlMessageOwned::ScmRights(received) = cmsg {
-            // SAFETY: SCM_RIGHTS fds are new in this table and owned by nobody else.
-            fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-        }
-    }
-    if message.flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC) {
-        return Err(io::Error::other("a message between the kernel and its spawner thread was truncated"));
-    }
-    Ok((message.bytes, fds))
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -1,7 +1,8 @@
 //! The one wrapper around raw Linux system calls that the sandbox needs and `nix` does not
-//! cover (or covers with allocation we cannot afford after `fork`). Every `unsafe` block
-//! of the crate's process tier lives here, each with the reason it is sound; callers get
-//! safe functions returning `io::Result`.
+//! cover (or covers with allocation we cannot afford after `fork`), and around passing
+//! descriptors over a socket, which the zygote, its kernel side and the spawner share.
+//! Every `unsafe` block of the crate's process tier lives here, each with the reason it is
+//! sound; callers get safe functions returning `io::Result`.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_long, c_uint};
 use std::io;
@@ -454,6 +455,24 @@ pub fn reset_signals() {
     }
 }
 
+/// Blocks every signal of the calling thread; returns the mask it had.
+pub fn block_all_signals() -> libc::sigset_t {
+    // SAFETY: signal masks are per thread; both sets are valid sigset_t.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        old
+    }
+}
+
+/// Sets the calling thread's signal mask (one [`block_all_signals`] returned).
+pub fn set_signal_mask(mask: &libc::sigset_t) {
+    // SAFETY: `mask` is a valid sigset_t.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
+}
+
 /// Unblocks every signal of the calling thread.
 pub fn unblock_signals() {
     // SAFETY: sigset_t initialised by sigemptyset before use.
@@ -535,6 +554,47 @@ pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
             return Err(err);
         }
     }
+}
+
+/// sendmsg(2) of `bytes` with `fds` attached (`SCM_RIGHTS`), retried on EINTR. On a
+/// non-blocking socket, a full buffer is `WouldBlock`.
+pub fn send_with_fds(socket: BorrowedFd<'_>, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    let rights = [ControlMessage::ScmRights(fds)];
+    let control: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &rights };
+    loop {
+        match sendmsg::<()>(socket.as_raw_fd(), &[io::IoSlice::new(bytes)], control, MsgFlags::empty(), None)
+        {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => return other.map(drop).map_err(io::Error::from),
+        }
+    }
+}
+
+/// recvmsg(2) of one message into `buffer`, retried on EINTR: its length and the
+/// descriptors it carried (at most [`crate::wire::SPAWN_FDS`], close-on-exec). Length 0
+/// with no descriptors: the peer closed. A message cut short is an error.
+pub fn receive_with_fds(socket: BorrowedFd<'_>, buffer: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let mut space = nix::cmsg_space!([RawFd; crate::wire::SPAWN_FDS]);
+    let mut iov = [io::IoSliceMut::new(buffer)];
+    let message = loop {
+        match recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other.map_err(io::Error::from)?,
+        }
+    };
+    let mut fds = Vec::new();
+    for cmsg in message.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(received) = cmsg {
+            // SAFETY: SCM_RIGHTS fds are new in this table and owned by nobody else.
+            fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    if message.flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC) {
+        return Err(io::Error::other("the message was truncated"));
+    }
+    Ok((message.bytes, fds))
 }
 
 /// A pipe with both ends close-on-exec: (read, write).
@@ -689,14 +749,8 @@ pub fn spawn_dying_with_parent(exec: &Exec) -> io::Result<(i32, OwnedFd)> {
     let top = unsafe { stack.as_mut_ptr().add(STACK) };
     let top = (top as usize & !15) as *mut std::ffi::c_void;
     let mut pidfd: c_int = -1;
-    // SAFETY: signal masks are per thread; `all` and `old` are valid sigset_t.
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        // No handler of ours may run in the child while it shares our memory.
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-    }
+    // No handler of ours may run in the child while it shares our memory.
+    let old = block_all_signals();
     let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
     // SAFETY: `exec_child` only makes system calls on `args`, which outlives the call
     // (with CLONE_VFORK we resume only after the child has exec'd or exited); `top` is
@@ -704,8 +758,7 @@ pub fn spawn_dying_with_parent(exec: &Exec) -> io::Result<(i32, OwnedFd)> {
     // pidfd to `pidfd` (CLONE_PIDFD uses the parent_tid argument).
     let pid = unsafe { libc::clone(exec_child, top, flags, (&raw mut args).cast(), &raw mut pidfd) };
     let clone_error = io::Error::last_os_error();
-    // SAFETY: restores this thread's mask saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    set_signal_mask(&old);
     drop(stack);
     if pid < 0 {
         return Err(clone_error);
@@ -715,9 +768,7 @@ pub fn spawn_dying_with_parent(exec: &Exec) -> io::Result<(i32, OwnedFd)> {
     // SAFETY: the child wrote `error` (if at all) before it exited; we run after.
     let error = unsafe { std::ptr::read_volatile(&args.error) };
     if error != 0 {
-        let mut status: c_int = 0;
-        // SAFETY: reaps our own child, which has exited; `status` is a valid out-pointer.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
+        reap(pid); // It has exited.
         return Err(io::Error::from_raw_os_error(error));
     }
     Ok((pid, pidfd))

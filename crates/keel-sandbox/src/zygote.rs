@@ -11,10 +11,7 @@
 //! (PR_SET_PDEATHSIG), taking its sandbox along.
 
 use std::ffi::OsStr;
-use std::io::IoSliceMut;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
-
-use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use crate::init::{self, InitFds};
 use crate::sys::{self, Forked};
@@ -83,28 +80,10 @@ fn serve(socket: OwnedFd) -> ! {
 }
 
 fn receive(socket: &OwnedFd, buffer: &mut [u8]) -> std::io::Result<Option<(usize, Vec<OwnedFd>)>> {
-    let mut space = nix::cmsg_space!([RawFd; SPAWN_FDS]);
-    let mut iov = [IoSliceMut::new(buffer)];
-    let message = loop {
-        match recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            other => break other.map_err(std::io::Error::from)?,
-        }
-    };
-    let mut fds = Vec::new();
-    for cmsg in message.cmsgs().map_err(std::io::Error::from)? {
-        if let ControlMessageOwned::ScmRights(received) = cmsg {
-            // SAFETY: SCM_RIGHTS fds are new in this process and owned by nobody else.
-            fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-        }
+    match sys::receive_with_fds(socket.as_fd(), buffer)? {
+        (0, fds) if fds.is_empty() => Ok(None),
+        message => Ok(Some(message)),
     }
-    if message.bytes == 0 && fds.is_empty() {
-        return Ok(None);
-    }
-    if message.flags.contains(MsgFlags::MSG_TRUNC) || message.flags.contains(MsgFlags::MSG_CTRUNC) {
-        return Err(std::io::Error::other("the request was truncated"));
-    }
-    Ok(Some((message.bytes, fds)))
 }
 
 fn reply(socket: &OwnedFd, answer: &SpawnReply) -> std::io::Result<()> {

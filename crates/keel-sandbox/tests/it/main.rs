@@ -1,5 +1,6 @@
 //! Launching through real tiers (`none` and `process`): what reaches the program's stdin;
-//! and for `none`, what the program starts with and that it dies with its launcher.
+//! and for `none`, what the program starts with, that it dies with its launcher but not
+//! with the thread that launched it, and that a launch given up leaves nothing running.
 //! The process tier re-executes this binary as its zygote, so `main` hands over to it
 //! first and otherwise runs the tests itself (`harness = false`);
 //! `cargo test -p keel-sandbox --test it NAME` runs the tests whose name contains NAME.
@@ -218,11 +219,7 @@ async fn dies_with_launcher() {
     std::io::BufRead::read_line(&mut std::io::BufReader::new(launcher.stdout.take().unwrap()), &mut line)
         .unwrap();
     let pid: i32 = line.trim().parse().unwrap();
-    let alive = || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-            stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
-        })
-    };
+    let alive = || running(pid);
     assert!(alive(), "the program runs while its launcher does");
     launcher.kill().unwrap();
     launcher.wait().unwrap();
@@ -248,15 +245,20 @@ async fn outlives_launching_thread() {
     .join()
     .unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let running = state.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'));
+    let alive = running(pid);
     // SAFETY: our own child, in its own process group; `status` is a valid out-pointer.
     unsafe {
         libc::kill(-pid, libc::SIGKILL);
         let mut status = 0;
         libc::waitpid(pid, &mut status, 0);
     }
-    assert!(running, "the agent died with the thread that launched it: {state}");
+    assert!(alive, "the agent died with the thread that launched it");
+}
+
+/// Whether `pid` exists and has not exited (a zombie has).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
 }
 
 /// A launch whose caller stops waiting (a client that hung up) while the program starts

@@ -689,8 +689,8 @@ where
 
 /// A run's spec: its text, checked to be JSON.
 fn spec_column(row: &Row, place: &str) -> Result<SpecJson> {
-    let text: &str = column(row, "spec", place)?;
-    SpecJson::parse(text.to_owned()).map_err(|error| corrupt("spec", place, error))
+    let text: String = column(row, "spec", place)?;
+    SpecJson::parse(text).map_err(|error| corrupt("spec", place, error))
 }
 
 pub(super) fn json_column(row: &Row, name: &str, place: &str) -> Result<Value> {
