@@ -3,13 +3,14 @@
 //! A child cloned without `CLONE_FILES` starts with a copy of its parent's whole
 //! descriptor table, and its `execve` then closes every close-on-exec descriptor of that
 //! copy. A kernel holds a pidfd and two pipes for each live run, so starting the k-th
-//! agent copied and closed about 3k descriptors: a fifth of the kernel's CPU while it
-//! recovered 1,000 runs (see BENCHMARKS.md). The spawner thread unshares its table once
-//! (`unshare(CLONE_FILES)`) and keeps in it only its end of a socket pair. The child's
-//! stdio comes to it over that socket (`SCM_RIGHTS`), the program and its arguments
-//! through memory (the thread is in the same process), and the child's pidfd goes back
-//! over the socket. So an agent starts with a copy of four descriptors, whatever the
-//! kernel holds, and nothing of the kernel's can reach it even without close-on-exec.
+//! agent copied and closed about 3k descriptors: a fifth of the CPU samples while the
+//! kernel recovered 1,000 runs (see BENCHMARKS.md). The spawner thread unshares its table
+//! once (`unshare(CLONE_FILES)`) and keeps in it only stdio and its end of a socket pair.
+//! The child's stdio comes to it over that socket (`SCM_RIGHTS`), the program and its
+//! arguments through memory (the thread is in the same process), and the child's pidfd
+//! goes back over the socket. So an agent starts with a copy of seven descriptors (stdio,
+//! the socket, its own three), whatever the kernel holds, and nothing of the kernel's can
+//! reach it even without close-on-exec.
 //!
 //! The thread lives as long as the process, which matters: `PR_SET_PDEATHSIG` fires when
 //! the *thread* that made a child ends, so a spawner that ended would kill every agent it
