@@ -1,8 +1,10 @@
 """A listing's cost: 1,000 live runs of tier `none` in a fresh daemon, then 40
 `GET /v1/runs?limit=2000` in a row; prints the p50 and the daemon's CPU per listing
 (read from /proc). Run it with each of two `keel` binaries, alternately, to compare.
+With PATH, that path is asked instead of the listing (`/metrics`, say), over the same
+1,000 live runs.
 
-    python3 crates/keel-cli/benches/listing.py target/release/keel [RUNS] [LISTINGS]
+    python3 crates/keel-cli/benches/listing.py target/release/keel [RUNS] [LISTINGS] [PATH]
 """
 
 import concurrent.futures
@@ -46,6 +48,7 @@ try:
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda _: call("POST", "/v1/runs", run), range(runs)))
     listing = f"/v1/runs?limit={runs * 2}"
+    asked = sys.argv[4] if len(sys.argv) > 4 else listing
     while sum(r["state"] == "running" for r in json.loads(call("GET", listing))) < runs:
         time.sleep(0.2)
 
@@ -57,10 +60,10 @@ try:
     took = []
     for _ in range(listings):
         started = time.perf_counter()
-        call("GET", listing)
+        call("GET", asked)
         took.append(time.perf_counter() - started)
     cpu = (cpu_secs() - before) / listings
-    print(f"{runs} runs: p50 {statistics.median(took) * 1e3:.1f} ms, daemon CPU per listing {cpu * 1e3:.1f} ms")
+    print(f"GET {asked} with {runs} live runs: p50 {statistics.median(took) * 1e3:.1f} ms, daemon CPU per request {cpu * 1e3:.1f} ms")
 finally:
     # The agents die with the daemon (PR_SET_PDEATHSIG).
     daemon.kill()

@@ -193,6 +193,7 @@ pub(crate) struct Metrics {
     journal_append: Histogram,
     journal_complete: Histogram,
     sandbox_spawn: Family<SpawnLabels, Histogram>,
+    runs_recovered: Counter,
 }
 
 fn syscall_histogram() -> Histogram {
@@ -309,6 +310,14 @@ impl Metrics {
             Unit::Seconds,
             sandbox_spawn.clone(),
         );
+        let runs_recovered = Counter::default();
+        registry.register(
+            "keel_runs_recovered",
+            "Interrupted runs this kernel brought back to life since it started: agents relaunched after a \
+             kernel restart or taken over from a failed node, and queued runs started, each counted once its \
+             new process is recorded (swapped-out runs are not relaunched, so not counted)",
+            runs_recovered.clone(),
+        );
         Metrics {
             registry,
             syscalls,
@@ -324,6 +333,7 @@ impl Metrics {
             journal_append,
             journal_complete,
             sandbox_spawn,
+            runs_recovered,
         }
     }
 
@@ -378,6 +388,11 @@ impl Metrics {
     pub(crate) fn sandbox_spawned(&self, tier: &'static str, pooled: bool, took: Duration) {
         let kind = if pooled { "pooled" } else { "cold" };
         self.sandbox_spawn.get_or_create(&SpawnLabels { tier, kind }).observe(took.as_secs_f64());
+    }
+
+    /// An interrupted run is live again: its relaunched agent's process is recorded.
+    pub(crate) fn run_recovered(&self) {
+        self.runs_recovered.inc();
     }
 
     /// The whole exposition: the recorded instruments, then the gauges of `snapshot`.

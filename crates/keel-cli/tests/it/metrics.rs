@@ -322,4 +322,6 @@ fn replayed_llm_calls_are_not_counted_again_after_a_crash() {
     // Replayed syscalls are still syscalls: the relaunched agent restored its checkpoint
     // (after step 5) and asked steps 6 to 12 again, the first ones answered by replay.
     assert_eq!(scraped.value("keel_syscall_duration_seconds_count", &[("method", "llm.chat")]), 7.0);
+    // The one interrupted run was brought back once.
+    assert_eq!(scraped.value("keel_runs_recovered_total", &[]), 1.0);
 }

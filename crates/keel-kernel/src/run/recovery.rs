@@ -71,9 +71,14 @@ impl Kernel {
             .for_each_concurrent(PARALLEL, |run| {
                 let kernel = kernel.clone();
                 async move {
-                    let id = run.id.clone();
-                    if let Err(err) = kernel.recover(run).await {
-                        tracing::warn!(run = %id, "could not recover the run: {err}");
+                    let (id, before) = (run.id.clone(), (run.pid, run.attempt));
+                    match kernel.recover(run).await {
+                        // Started here, not left queued, failed, or to another node's lease.
+                        Ok(record) if record.pid.is_some() && (record.pid, record.attempt) != before => {
+                            kernel.inner.metrics.run_recovered();
+                        }
+                        Ok(_) => {}
+                        Err(err) => tracing::warn!(run = %id, "could not recover the run: {err}"),
                     }
                 }
             })

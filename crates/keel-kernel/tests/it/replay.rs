@@ -203,3 +203,38 @@ fn a_run_created_while_recovery_starts_is_not_taken_for_an_interrupted_one() {
         assert_eq!(launches, 1, "{run} was launched once");
     }
 }
+
+/// The kernel's `keel_runs_recovered` counter, as a scrape of `GET /metrics` shows it.
+fn runs_recovered(test: &TestKernel) -> u64 {
+    let text = test.on_kernel(|kernel| async move {
+        kernel.metrics(&keel_kernel::Principal::Admin, keel_kernel::MetricsFormat::Prometheus).await
+    });
+    let text = text.expect("an operator may read the metrics");
+    let value = text.lines().find_map(|line| line.strip_prefix("keel_runs_recovered_total "));
+    value.expect("the counter is exposed from the start").parse().expect("a count")
+}
+
+#[test]
+fn a_restarted_kernel_counts_the_runs_it_brought_back() {
+    let mut test = TestKernel::start();
+    let runs = [test.create_run(json!({})), test.create_run(json!({}))];
+    assert_eq!(runs_recovered(&test), 0, "a kernel's first start recovers nothing");
+
+    test.crash_and_restart();
+    for run in &runs {
+        test.wait_run(run, "relaunched by replay", |r| r.attempt == 2 && r.pid.is_some());
+    }
+    wait_for("both relaunches counted", || (runs_recovered(&test) == 2).then_some(()));
+    let fresh = test.create_run(json!({}));
+    let mut agent = test.agent(&fresh);
+    agent.call::<serde_json::Value>("sys.ping", json!({})).unwrap();
+    assert_eq!(runs_recovered(&test), 2, "a run started afresh is not a recovered one");
+
+    // The next kernel counts from zero: what it brought back, all three runs.
+    test.crash_and_restart();
+    test.wait_run(&fresh, "relaunched by replay", |r| r.attempt == 2 && r.pid.is_some());
+    for run in &runs {
+        test.wait_run(run, "relaunched again", |r| r.attempt == 3 && r.pid.is_some());
+    }
+    wait_for("three relaunches counted", || (runs_recovered(&test) == 3).then_some(()));
+}
