@@ -249,10 +249,33 @@ fn a_paused_node_past_its_lease_is_fenced_and_its_agents_die() {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(paused as i32), nix::sys::signal::Signal::SIGSTOP)
         .unwrap();
     // Node 1 takes every run over once n2's heartbeat lapses...
-    wait_for("node n1 to take the paused node's runs", || {
-        let owners = owners(&db);
-        runs.iter().all(|run| owners.get(run).is_some_and(|node| node == "n1")).then_some(())
-    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !runs.iter().all(|run| owners(&db).get(run).is_some_and(|node| node == "n1")) {
+        // This wait timed out twice in full suites (never alone); say what held it.
+        if std::time::Instant::now() > deadline {
+            panic!(
+                "timed out waiting for node n1 to take the paused node's runs\n\
+                 leases: {:?}\nnodes:\n{}\nruns:\n{}\nsessions:\n{}\nlocks on leases:\n{}\n\
+                 n1's log:\n{}\nn2's log:\n{}",
+                owners(&db),
+                psql(&db.url, "SELECT id, expires_at < now(), draining FROM keel_nodes ORDER BY id"),
+                psql(&db.url, "SELECT id, state, wait_reason, attempt, pid FROM runs ORDER BY id"),
+                psql(
+                    &db.url,
+                    "SELECT pid, state, wait_event_type, wait_event, now() - xact_start, left(query, 120) \
+                     FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                ),
+                psql(
+                    &db.url,
+                    "SELECT l.pid, l.mode, l.granted FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+                     WHERE c.relname = 'run_leases'"
+                ),
+                nodes[0].daemon_log_tail(40),
+                nodes[1].daemon_log_tail(40),
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
     // ... and once n2 resumes, its late writes are refused and its agents die.
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(paused as i32), nix::sys::signal::Signal::SIGCONT)
         .unwrap();

@@ -160,6 +160,11 @@ impl Keel {
         }
     }
 
+    /// The last `n` lines of the daemon's stderr (appended across restarts).
+    pub fn daemon_log_tail(&self, n: usize) -> String {
+        last_lines(&std::fs::read_to_string(self.data.path().join("daemon.log")).unwrap_or_default(), n)
+    }
+
     /// Waits for `run` to reach one of `wanted`; on timeout, the panic shows the run as
     /// it is and its last events, so a failure says where it got stuck.
     pub fn wait_state(&self, run: &str, wanted: &[&str]) -> Value {
