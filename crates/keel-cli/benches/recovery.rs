@@ -40,13 +40,8 @@ async fn wait_until(what: &str, every: Duration, mut check: impl AsyncFnMut() ->
 
 /// The daemon's `keel_runs_recovered` counter (0 until it answers).
 async fn recovered_count(http: &reqwest::Client, base: &str, token: &str) -> usize {
-    let response = http.get(format!("{base}/metrics")).bearer_auth(token).send().await;
-    let Ok(text) = (match response {
-        Ok(r) => r.text().await,
-        Err(_) => return 0,
-    }) else {
-        return 0;
-    };
+    let Ok(response) = http.get(format!("{base}/metrics")).bearer_auth(token).send().await else { return 0 };
+    let Ok(text) = response.text().await else { return 0 };
     text.lines()
         .find_map(|line| line.strip_prefix("keel_runs_recovered_total "))
         .and_then(|value| value.trim().parse::<f64>().ok())

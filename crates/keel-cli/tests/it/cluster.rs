@@ -250,14 +250,17 @@ fn a_paused_node_past_its_lease_is_fenced_and_its_agents_die() {
         .unwrap();
     // Node 1 takes every run over once n2's heartbeat lapses...
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !runs.iter().all(|run| owners(&db).get(run).is_some_and(|node| node == "n1")) {
+    loop {
+        let owners = owners(&db);
+        if runs.iter().all(|run| owners.get(run).is_some_and(|node| node == "n1")) {
+            break;
+        }
         // This wait timed out twice in full suites (never alone); say what held it.
         if std::time::Instant::now() > deadline {
             panic!(
                 "timed out waiting for node n1 to take the paused node's runs\n\
-                 leases: {:?}\nnodes:\n{}\nruns:\n{}\nsessions:\n{}\nlocks on leases:\n{}\n\
+                 leases: {owners:?}\nnodes:\n{}\nruns:\n{}\nsessions:\n{}\nlocks on leases:\n{}\n\
                  n1's log:\n{}\nn2's log:\n{}",
-                owners(&db),
                 psql(&db.url, "SELECT id, expires_at < now(), draining FROM keel_nodes ORDER BY id"),
                 psql(&db.url, "SELECT id, state, wait_reason, attempt, pid FROM runs ORDER BY id"),
                 psql(
