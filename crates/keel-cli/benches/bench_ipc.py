@@ -6,7 +6,8 @@ Modes (each prints one JSON object of results on stdout, or passes it to run.exi
   echo-client PATH  floor client: request/reply round trips, then one-way throughput
   sqlite PATH       floor store: one INSERT and one fsync'd commit (WAL, synchronous=FULL)
                     per message
-  server            under `keel run`: the same protocol over ipc.recv / ipc.send
+  server            under `keel run`: the same protocol over ipc.recv / ipc.send (after a
+                    `batch` message, ipc.recv with `max`: whatever waits in one step)
   client            under `keel run`: the same measurements against run BENCH_PEER
 """
 
@@ -22,6 +23,7 @@ N = int(os.environ.get("BENCH_N", "2000"))
 WARMUP = int(os.environ.get("BENCH_WARMUP", "200"))
 ONEWAY = int(os.environ.get("BENCH_ONEWAY", "5000"))
 SENDERS = int(os.environ.get("BENCH_SENDERS", "16"))
+RECV_MAX = int(os.environ.get("BENCH_RECV_MAX", "100"))
 
 
 def stats(samples):
@@ -126,20 +128,23 @@ def server():
 
     k = keel.connect()
     count = 0
+    batch = 0  # after a `batch` message: receive up to this many at once (recv_many)
     while True:
-        msg = k.recv()
-        body = msg["message"]
-        op = body["op"]
-        if op == "req":
-            k.send(msg["from"], body, correlation_id=msg["correlation_id"])
-        elif op == "one":
-            count += 1
-        elif op == "flush":
-            k.send(msg["from"], {"count": count}, correlation_id=msg["correlation_id"])
-            count = 0
-        elif op == "stop":
-            k.exit({"ok": True})
-            return
+        for msg in k.recv_many(batch) if batch else [k.recv()]:
+            body = msg["message"]
+            op = body["op"]
+            if op == "req":
+                k.send(msg["from"], body, correlation_id=msg["correlation_id"])
+            elif op == "one":
+                count += 1
+            elif op == "flush":
+                k.send(msg["from"], {"count": count}, correlation_id=msg["correlation_id"])
+                count = 0
+            elif op == "batch":
+                batch = body["max"]
+            elif op == "stop":
+                k.exit({"ok": True})
+                return
 
 
 def client():
@@ -178,6 +183,10 @@ def client():
 
     result["oneway_1"] = oneway(1, "flush1")
     result["oneway_many"] = oneway(SENDERS, "flushmany")
+    # The same senders to a receiver that takes whatever waits, up to 100, in one step.
+    k.send(peer, {"op": "batch", "max": RECV_MAX})
+    result["oneway_many_batched"] = oneway(SENDERS, "flushbatched")
+    result["recv_max"] = RECV_MAX
     result["senders"] = SENDERS
     k.send(peer, {"op": "stop"})
     k.exit(result)

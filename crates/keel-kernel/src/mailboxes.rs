@@ -9,7 +9,7 @@
 //! receiver waits for that answer, however long its own timeout, so the message a send
 //! wrote into the receiver's journal is the one the receiver answers with.
 
-use keel_store::{NewEntry, Seq};
+use keel_store::{MailboxResult, NewEntry, Seq};
 use keel_types::RunId;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -76,6 +76,8 @@ pub(crate) struct OfferedReceive {
     id: u64,
     /// The receive's journal entry, complete but for its result.
     pub(crate) entry: NewEntry,
+    /// How its result is made from what a send took for it.
+    pub(crate) result_of: MailboxResult,
     hold: HoldFn,
     answer: oneshot::Sender<Handed>,
 }
@@ -177,17 +179,17 @@ pub(crate) struct MailboxWait<'a> {
 }
 
 impl MailboxWait<'_> {
-    /// Offers a receive (`entry`, its journal entry but for the result) to senders, `hold`
-    /// saying when its run can take a message; `None` when another receive of the mailbox
-    /// is on offer already.
-    pub(crate) fn offer(&self, entry: NewEntry, hold: HoldFn) -> Option<Offer> {
+    /// Offers a receive (`entry`, its journal entry but for the result, which `result_of`
+    /// makes) to senders, `hold` saying when its run can take a message; `None` when
+    /// another receive of the mailbox is on offer already.
+    pub(crate) fn offer(&self, entry: NewEntry, result_of: MailboxResult, hold: HoldFn) -> Option<Offer> {
         let mut offered = crate::lock(&self.waits.offered);
         if offered.is_some() {
             return None;
         }
         let id = self.mailboxes.offers.fetch_add(1, Ordering::Relaxed);
         let (answer, receiver) = oneshot::channel();
-        *offered = Some(OfferedReceive { id, entry, hold, answer });
+        *offered = Some(OfferedReceive { id, entry, result_of, hold, answer });
         Some(Offer { id, waits: self.waits.clone(), answer: receiver })
     }
 }
@@ -237,6 +239,10 @@ mod tests {
         }
     }
 
+    fn no_result(_: &keel_store::MailboxDone) -> Value {
+        Value::Null
+    }
+
     /// A hold that counts how many claims are out, as a run's calls in flight are counted.
     fn counted(out: &Arc<AtomicU64>, usable: &Arc<AtomicBool>) -> HoldFn {
         struct Held(Arc<AtomicU64>);
@@ -259,8 +265,11 @@ mod tests {
         let run = RunId::generate(1);
         let mailbox = mailboxes.wait(&run);
         let (out, usable) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(true)));
-        let offer = mailbox.offer(entry(), counted(&out, &usable)).expect("offered");
-        assert!(mailbox.offer(entry(), counted(&out, &usable)).is_none(), "one receive on offer at a time");
+        let offer = mailbox.offer(entry(), no_result, counted(&out, &usable)).expect("offered");
+        assert!(
+            mailbox.offer(entry(), no_result, counted(&out, &usable)).is_none(),
+            "one receive on offer at a time"
+        );
         assert!(mailboxes.on_offer(&run));
         let claim = mailboxes.claim(&run).expect("claimed");
         assert_eq!(claim.offered().entry.method, "ipc.recv");
@@ -280,7 +289,7 @@ mod tests {
         let run = RunId::generate(1);
         let mailbox = mailboxes.wait(&run);
         let (out, usable) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
-        let offer = mailbox.offer(entry(), counted(&out, &usable)).expect("offered");
+        let offer = mailbox.offer(entry(), no_result, counted(&out, &usable)).expect("offered");
         assert!(mailboxes.claim(&run).is_none(), "a run that cannot take a message now");
         assert_eq!(out.load(Ordering::SeqCst), 0, "and nothing held for it");
         assert!(mailboxes.on_offer(&run), "the offer stays");
@@ -289,7 +298,7 @@ mod tests {
         usable.store(true, Ordering::SeqCst);
         assert!(mailboxes.claim(&run).is_none(), "nothing to claim");
         // A dropped offer is withdrawn too.
-        drop(mailbox.offer(entry(), counted(&out, &usable)));
+        drop(mailbox.offer(entry(), no_result, counted(&out, &usable)));
         assert!(!mailboxes.on_offer(&run));
     }
 
@@ -299,7 +308,7 @@ mod tests {
         let run = RunId::generate(1);
         let mailbox = mailboxes.wait(&run);
         let (out, usable) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(true)));
-        let offer = mailbox.offer(entry(), counted(&out, &usable)).expect("offered");
+        let offer = mailbox.offer(entry(), no_result, counted(&out, &usable)).expect("offered");
         drop(mailboxes.claim(&run).expect("claimed"));
         assert!(matches!(
             offer.wait_then_withdraw(std::future::pending::<()>()).await,

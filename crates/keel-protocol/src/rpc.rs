@@ -626,13 +626,24 @@ pub struct IpcSendResult {
 }
 
 /// `ipc.recv`: takes the oldest undelivered message of the run's own mailbox, waiting up
-/// to `timeout_ms` (forever when absent) for one; `{"message": null}` on timeout.
+/// to `timeout_ms` (forever when absent) for one; `{"message": null}` on timeout
+/// ([`IpcRecvResult`]).
+///
+/// With `max` (1 to [`MAX_RECV_MESSAGES`]), it takes up to `max` of the oldest waiting
+/// messages at once, in one journaled step, and answers `{"messages": [...]}` oldest
+/// first ([`IpcRecvManyResult`]): at least one, or none on timeout. Past the first, a
+/// batch stops before its message bodies exceed 1 MiB of JSON text in all.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IpcRecvParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u64>,
 }
+
+/// The most messages one `ipc.recv` with `max` takes.
+pub const MAX_RECV_MESSAGES: u64 = 1000;
 
 /// A received message. `from` is the sending run's id, or null for an operator.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -650,6 +661,13 @@ pub struct IpcMessage {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IpcRecvResult {
     pub message: Option<IpcMessage>,
+}
+
+/// What an `ipc.recv` with `max` answers: the messages taken, oldest first (empty on
+/// timeout).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IpcRecvManyResult {
+    pub messages: Vec<IpcMessage>,
 }
 
 /// `ipc.subscribe` / `ipc.unsubscribe`: starts (stops) delivering messages published on

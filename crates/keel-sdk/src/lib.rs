@@ -17,9 +17,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 
 use keel_protocol::rpc::{
-    ChatMessage, ChatRole, HelloResult, IpcMessage, IpcPublishResult, IpcRecvResult, IpcSendResult,
-    LlmChatParams, LlmChatResult, MemDeleteResult, MemGetResult, MemSearchHit, MemSearchResult,
-    MemThreadAppendResult, MemThreadReadResult, Response, RpcError, ThreadEntry, ToolSpec,
+    ChatMessage, ChatRole, HelloResult, IpcMessage, IpcPublishResult, IpcRecvManyResult, IpcRecvResult,
+    IpcSendResult, LlmChatParams, LlmChatResult, MemDeleteResult, MemGetResult, MemSearchHit,
+    MemSearchResult, MemThreadAppendResult, MemThreadReadResult, Response, RpcError, ThreadEntry, ToolSpec,
 };
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -333,6 +333,18 @@ impl Client {
             None => json!({}),
         };
         Ok(self.call::<IpcRecvResult>("ipc.recv", params)?.message)
+    }
+
+    /// Up to `max` (1 to 1000) of the oldest messages of this run's mailbox, oldest first:
+    /// at least one, waiting up to `timeout_ms` (forever when `None`) for the first; empty
+    /// on timeout. Whatever is waiting is taken in one journaled step. Past the first
+    /// message, a batch stops before the bodies exceed 1 MiB of JSON in all.
+    pub fn recv_many(&mut self, max: u64, timeout_ms: Option<u64>) -> Result<Vec<IpcMessage>> {
+        let mut params = json!({ "max": max });
+        if let Some(timeout_ms) = timeout_ms {
+            params["timeout_ms"] = json!(timeout_ms);
+        }
+        Ok(self.call::<IpcRecvManyResult>("ipc.recv", params)?.messages)
     }
 
     /// Delivers messages published on the tenant's `topic` to this run's mailbox from now

@@ -92,6 +92,7 @@ pub async fn run_all(store: Arc<dyn Store>) {
     mailbox_idempotent_send_and_receive(&*store).await;
     mailbox_is_tenant_scoped(&*store).await;
     mailbox_writes_journaled_with_their_entry(&*store).await;
+    mailbox_receive_takes_many(&*store).await;
     mailbox_send_completes_a_waiting_receive(&*store).await;
     topics_publish_to_live_subscribers_all_or_nothing(&*store).await;
     audit_append_list_filter_and_verify(&*store).await;

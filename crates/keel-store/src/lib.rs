@@ -40,8 +40,9 @@ pub use postgres::{PgNode, PgStore};
 pub use records::{
     ApiTokenRecord, AuditBreak, AuditEntry, AuditFilter, AuditRecord, AuditVerify, Completion, CostBucket,
     CostFilter, EventRecord, JournalEntry, MailboxDone, MailboxMessage, MailboxOp, MailboxResult,
-    MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, RunCount,
-    RunFilter, RunOrder, RunPatch, RunRecord, SearchMode, SpecJson, StoreStats, TenantRecord, ThreadMessage,
+    MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent, NewMessage, NewRun,
+    RECEIVE_BATCH_BYTES, RunCount, RunFilter, RunOrder, RunPatch, RunRecord, SearchMode, SpecJson,
+    StoreStats, TenantRecord, ThreadMessage, WaitingReceive,
 };
 pub use sqlite::SqliteStore;
 pub use triggers::{FireRecord, TriggerRecord};

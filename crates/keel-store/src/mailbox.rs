@@ -31,6 +31,24 @@ pub fn delivered_marker(seq: Seq) -> String {
     format!("\u{1}delivered:{seq}")
 }
 
+/// How many of the oldest undelivered messages, whose bodies are `sizes` bytes of JSON
+/// text (oldest first), a receive of up to `max` takes: the first always, then each
+/// next while the bodies past the first come to at most `max_bytes` in all.
+pub fn batch_len(sizes: impl IntoIterator<Item = usize>, max: usize, max_bytes: usize) -> usize {
+    let mut taken = 0;
+    let mut bytes = 0usize;
+    for size in sizes.into_iter().take(max.max(1)) {
+        if taken > 0 {
+            bytes = bytes.saturating_add(size);
+            if bytes > max_bytes {
+                break;
+            }
+        }
+        taken += 1;
+    }
+    taken
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,6 +69,16 @@ mod tests {
         assert!(check_room(&run(), 1, 2).is_ok());
         assert!(matches!(check_room(&run(), 2, 2), Err(Error::MailboxFull { capacity: 2, .. })));
         assert!(matches!(check_room(&run(), 0, 0), Err(Error::MailboxFull { capacity: 0, .. })));
+    }
+
+    #[test]
+    fn a_batch_takes_its_first_message_whatever_its_size_then_what_fits() {
+        assert_eq!(batch_len([], 5, 10), 0);
+        assert_eq!(batch_len([100], 5, 10), 1);
+        assert_eq!(batch_len([100, 4, 6, 1], 5, 10), 3);
+        assert_eq!(batch_len([1, 1, 1, 1, 1, 1], 4, 100), 4);
+        assert_eq!(batch_len([1, 1], 0, 100), 1, "a receive takes one at least");
+        assert_eq!(batch_len([1, usize::MAX, 1], 3, 10), 1);
     }
 
     #[test]

@@ -53,6 +53,7 @@ use crate::{
     DumpItem, Error, EventRecord, JournalEntry, MailboxDone, MailboxMessage, MailboxOp, MailboxResult,
     MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, Result,
     RunCount, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats, TenantRecord, ThreadMessage,
+    WaitingReceive,
 };
 pub use cluster::PgNode;
 use fence::Fences;
@@ -574,15 +575,18 @@ impl Store for PgStore {
         let mut entry = EncodedEntry::of(NewEntry { result: None, ..entry });
         let (op, receive) = match op {
             MailboxOp::Send { to, message, receive } => {
-                let receive = receive.map(|receive| EncodedEntry::of(NewEntry { result: None, ..*receive }));
+                let receive = receive.map(|receive| {
+                    let WaitingReceive { entry, result_of } = *receive;
+                    (EncodedEntry::of(NewEntry { result: None, ..entry }), result_of)
+                });
                 (MailboxOp::Send { to, message, receive: None }, receive)
             }
-            MailboxOp::Receive => (MailboxOp::Receive, None),
+            MailboxOp::Receive { max } => (MailboxOp::Receive { max }, None),
         };
         let mut client = self.client("journaling a mailbox write").await?;
         let unstored = self.chain_ends.unstored(&client, &entry.params_chain).await?.to_vec();
         let (receive_chain, receive_unstored) = match &receive {
-            Some(receive) => (
+            Some((receive, _)) => (
                 receive.params_chain.clone(),
                 self.chain_ends.unstored(&client, &receive.params_chain).await?.to_vec(),
             ),
@@ -612,17 +616,27 @@ impl Store for PgStore {
                     let owner = tenants.get(to.as_str()).map(String::as_str);
                     let seq = writes::mailbox_send_locked(tx, &to, owner, &message, &text).await?;
                     match receive {
-                        Some(receive) => {
-                            writes::take_for_receiver(tx, &to, seq, receive, &receive_unstored, result_of)
-                                .await?
+                        Some((receive, receive_result)) => {
+                            writes::take_for_receiver(
+                                tx,
+                                &to,
+                                seq,
+                                receive,
+                                &receive_unstored,
+                                receive_result,
+                            )
+                            .await?
                         }
                         None => MailboxDone::Sent(seq),
                     }
                 }
-                MailboxOp::Receive => match writes::mailbox_receive(tx, run, None).await? {
-                    Some(message) => MailboxDone::Received(message),
-                    None => return Ok(None),
-                },
+                MailboxOp::Receive { max } => {
+                    let taken = writes::mailbox_receive_many(tx, run, max).await?;
+                    if taken.is_empty() {
+                        return Ok(None);
+                    }
+                    MailboxDone::Received(taken)
+                }
             };
             entry.result = Some(Blob::of(&result_of(&done)));
             let seq = writes::append_entry(tx, run, &entry, &unstored).await?;

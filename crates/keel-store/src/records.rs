@@ -428,19 +428,35 @@ pub struct NewMessage {
 /// A mailbox write made in the same transaction as the journal entry that records it
 /// (`Store::journal_mailbox`): the write and its entry are durable together or not at all,
 /// so neither needs an intent of its own.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum MailboxOp {
     /// Puts `message` in run `to`'s mailbox, checked as `Store::mailbox_send` checks it.
     ///
     /// With `receive`, run `to`'s agent is waiting in a receive: in the same transaction
     /// `to` takes its oldest undelivered message (the one sent, when its mailbox was empty)
-    /// and `receive` is appended to `to`'s journal, complete, to record it (its result made
-    /// by `result_of` from `MailboxDone::Received`). Both runs' steps in one commit
-    /// (`MailboxDone::SentAndTaken`). A backend may make the send alone
-    /// (`MailboxDone::Sent`): the receiver then takes the message itself.
-    Send { to: RunId, message: NewMessage, receive: Option<Box<NewEntry>> },
-    /// Takes the oldest undelivered message of the journaling run's own mailbox.
-    Receive,
+    /// and the receive's entry is appended to `to`'s journal, complete, to record it (its
+    /// result made by the receive's own `result_of` from `MailboxDone::Received`). Both
+    /// runs' steps in one commit (`MailboxDone::SentAndTaken`). A backend may make the send
+    /// alone (`MailboxDone::Sent`): the receiver then takes the message itself.
+    Send { to: RunId, message: NewMessage, receive: Option<Box<WaitingReceive>> },
+    /// Takes the oldest undelivered messages of the journaling run's own mailbox: up to
+    /// `max` of them (at least one), and past the first only while their bodies come to
+    /// at most [`RECEIVE_BATCH_BYTES`] in all (see `mailbox::batch_len`).
+    Receive { max: usize },
+}
+
+/// The most bytes of message bodies (as JSON text) one receive of many messages takes
+/// past its first message: a batch stays within one request line's worth.
+pub const RECEIVE_BATCH_BYTES: usize = 1024 * 1024;
+
+/// A receive waiting on an empty mailbox that a send completes in its own commit
+/// (`MailboxOp::Send`'s `receive`): its journal entry, complete but for its result, and
+/// how its result is made from what it took (a receive of one message and one of many
+/// answer in different shapes).
+#[derive(Debug, Clone)]
+pub struct WaitingReceive {
+    pub entry: NewEntry,
+    pub result_of: MailboxResult,
 }
 
 /// Makes the result a journaled mailbox write records from what it came to (the
@@ -456,8 +472,8 @@ pub enum MailboxDone {
     /// and the receive completed with it: its entry's seq in the receiver's journal and
     /// the message it took.
     SentAndTaken { seq: Seq, receive_seq: Seq, message: MailboxMessage },
-    /// The message taken.
-    Received(MailboxMessage),
+    /// The messages taken, oldest first: one at least.
+    Received(Vec<MailboxMessage>),
 }
 
 /// A message of a run's mailbox as stored.

@@ -33,6 +33,7 @@ use crate::{
     DumpItem, Error, EventRecord, JournalEntry, MailboxDone, MailboxMessage, MailboxOp, MailboxResult,
     MemoryEmbedding, MemoryHit, MemoryRecord, MemorySearch, NewEntry, NewEvent, NewMessage, NewRun, Result,
     RunCount, RunFilter, RunPatch, RunRecord, Seq, Store, StoreStats, TenantRecord, ThreadMessage,
+    WaitingReceive,
 };
 use crate::{FireRecord, TriggerRecord};
 use writer::{EncodedEvent, WriteCommand};
@@ -501,11 +502,13 @@ impl Store for SqliteStore {
         let (op, text, receive) = match op {
             MailboxOp::Send { to, message, receive } => {
                 let text = message.message.to_string();
-                let receive =
-                    receive.map(|receive| Box::new(EncodedEntry::of(NewEntry { result: None, ..*receive })));
+                let receive = receive.map(|receive| {
+                    let WaitingReceive { entry, result_of } = *receive;
+                    Box::new((EncodedEntry::of(NewEntry { result: None, ..entry }), result_of))
+                });
                 (MailboxOp::Send { to, message, receive: None }, text, receive)
             }
-            MailboxOp::Receive => (MailboxOp::Receive, String::new(), None),
+            MailboxOp::Receive { max } => (MailboxOp::Receive { max }, String::new(), None),
         };
         let run = run.clone();
         let (entry, op) = (Box::new(entry), Box::new(op));

@@ -558,6 +558,19 @@ class Client:
         message: dict[str, Any] | None = _field(self.call("ipc.recv", params), "message", "ipc.recv")
         return message
 
+    def recv_many(self, max: int, timeout_ms: int | None = None) -> list[dict[str, Any]]:
+        """Up to `max` (1 to 1000) of the oldest messages of this run's mailbox, oldest
+        first, each as `recv` returns it: at least one, waiting up to `timeout_ms` (forever
+        when None) for the first; an empty list on timeout. Whatever is waiting is taken
+        in one journaled step (one commit for the batch, where `recv` makes one per
+        message), so a consumer with a backlog drains it faster. Past the first message,
+        a batch stops before the messages' bodies exceed 1 MiB of JSON in all."""
+        params: dict[str, Any] = {"max": max}
+        if timeout_ms is not None:
+            params["timeout_ms"] = timeout_ms
+        messages: list[dict[str, Any]] = _field(self.call("ipc.recv", params), "messages", "ipc.recv")
+        return messages
+
     def subscribe(self, topic: str) -> None:
         """Deliver messages published on the tenant's `topic` to this run's mailbox from
         now on (received by `recv` with ``topic`` set)."""

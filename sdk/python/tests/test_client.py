@@ -160,7 +160,10 @@ class CallTests(KernelTestCase):
             "ipc.subscribe": {},
             "ipc.unsubscribe": {},
             "ipc.publish": {"delivered": 2},
-            "ipc.recv": {"message": {"from": "run_a", "seq": 1, "message": {"q": 1}, "correlation_id": "c1"}},
+            "ipc.recv": {
+                "message": {"from": "run_a", "seq": 1, "message": {"q": 1}, "correlation_id": "c1"},
+                "messages": [{"from": "run_a", "seq": 1, "message": {"q": 1}}, {"from": None, "seq": 2, "message": "x"}],
+            },
         }
 
         def serve(conn: LineConnection) -> None:
@@ -192,6 +195,8 @@ class CallTests(KernelTestCase):
         self.assertEqual(client.send("run_b", "x", correlation_id="c1", wait=False), 3)
         self.assertEqual(client.recv()["correlation_id"], "c1")
         self.assertEqual(client.recv(timeout_ms=50)["message"], {"q": 1})
+        self.assertEqual([m["seq"] for m in client.recv_many(10)], [1, 2])
+        self.assertEqual(len(client.recv_many(2, timeout_ms=5)), 2)
         self.assertIsNone(client.subscribe("news"))
         self.assertEqual(client.publish("news", {"h": 1}), 2)
         self.assertEqual(client.publish("news", "x", wait=False), 2)
@@ -228,6 +233,8 @@ class CallTests(KernelTestCase):
                 ("ipc.send", {"to": "run_b", "message": "x", "correlation_id": "c1", "wait": False}),
                 ("ipc.recv", {}),
                 ("ipc.recv", {"timeout_ms": 50}),
+                ("ipc.recv", {"max": 10}),
+                ("ipc.recv", {"max": 2, "timeout_ms": 5}),
                 ("ipc.subscribe", {"topic": "news"}),
                 ("ipc.publish", {"topic": "news", "message": {"h": 1}}),
                 ("ipc.publish", {"topic": "news", "message": "x", "wait": False}),

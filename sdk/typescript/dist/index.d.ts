@@ -427,6 +427,14 @@ export declare class Client {
     recv<T = unknown>(options?: {
         timeoutMs?: number;
     }): Promise<IpcMessage<T> | null>;
+    /** Up to `max` (1 to 1000) of the oldest messages of this run's mailbox, oldest first:
+     * at least one, waiting up to `timeoutMs` (forever when absent) for the first; empty on
+     * timeout. Whatever is waiting is taken in one journaled step (one commit for the
+     * batch, where `recv` makes one per message). Past the first message, a batch stops
+     * before the messages' bodies exceed 1 MiB of JSON in all. */
+    recvMany<T = unknown>(max: number, options?: {
+        timeoutMs?: number;
+    }): Promise<IpcMessage<T>[]>;
     /** Deliver messages published on the tenant's `topic` to this run's mailbox from now on. */
     subscribe(topic: string): Promise<void>;
     /** Stop delivering `topic`'s messages to this run. */

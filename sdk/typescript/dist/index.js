@@ -552,6 +552,15 @@ class Client {
         const params = compact({ timeout_ms: options.timeoutMs });
         return field(await this.call("ipc.recv", params), "message", "ipc.recv");
     }
+    /** Up to `max` (1 to 1000) of the oldest messages of this run's mailbox, oldest first:
+     * at least one, waiting up to `timeoutMs` (forever when absent) for the first; empty on
+     * timeout. Whatever is waiting is taken in one journaled step (one commit for the
+     * batch, where `recv` makes one per message). Past the first message, a batch stops
+     * before the messages' bodies exceed 1 MiB of JSON in all. */
+    async recvMany(max, options = {}) {
+        const params = compact({ max, timeout_ms: options.timeoutMs });
+        return field(await this.call("ipc.recv", params), "messages", "ipc.recv");
+    }
     /** Deliver messages published on the tenant's `topic` to this run's mailbox from now on. */
     async subscribe(topic) {
         await this.call("ipc.subscribe", { topic });

@@ -166,7 +166,10 @@ describe("calls", () => {
       "mem.delete": { deleted: true },
       "mem.search": { hits: [{ key: "k", score: 1.5, snippet: "[hi]" }] },
       "ipc.send": { seq: 3 },
-      "ipc.recv": { message: { from: "run_a", seq: 1, message: { q: 1 }, correlation_id: "c1" } },
+      "ipc.recv": {
+        message: { from: "run_a", seq: 1, message: { q: 1 }, correlation_id: "c1" },
+        messages: [{ from: "run_a", seq: 1, message: { q: 1 } }, { from: null, seq: 2, message: "x" }],
+      },
       "ipc.subscribe": {},
       "ipc.unsubscribe": {},
       "ipc.publish": { delivered: 2 },
@@ -222,6 +225,8 @@ describe("calls", () => {
     await client.send("run_b", "y", { wait: true });
     assert.equal((await client.recv()).correlation_id, "c1");
     assert.deepEqual((await client.recv({ timeoutMs: 50 })).message, { q: 1 });
+    assert.deepEqual((await client.recvMany(10)).map((m) => m.seq), [1, 2]);
+    assert.equal((await client.recvMany(2, { timeoutMs: 5 })).length, 2);
     assert.equal(await client.subscribe("news"), undefined);
     assert.equal(await client.publish("news", { h: 1 }), 2);
     await client.publish("news", "x", { wait: false });
@@ -284,6 +289,8 @@ describe("calls", () => {
       ["ipc.send", { to: "run_b", message: "y" }],
       ["ipc.recv", {}],
       ["ipc.recv", { timeout_ms: 50 }],
+      ["ipc.recv", { max: 10 }],
+      ["ipc.recv", { max: 2, timeout_ms: 5 }],
       ["ipc.subscribe", { topic: "news" }],
       ["ipc.publish", { topic: "news", message: { h: 1 } }],
       ["ipc.publish", { topic: "news", message: "x", wait: false }],

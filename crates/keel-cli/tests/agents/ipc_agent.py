@@ -16,7 +16,9 @@ tests with the scripted kernel.
   `wait` = env `IPC_WAIT` ("1" default, "0" for would_block), recording each outcome:
   the seq or the error kind. Exits with {"outcomes": [...]}.
 - `IPC_ROLE=drainer`: wait `IPC_START_DELAY_MS` (default 0), then receive until
-  `IPC_COUNT` messages arrived. Exits with {"received": [...]}.
+  `IPC_COUNT` messages arrived: one per `ipc.recv`, or with `IPC_RECV_MAX` up to that
+  many per call (`recv_many`), sleeping `IPC_DELAY_MS` after each batch. Exits with
+  {"received": [...], "batches": [<messages per call>, ...]}.
 - `IPC_ROLE=subscriber`: subscribe to topic `IPC_TOPIC` (default "news"), send "ready"
   to `IPC_PEER`, then receive until "stop". Exits with {"received": [[topic, message],
   ...]}.
@@ -117,8 +119,17 @@ def main() -> int:
             output = {"delivered": delivered}
         elif role == "drainer":
             time.sleep(env_int("IPC_START_DELAY_MS", 0) / 1000)
-            received = [recv(k)["message"] for _ in range(count)]
-            output = {"received": received}
+            recv_max = env_int("IPC_RECV_MAX", 0)
+            received = []
+            batches = []
+            while len(received) < count:
+                batch = k.recv_many(recv_max, timeout_ms=1000) if recv_max else [recv(k)]
+                if batch:
+                    received.extend(m["message"] for m in batch)
+                    batches.append(len(batch))
+                    print(f"ipc_agent: took {len(batch)}", file=sys.stderr, flush=True)
+                    time.sleep(delay_s)
+            output = {"received": received, "batches": batches}
         else:
             print(f"ipc_agent: unknown IPC_ROLE {role!r}", file=sys.stderr)
             return 2

@@ -76,7 +76,7 @@ fn two_runs_exchange_requests_and_replies_and_operators_send() {
         post(&keel, &format!("/v1/runs/{drainer}/messages"), r#"{"message":"b","correlation_id":"c-1"}"#);
     assert_eq!((status, body.as_str()), (200, r#"{"seq":2}"#));
     let done = keel.wait_state(&drainer, &["succeeded", "failed"]);
-    assert_eq!(done["output"], json!({"received": [{"task": "a"}, "b"]}), "{done}");
+    assert_eq!(done["output"]["received"], json!([{"task": "a"}, "b"]), "{done}");
     let recvs: Vec<&Value> = done["journal"]
         .as_array()
         .unwrap()
@@ -152,8 +152,8 @@ fn a_full_mailbox_refuses_or_holds_the_sender_until_the_receiver_drains() {
     assert_eq!(waiting["output"], json!({"outcomes": [3, 4, 5]}), "{waiting}");
     let target = keel.wait_state(&target, &["succeeded", "failed"]);
     assert_eq!(
-        target["output"],
-        json!({"received": [{"n": 0}, {"n": 1}, {"n": 0}, {"n": 1}, {"n": 2}]}),
+        target["output"]["received"],
+        json!([{"n": 0}, {"n": 1}, {"n": 0}, {"n": 1}, {"n": 2}]),
         "no message lost: {target}"
     );
 }
@@ -214,4 +214,66 @@ fn sigkill_mid_exchange_delivers_every_message_exactly_once() {
         seqs.sort_unstable();
         assert_eq!(seqs, (1..=expected).collect::<Vec<_>>(), "each message journaled once");
     }
+}
+
+/// A receiver taking its backlog in batches (`recv_many`), the daemon SIGKILLed while it
+/// drains: every message arrives exactly once and in order, each in exactly one batch of
+/// the receiver's journal, and the batches replayed are the batches first taken.
+#[test]
+fn sigkill_while_draining_in_batches_delivers_every_message_once() {
+    const COUNT: u64 = 40;
+    let mut keel = Keel::new();
+    keel.start_daemon();
+    let drainer = ipc_agent(
+        &keel,
+        &[
+            "IPC_ROLE=drainer",
+            &format!("IPC_COUNT={COUNT}"),
+            "IPC_RECV_MAX=7",
+            "IPC_START_DELAY_MS=3000",
+            "IPC_DELAY_MS=300",
+        ],
+    );
+    let sender =
+        ipc_agent(&keel, &["IPC_ROLE=sender", &format!("IPC_COUNT={COUNT}"), &format!("IPC_PEER={drainer}")]);
+    let sent = keel.wait_state(&sender, &["succeeded", "failed"]);
+    assert_eq!(sent["output"]["outcomes"], json!((1..=COUNT).collect::<Vec<_>>()), "{sent}");
+    let batches_journaled = |view: &Value| {
+        view["journal"].as_array().map_or(0, |journal| {
+            journal.iter().filter(|e| e["method"] == "ipc.recv" && e["status"] == "ok").count()
+        })
+    };
+    let view = wait_for("two batches taken", || {
+        let view = keel.inspect(&drainer);
+        (batches_journaled(&view) >= 2 || view["state"] == "succeeded").then_some(view)
+    });
+    assert_ne!(view["state"], "succeeded", "the drain finished before the kill");
+    let pid = view["pid"].as_u64().expect("the drainer's pid") as u32;
+    keel.kill_daemon();
+    wait_for("the drainer to die with the daemon", || (!alive(pid)).then_some(()));
+    keel.start_daemon();
+
+    let done = keel.wait_state(&drainer, &["succeeded", "failed"]);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert!(done["attempt"].as_u64().unwrap() >= 2, "relaunched after the kill");
+    let expected: Vec<Value> = (0..COUNT).map(|n| json!({ "n": n })).collect();
+    assert_eq!(done["output"]["received"], json!(expected), "each message once, in order");
+    let batches: Vec<u64> =
+        done["output"]["batches"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect();
+    assert!(batches.iter().all(|b| (1..=7).contains(b)), "{batches:?}");
+    assert!(batches.iter().any(|b| *b > 1), "a backlog is taken many at a time: {batches:?}");
+    let mut seqs: Vec<u64> = done["journal"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["method"] == "ipc.recv" && e["status"] == "ok")
+        .flat_map(|e| e["result"]["messages"].as_array().unwrap().iter().map(|m| m["seq"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        seqs.len() as u64,
+        COUNT,
+        "the journal holds each message once, in the batches the agent got: {batches:?}"
+    );
+    seqs.dedup();
+    assert_eq!(seqs, (1..=COUNT).collect::<Vec<_>>(), "in order");
 }

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use keel_protocol::rpc::{
     ErrorKind, IpcMessage, IpcPublishParams, IpcRecvParams, IpcRegisterParams, IpcSendParams, IpcTopicParams,
+    MAX_RECV_MESSAGES,
 };
 use keel_store::{Error as StoreError, MailboxDone, MailboxOp, NewMessage, Seq};
 use keel_types::RunId;
@@ -66,8 +67,10 @@ pub enum IpcCall {
     Register {
         name: String,
     },
+    /// `max`: a receive of up to that many messages (answering a list), not of one.
     Recv {
         timeout_ms: Option<u64>,
+        max: Option<usize>,
     },
     Subscribe {
         topic: String,
@@ -159,8 +162,15 @@ pub fn check(method: &str, params: &Value) -> Result<IpcCall, SyscallError> {
             IpcCall::Register { name: name(method, &p.name)? }
         }
         "ipc.recv" => {
-            let p: IpcRecvParams = parse(method, params, "{\"timeout_ms\":1000} or {}")?;
-            IpcCall::Recv { timeout_ms: p.timeout_ms }
+            let p: IpcRecvParams = parse(method, params, "{\"timeout_ms\":1000, \"max\":100} or {}")?;
+            if let Some(max) = p.max
+                && !(1..=MAX_RECV_MESSAGES).contains(&max)
+            {
+                return Err(bad(format!(
+                    "{method}: `max` must be 1 to {MAX_RECV_MESSAGES} (the most messages to take at once), not {max}"
+                )));
+            }
+            IpcCall::Recv { timeout_ms: p.timeout_ms, max: p.max.map(|max| max as usize) }
         }
         "ipc.subscribe" | "ipc.unsubscribe" => {
             let p: IpcTopicParams = parse(method, params, "{\"topic\":\"...\"}")?;
@@ -186,16 +196,28 @@ pub fn check(method: &str, params: &Value) -> Result<IpcCall, SyscallError> {
 fn mailbox_result(done: &MailboxDone) -> Value {
     match done {
         MailboxDone::Sent(seq) | MailboxDone::SentAndTaken { seq, .. } => json!({ "seq": seq }),
-        MailboxDone::Received(message) => {
-            let message = IpcMessage {
-                from: message.from.as_ref().map(|id| id.as_str().to_owned()),
-                seq: message.seq,
-                message: message.message.clone(),
-                correlation_id: message.correlation_id.clone(),
-                topic: message.topic.clone(),
-            };
-            json!({ "message": message })
+        MailboxDone::Received(taken) => json!({ "message": taken.first().map(wire_message) }),
+    }
+}
+
+/// What a receive of many (`ipc.recv` with `max`) answers, and its journal keeps: the
+/// messages taken, oldest first.
+fn mailbox_many_result(done: &MailboxDone) -> Value {
+    match done {
+        MailboxDone::Received(taken) => {
+            json!({ "messages": taken.iter().map(wire_message).collect::<Vec<_>>() })
         }
+        sent => mailbox_result(sent),
+    }
+}
+
+fn wire_message(message: &keel_store::MailboxMessage) -> IpcMessage {
+    IpcMessage {
+        from: message.from.as_ref().map(|id| id.as_str().to_owned()),
+        seq: message.seq,
+        message: message.message.clone(),
+        correlation_id: message.correlation_id.clone(),
+        topic: message.topic.clone(),
     }
 }
 
@@ -495,8 +517,8 @@ impl Kernel {
             // journals nothing.
             return self
                 .journaled_in_store(journal, async |in_store| match call {
-                    IpcCall::Recv { timeout_ms } => {
-                        self.mailbox_recv(live, timeout_ms, Take::Journaled(in_store)).await
+                    IpcCall::Recv { timeout_ms, max } => {
+                        self.mailbox_recv(live, timeout_ms, max, Take::Journaled(in_store)).await
                     }
                     send => {
                         let still_wanted = || self.is_current(live);
@@ -515,7 +537,9 @@ impl Kernel {
         let effect = |seq: Option<Seq>| async move {
             let key = format!("{}:{}", live.id, seq.unwrap_or_default());
             Effect::reply(match call {
-                IpcCall::Recv { timeout_ms } => self.mailbox_recv(live, timeout_ms, Take::Keyed(&key)).await,
+                IpcCall::Recv { timeout_ms, max } => {
+                    self.mailbox_recv(live, timeout_ms, max, Take::Keyed(&key)).await
+                }
                 subscribe @ IpcCall::Subscribe { .. } => self.subscribe(&tenant, &live.id, subscribe).await,
                 send @ (IpcCall::Send { .. } | IpcCall::Publish { .. }) => {
                     let still_wanted = || self.is_current(live);
@@ -553,7 +577,17 @@ mod tests {
         assert!(err.message.contains("unknown field"), "{}", err.message);
         let call = check("ipc.send", &json!({"to": to, "message": {"a": 1}})).unwrap();
         assert!(matches!(call, IpcCall::Send { wait: true, .. }));
-        assert_eq!(check("ipc.recv", &json!({})).unwrap(), IpcCall::Recv { timeout_ms: None });
+        assert_eq!(check("ipc.recv", &json!({})).unwrap(), IpcCall::Recv { timeout_ms: None, max: None });
+        assert_eq!(
+            check("ipc.recv", &json!({"max": 1000, "timeout_ms": 5})).unwrap(),
+            IpcCall::Recv { timeout_ms: Some(5), max: Some(1000) }
+        );
+        for max in [json!(0), json!(1001)] {
+            let err = check("ipc.recv", &json!({ "max": max })).unwrap_err();
+            assert!(err.message.contains("`max` must be 1 to 1000"), "{}", err.message);
+        }
+        let err = check("ipc.recv", &json!({"max": -1})).unwrap_err();
+        assert!(err.message.contains("max"), "{}", err.message);
         let err = check("ipc.subscribe", &json!({"topic": ""})).unwrap_err();
         assert!(err.message.contains("`topic`"), "{}", err.message);
         let call = check("ipc.unsubscribe", &json!({"topic": "news"})).unwrap();

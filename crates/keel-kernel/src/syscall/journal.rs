@@ -450,10 +450,11 @@ async fn send_to_receiver(
     result_of: MailboxResult,
 ) -> keel_store::Result<Option<(Seq, MailboxDone)>> {
     let task = tokio::spawn(async move {
+        let receive_result = claim.offered().result_of;
         let written = store.journal_mailbox(&run, entry, op, result_of).await;
         claim.settle(match &written {
             Ok(Some((_, MailboxDone::SentAndTaken { receive_seq, message, .. }))) => {
-                Handed::Taken(*receive_seq, result_of(&MailboxDone::Received(message.clone())))
+                Handed::Taken(*receive_seq, receive_result(&MailboxDone::Received(vec![message.clone()])))
             }
             Err(keel_store::Error::OutcomeUnknown { .. }) => Handed::Unknown,
             _ => Handed::NotTaken,
@@ -552,7 +553,11 @@ impl InStore<'_> {
                     async move {
                         match (claim, op) {
                             (Some(claim), MailboxOp::Send { to, message, .. }) => {
-                                let receive = Some(Box::new(claim.offered().entry.clone()));
+                                let offered = claim.offered();
+                                let receive = Some(Box::new(keel_store::WaitingReceive {
+                                    entry: offered.entry.clone(),
+                                    result_of: offered.result_of,
+                                }));
                                 let op = MailboxOp::Send { to, message, receive };
                                 send_to_receiver(store, run, entry, op, claim, result_of).await
                             }

@@ -158,3 +158,68 @@ fn each_message_reaches_the_receivers_journal_exactly_once_across_a_crash() {
     assert_eq!(methods(&journal), [("ipc.recv", EntryStatus::Ok); 4]);
     assert_eq!(journal[3].result, Some(json!({"message": null})));
 }
+
+/// A receive of many takes every waiting message up to its `max` in one journaled step,
+/// oldest first, and answers the same batches from the journal after a crash: nothing is
+/// taken twice or lost.
+#[test]
+fn a_receive_of_many_takes_what_waits_in_one_step_and_replays_it_after_a_crash() {
+    let mut test = TestKernel::start();
+    let run = test.create_run(json!({}));
+    let mut agent = test.agent(&run);
+    for i in 1..=5 {
+        send_as_operator(&test, &run, json!(format!("m{i}")));
+    }
+    let bodies = |messages: Vec<keel_protocol::rpc::IpcMessage>| -> Vec<serde_json::Value> {
+        messages.into_iter().map(|m| m.message).collect()
+    };
+    let (kind, _, message) = refusal(agent.recv_many(0, Some(0)));
+    assert_eq!(kind, "invalid_params");
+    assert!(message.contains("`max` must be 1 to 1000"), "{message}");
+    let first = agent.recv_many(3, None).unwrap();
+    assert_eq!(first.iter().map(|m| m.seq).collect::<Vec<_>>(), [1, 2, 3], "the oldest, in order");
+    assert_eq!(bodies(first), [json!("m1"), json!("m2"), json!("m3")]);
+    assert_eq!(bodies(agent.recv_many(10, Some(0)).unwrap()), [json!("m4"), json!("m5")]);
+    assert!(agent.recv_many(10, Some(0)).unwrap().is_empty(), "a timeout answers no messages");
+    let journal = test.journal(&run);
+    assert_eq!(methods(&journal), [("ipc.recv", EntryStatus::Ok); 3], "one step per batch");
+    assert_eq!(journal[2].result, Some(json!({"messages": []})));
+
+    test.crash_and_restart();
+    test.wait_run(&run, "relaunched", |r| r.attempt == 2 && r.pid.is_some());
+    send_as_operator(&test, &run, json!("m6"));
+    let mut agent = test.agent(&run);
+    assert_eq!(bodies(agent.recv_many(3, None).unwrap()), [json!("m1"), json!("m2"), json!("m3")]);
+    assert_eq!(bodies(agent.recv_many(10, Some(0)).unwrap()), [json!("m4"), json!("m5")]);
+    assert!(agent.recv_many(10, Some(0)).unwrap().is_empty(), "replayed as it was answered");
+    assert_eq!(bodies(agent.recv_many(10, Some(5_000)).unwrap()), [json!("m6")], "then live again");
+    assert_eq!(agent.recv(Some(0)).unwrap(), None, "nothing delivered twice");
+    assert_eq!(test.journal(&run).len(), 5);
+}
+
+/// A receive of many waiting on an empty mailbox is completed by a send's commit like a
+/// receive of one, and answers in its own shape: a list.
+#[test]
+fn a_send_completes_a_waiting_receive_of_many_with_a_list() {
+    let test = TestKernel::start();
+    let sender = test.create_run(json!({}));
+    let receiver = test.create_run(json!({}));
+    let mut sender_agent = test.agent(&sender);
+    let mut receiver_agent = test.agent(&receiver);
+    let receiving = in_background(move || receiver_agent.recv_many(50, Some(60_000)));
+    let id = receiver.clone();
+    wait_for("the receive to be on offer", || {
+        let id = id.clone();
+        test.on_kernel(|kernel| async move { kernel.receive_on_offer(&id) }).then_some(())
+    });
+    sender_agent.send(receiver.as_str(), &json!("hello"), None, true).unwrap();
+    let journal = test.journal(&receiver);
+    assert_eq!(methods(&journal), [("ipc.recv", EntryStatus::Ok)], "journaled by the send's commit");
+    assert_eq!(journal[0].result.as_ref().unwrap()["messages"][0]["message"], json!("hello"));
+    let received = receiving.join().unwrap().unwrap();
+    assert_eq!(received.len(), 1);
+    assert_eq!(
+        (received[0].message.clone(), received[0].from.as_deref()),
+        (json!("hello"), Some(sender.as_str()))
+    );
+}

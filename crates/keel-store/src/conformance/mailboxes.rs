@@ -7,7 +7,7 @@ use keel_types::{RunId, RunState};
 use serde_json::{Value, json};
 
 use super::{Must, complete_entry, fresh_run, join_all, now_ms};
-use crate::{Error, MailboxDone, MailboxOp, NewMessage, RunPatch, Seq, Store};
+use crate::{Error, MailboxDone, MailboxOp, NewMessage, RunPatch, Seq, Store, WaitingReceive};
 use keel_types::{EntryStatus, Usage};
 
 fn mail(from: Option<&RunId>, message: Value, capacity: u64, key: Option<&str>) -> NewMessage {
@@ -102,7 +102,18 @@ pub async fn mailbox_idempotent_send_and_receive(store: &dyn Store) {
 fn recorded(done: &MailboxDone) -> Value {
     match done {
         MailboxDone::Sent(seq) | MailboxDone::SentAndTaken { seq, .. } => json!({ "sent": seq }),
-        MailboxDone::Received(message) => json!({ "took": message.seq, "message": message.message }),
+        MailboxDone::Received(taken) => match taken.as_slice() {
+            [message] => json!({ "took": message.seq, "message": message.message }),
+            many => panic!("store conformance: a receive of one message took {}", many.len()),
+        },
+    }
+}
+
+/// The result a receive of many messages records, in a shape of the test's own.
+fn recorded_many(done: &MailboxDone) -> Value {
+    match done {
+        MailboxDone::Received(taken) => json!({ "took": taken.iter().map(|m| m.seq).collect::<Vec<_>>() }),
+        other => json!({ "other": format!("{other:?}") }),
     }
 }
 
@@ -150,12 +161,13 @@ pub async fn mailbox_writes_journaled_with_their_entry(store: &dyn Store) {
     assert_eq!(store.journal(&from, 0).await.must("journal").len(), 2, "a send to no run journals nothing");
 
     let (seq, done) = store
-        .journal_mailbox(&to, entry("ipc.recv"), MailboxOp::Receive, recorded)
+        .journal_mailbox(&to, entry("ipc.recv"), MailboxOp::Receive { max: 1 }, recorded)
         .await
         .must("journal_mailbox receive")
         .expect("a message");
     assert_eq!(seq, 1);
-    let MailboxDone::Received(message) = done else { panic!("a receive answers Received, got {done:?}") };
+    let MailboxDone::Received(taken) = done else { panic!("a receive answers Received, got {done:?}") };
+    let [message] = taken.as_slice() else { panic!("a receive of one took {}", taken.len()) };
     assert_eq!((message.seq, &message.message, message.from.as_ref()), (1, &json!("a"), Some(&from)));
     let journal = store.journal(&to, 0).await.must("journal");
     assert_eq!(journal[0].result, Some(json!({"took": 1, "message": "a"})));
@@ -163,7 +175,7 @@ pub async fn mailbox_writes_journaled_with_their_entry(store: &dyn Store) {
     assert_eq!(next.message, json!("b"), "the message a journaled receive took is not taken again");
     assert_eq!(
         store
-            .journal_mailbox(&to, entry("ipc.recv"), MailboxOp::Receive, recorded)
+            .journal_mailbox(&to, entry("ipc.recv"), MailboxOp::Receive { max: 1 }, recorded)
             .await
             .must("empty receive"),
         None,
@@ -171,10 +183,57 @@ pub async fn mailbox_writes_journaled_with_their_entry(store: &dyn Store) {
     assert_eq!(store.journal(&to, 0).await.must("journal").len(), 1, "an empty receive journals nothing");
     let missing = RunId::generate(now_ms());
     expect_error!(
-        store.journal_mailbox(&missing, entry("ipc.recv"), MailboxOp::Receive, recorded).await,
+        store.journal_mailbox(&missing, entry("ipc.recv"), MailboxOp::Receive { max: 1 }, recorded).await,
         Error::RunNotFound(_),
         "a journaled receive of no run",
     );
+}
+
+/// A receive of up to `max` messages takes the oldest, in order, as many as are waiting
+/// up to `max`, and past the first only while their bodies fit `RECEIVE_BATCH_BYTES`;
+/// what it took is never taken again, and an empty mailbox writes nothing.
+pub async fn mailbox_receive_takes_many(store: &dyn Store) {
+    let to = fresh_run(store).await;
+    let entry = || complete_entry("ipc.recv", json!({"max": 3}), EntryStatus::Ok, Usage::default());
+    for i in 1..=5 {
+        store.mailbox_send(&to, mail(None, json!(i), 10, None)).await.must("mailbox_send");
+    }
+    let mut took = Vec::new();
+    for expected in [vec![1, 2, 3], vec![4, 5]] {
+        let (_, done) = store
+            .journal_mailbox(&to, entry(), MailboxOp::Receive { max: 3 }, recorded_many)
+            .await
+            .must("journal_mailbox receive many")
+            .expect("messages");
+        let MailboxDone::Received(taken) = done else { panic!("a receive answers Received, got {done:?}") };
+        assert_eq!(taken.iter().map(|m| m.seq).collect::<Vec<_>>(), expected, "the oldest, in order");
+        assert_eq!(
+            taken.iter().map(|m| m.message.clone()).collect::<Vec<_>>(),
+            expected.iter().map(|i| json!(i)).collect::<Vec<_>>()
+        );
+        took.push(json!({ "took": expected }));
+    }
+    let journal = store.journal(&to, 0).await.must("journal");
+    assert_eq!(journal.iter().map(|e| e.result.clone().unwrap_or_default()).collect::<Vec<_>>(), took);
+    assert_eq!(store.mailbox_len(&to).await.must("mailbox_len"), 0, "each taken once");
+    let empty = store.journal_mailbox(&to, entry(), MailboxOp::Receive { max: 3 }, recorded_many).await;
+    assert!(empty.must("an empty receive").is_none());
+    assert_eq!(store.journal(&to, 0).await.must("journal").len(), 2, "an empty receive journals nothing");
+
+    // Bodies past the first stop at RECEIVE_BATCH_BYTES: the first is taken whatever its size.
+    let big = "x".repeat(crate::RECEIVE_BATCH_BYTES * 3 / 5);
+    for _ in 0..3 {
+        store.mailbox_send(&to, mail(None, json!(big), 10, None)).await.must("mailbox_send");
+    }
+    let mut sizes = Vec::new();
+    while let Some((_, MailboxDone::Received(taken))) = store
+        .journal_mailbox(&to, entry(), MailboxOp::Receive { max: 10 }, recorded_many)
+        .await
+        .must("journal_mailbox receive many")
+    {
+        sizes.push(taken.len());
+    }
+    assert_eq!(sizes, vec![2, 1], "two bodies of 0.6 MiB: the second fits past the first, a third does not");
 }
 
 /// A send to a waiting receiver (`MailboxOp::Send` with a `receive`) either completes the receive
@@ -189,7 +248,7 @@ pub async fn mailbox_send_completes_a_waiting_receive(store: &dyn Store) -> bool
     let handoff = |message: &str| MailboxOp::Send {
         to: to.clone(),
         message: mail(Some(&from), json!(message), 2, None),
-        receive: Some(Box::new(entry("ipc.recv"))),
+        receive: Some(Box::new(WaitingReceive { entry: entry("ipc.recv"), result_of: recorded_many })),
     };
     store.mailbox_send(&to, mail(None, json!("older"), 2, None)).await.must("mailbox_send");
 
@@ -212,7 +271,11 @@ pub async fn mailbox_send_completes_a_waiting_receive(store: &dyn Store) -> bool
             );
             assert_eq!(receiver.len(), 1, "the receive is journaled with the send");
             assert_eq!((receiver[0].method.as_str(), receiver[0].status), ("ipc.recv", EntryStatus::Ok));
-            assert_eq!(receiver[0].result, Some(json!({"took": 1, "message": "older"})));
+            assert_eq!(
+                receiver[0].result,
+                Some(json!({"took": [1]})),
+                "the receive's result is made by its own function"
+            );
             assert_eq!(
                 store.mailbox_len(&to).await.must("mailbox_len"),
                 1,
@@ -264,7 +327,7 @@ pub async fn mailbox_send_completes_a_waiting_receive(store: &dyn Store) -> bool
     let refused = MailboxOp::Send {
         to: full.clone(),
         message: mail(Some(&from), json!("c"), 2, None),
-        receive: Some(Box::new(entry("ipc.recv"))),
+        receive: Some(Box::new(WaitingReceive { entry: entry("ipc.recv"), result_of: recorded })),
     };
     expect_error!(
         store.journal_mailbox(&from, entry("ipc.send"), refused, recorded).await,

@@ -662,7 +662,7 @@ pub(super) async fn take_for_receiver(
     let Some(message) = mailbox_receive(transaction, to, None).await? else {
         return Ok(MailboxDone::Sent(seq));
     };
-    receive.result = Some(Blob::of(&result_of(&MailboxDone::Received(message.clone()))));
+    receive.result = Some(Blob::of(&result_of(&MailboxDone::Received(vec![message.clone()]))));
     let receive_seq = append_entry(transaction, to, &receive, unstored).await?;
     Ok(MailboxDone::SentAndTaken { seq, receive_seq, message })
 }
@@ -713,6 +713,43 @@ pub(super) async fn mailbox_receive(
     )
     .await?;
     Ok(Some(message))
+}
+
+/// Takes up to `max` of the oldest undelivered messages under the run's row lock (as
+/// many as `mailbox::batch_len` allows), so two receives never take the same one.
+pub(super) async fn mailbox_receive_many(
+    transaction: &Transaction<'_>,
+    run: &RunId,
+    max: usize,
+) -> Result<Vec<MailboxMessage>> {
+    if max <= 1 {
+        return Ok(mailbox_receive(transaction, run, None).await?.into_iter().collect());
+    }
+    lock_run(transaction, run).await?;
+    let rows = query_rows(
+        transaction,
+        "reading mailbox messages",
+        &format!(
+            "SELECT {} FROM mailbox WHERE run_id = $1 AND receive_key IS NULL ORDER BY seq LIMIT $2",
+            queries::MAILBOX_COLUMNS
+        ),
+        &[&run.as_str(), &int(max as u64)],
+    )
+    .await?;
+    let mut taken = rows.iter().map(|row| queries::decode_message(row, run)).collect::<Result<Vec<_>>>()?;
+    let sizes: Vec<usize> = taken.iter().map(|m| m.message.to_string().len()).collect();
+    taken.truncate(mailbox::batch_len(sizes, max, crate::RECEIVE_BATCH_BYTES));
+    let seqs: Vec<i64> = taken.iter().map(|m| int(m.seq)).collect();
+    let markers: Vec<String> = taken.iter().map(|m| mailbox::delivered_marker(m.seq)).collect();
+    execute(
+        transaction,
+        "marking mailbox messages delivered",
+        "UPDATE mailbox m SET receive_key = u.key FROM unnest($2::bigint[], $3::text[]) AS u(seq, key) \
+         WHERE m.run_id = $1 AND m.seq = u.seq",
+        &[&run.as_str(), &seqs, &markers],
+    )
+    .await?;
+    Ok(taken)
 }
 
 /// The last nodes of message chains this store committed, so that an append re-sending a

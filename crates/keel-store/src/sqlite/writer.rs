@@ -119,8 +119,8 @@ pub(super) enum WriteCommand {
         /// The entry, its result still to be made from the op's outcome.
         entry: Box<EncodedEntry>,
         op: Box<MailboxOp>,
-        /// A send's `receive`, encoded, its result still to be made.
-        receive: Option<Box<EncodedEntry>>,
+        /// A send's `receive`, encoded, its result still to be made (by its own function).
+        receive: Option<Box<(EncodedEntry, MailboxResult)>>,
         /// A send's message as JSON text.
         text: String,
         result_of: MailboxResult,
@@ -1012,32 +1012,50 @@ fn mailbox_receive(
 }
 
 /// Takes the oldest undelivered message of a mailbox whose run was checked, marking it
-/// with `key` (or a marker of its own). Delivered rows stay, so the partial index of the
-/// undelivered ones is named: without it SQLite walked the run's whole mailbox history
-/// by primary key, a cost that grew with every message the run ever received.
+/// with `key` (or a marker of its own).
 fn take_oldest(connection: &Connection, run: &RunId, key: Option<&str>) -> Result<Option<MailboxMessage>> {
-    let oldest = queries::query_first(
+    let mut taken = take_oldest_many(connection, run, key, 1)?;
+    Ok(taken.pop())
+}
+
+/// Takes up to `max` of the oldest undelivered messages of a mailbox whose run was
+/// checked (as many as `mailbox::batch_len` allows), marking each with `key` (one
+/// message at most then) or a marker of its own. Delivered rows stay, so the partial
+/// index of the undelivered ones is named: without it SQLite walked the run's whole
+/// mailbox history by primary key, a cost that grew with every message the run ever
+/// received.
+fn take_oldest_many(
+    connection: &Connection,
+    run: &RunId,
+    key: Option<&str>,
+    max: usize,
+) -> Result<Vec<MailboxMessage>> {
+    let max = if key.is_some() { 1 } else { max.max(1) };
+    let mut oldest = queries::query_all(
         connection,
         "reading a mailbox message",
         &format!(
             "SELECT {} FROM mailbox INDEXED BY mailbox_undelivered \
-             WHERE run_id = ?1 AND receive_key IS NULL ORDER BY seq LIMIT 1",
+             WHERE run_id = ?1 AND receive_key IS NULL ORDER BY seq LIMIT ?2",
             queries::MAILBOX_COLUMNS
         ),
-        params![run.as_str()],
+        params![run.as_str(), max as i64],
         |row| queries::decode_message(row, run),
     )?;
-    let Some(message) = oldest else {
-        return Ok(None);
-    };
-    let marker = key.map_or_else(|| mailbox::delivered_marker(message.seq), str::to_owned);
-    run_sql(
-        connection,
-        "marking a mailbox message delivered",
-        "UPDATE mailbox SET receive_key = ?3 WHERE run_id = ?1 AND seq = ?2",
-        params![run.as_str(), message.seq, marker],
-    )?;
-    Ok(Some(message))
+    if oldest.len() > 1 {
+        let sizes: Vec<usize> = oldest.iter().map(|m| m.message.to_string().len()).collect();
+        oldest.truncate(mailbox::batch_len(sizes, max, crate::RECEIVE_BATCH_BYTES));
+    }
+    for message in &oldest {
+        let marker = key.map_or_else(|| mailbox::delivered_marker(message.seq), str::to_owned);
+        run_sql(
+            connection,
+            "marking a mailbox message delivered",
+            "UPDATE mailbox SET receive_key = ?3 WHERE run_id = ?1 AND seq = ?2",
+            params![run.as_str(), message.seq, marker],
+        )?;
+    }
+    Ok(oldest)
 }
 
 /// A mailbox write and the journal entry recording it (with a send, also the entry of
@@ -1048,7 +1066,7 @@ fn journal_mailbox(
     run: &RunId,
     mut entry: EncodedEntry,
     op: MailboxOp,
-    receive: Option<EncodedEntry>,
+    receive: Option<(EncodedEntry, MailboxResult)>,
     text: &str,
     result_of: MailboxResult,
 ) -> Result<Option<(Seq, MailboxDone)>> {
@@ -1058,14 +1076,17 @@ fn journal_mailbox(
             require_tenant_run(connection, &message.tenant, &to)?;
             let seq = deliver(connection, &to, &message, text)?;
             match receive {
-                Some(receive) => take_for_receiver(connection, &to, seq, receive, result_of)?,
+                Some((receive, result_of)) => take_for_receiver(connection, &to, seq, receive, result_of)?,
                 None => MailboxDone::Sent(seq),
             }
         }
-        MailboxOp::Receive => match take_oldest(connection, run, None)? {
-            Some(message) => MailboxDone::Received(message),
-            None => return Ok(None),
-        },
+        MailboxOp::Receive { max } => {
+            let taken = take_oldest_many(connection, run, None, max)?;
+            if taken.is_empty() {
+                return Ok(None);
+            }
+            MailboxDone::Received(taken)
+        }
     };
     entry.result = Some(Blob::of(&result_of(&done)));
     let seq = queries::last_journal_seq(connection, run)? + 1;
@@ -1089,7 +1110,7 @@ fn take_for_receiver(
     let Some(message) = take_oldest(connection, to, None)? else {
         return Ok(MailboxDone::Sent(seq));
     };
-    receive.result = Some(Blob::of(&result_of(&MailboxDone::Received(message.clone()))));
+    receive.result = Some(Blob::of(&result_of(&MailboxDone::Received(vec![message.clone()]))));
     let receive_seq = queries::last_journal_seq(connection, to)? + 1;
     insert_entry(connection, to, receive_seq, &receive)?;
     Ok(MailboxDone::SentAndTaken { seq, receive_seq, message })

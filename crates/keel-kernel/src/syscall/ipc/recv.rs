@@ -8,10 +8,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use keel_protocol::rpc::ErrorKind;
-use keel_store::{MailboxDone, MailboxOp};
+use keel_store::{MailboxDone, MailboxOp, MailboxResult};
 use serde_json::{Value, json};
 
-use super::{PARK_AFTER, POLL, mailbox_result};
+use super::{PARK_AFTER, POLL, mailbox_many_result, mailbox_result};
 use crate::Kernel;
 use crate::mailboxes::{Hold, HoldFn};
 use crate::run::LiveRun;
@@ -48,13 +48,16 @@ impl Drop for InFlight {
 }
 
 impl Kernel {
-    /// Takes the run's next message, waiting up to `timeout_ms` (forever when `None`).
+    /// Takes the run's next message (with `max`, up to that many of its oldest messages),
+    /// waiting up to `timeout_ms` (forever when `None`) for one.
     pub(super) async fn mailbox_recv(
         &self,
         live: &Arc<LiveRun>,
         timeout_ms: Option<u64>,
+        max: Option<usize>,
         take: Take<'_>,
     ) -> Result<Value, SyscallError> {
+        let result_of: MailboxResult = if max.is_some() { mailbox_many_result } else { mailbox_result };
         let deadline = timeout_ms.map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
         let _waiting = crate::swap::Busy::new(&live.waiting_calls);
         // A wait that lasts shows as `waiting(message)` (and may be swapped out); a quick
@@ -80,7 +83,7 @@ impl Kernel {
             // without the offer, wakes `notified`.
             let offer = || {
                 let entry = journaled?.entry();
-                mailbox.offer(entry.clone(), self.receiver_hold(live)).map(|offer| (entry, offer))
+                mailbox.offer(entry.clone(), result_of, self.receiver_hold(live)).map(|offer| (entry, offer))
             };
             let mut offered = None;
             let mut received = None;
@@ -96,7 +99,7 @@ impl Kernel {
                 }
             }
             if received.is_none() && offered.is_none() {
-                received = self.take_message(live, take).await?;
+                received = self.take_message(live, take, max, result_of).await?;
                 if received.is_none() {
                     offered = offer();
                 }
@@ -120,7 +123,10 @@ impl Kernel {
                     "ipc.recv: the run is ending; no message will come",
                 )))
             } else if deadline.is_some_and(|deadline| now >= deadline) {
-                Some(Ok(json!({ "message": null })))
+                Some(Ok(match max {
+                    Some(_) => json!({ "messages": [] }),
+                    None => json!({ "message": null }),
+                }))
             } else {
                 None
             };
@@ -163,15 +169,24 @@ impl Kernel {
         })
     }
 
-    /// A receive's own take of its oldest message, if there is one.
-    async fn take_message(&self, live: &Arc<LiveRun>, take: Take<'_>) -> Result<Option<Value>, SyscallError> {
+    /// A receive's own take of its oldest message (up to `max` of them), if there is one;
+    /// its result made by `result_of`.
+    async fn take_message(
+        &self,
+        live: &Arc<LiveRun>,
+        take: Take<'_>,
+        max: Option<usize>,
+        result_of: MailboxResult,
+    ) -> Result<Option<Value>, SyscallError> {
         Ok(match take {
+            // A receive whose intent a crash left pending (only a kernel before the
+            // one-commit rule wrote those, and none with `max`): one message, by its key.
             Take::Keyed(key) => self
                 .store()
                 .mailbox_receive(&live.id, Some(key))
                 .await
                 .map_err(internal)?
-                .map(|message| mailbox_result(&MailboxDone::Received(message))),
+                .map(|message| result_of(&MailboxDone::Received(vec![message]))),
             Take::Journaled(journal) => {
                 // Counted as a send's claim is (`receiver_hold`): no swap-out begins while
                 // the take may commit, so a run is never swapped out as waiting for a
@@ -180,7 +195,7 @@ impl Kernel {
                 // takes: its agent receives the stop signal in its grace period.)
                 let Some(_held) = InFlight::unless_swapping(live) else { return Ok(None) };
                 journal
-                    .write(MailboxOp::Receive, None, mailbox_result)
+                    .write(MailboxOp::Receive { max: max.unwrap_or(1) }, None, result_of)
                     .await
                     .map_err(internal)?
                     .map(|(_, r)| r)
