@@ -40,10 +40,13 @@ impl Mailboxes {
         }
     }
 
-    /// A message was taken from `run`'s mailbox: room for one more.
-    pub(crate) fn taken(&self, run: &RunId) {
+    /// `count` messages were taken from `run`'s mailbox: room for as many more, so as
+    /// many senders waiting for room wake.
+    pub(crate) fn taken(&self, run: &RunId, count: usize) {
         if let Some(waits) = crate::lock(&self.waits).get(run) {
-            waits.room.notify_one();
+            for _ in 0..count {
+                waits.room.notify_one();
+            }
         }
     }
 

@@ -202,7 +202,7 @@ impl Kernel {
     /// happened for it.
     fn woken_from_elsewhere(&self, run: &RunId) {
         self.inner.mailboxes.arrived(run);
-        self.inner.mailboxes.taken(run);
+        self.inner.mailboxes.taken(run, 1);
         self.inner.run_ended.notify_waiters();
         // A slot may have freed, or a run been queued, on another node.
         self.inner.pull_wanted.notify_one();

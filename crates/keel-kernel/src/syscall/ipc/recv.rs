@@ -203,14 +203,15 @@ impl Kernel {
         })
     }
 
-    /// A receive's message taken: the run waits no more, and senders waiting for room in
-    /// its mailbox wake (one on another node finds the room at its next poll: a notice per
-    /// message received would cost a database round trip on every receive).
+    /// A receive's messages taken: the run waits no more, and as many senders waiting for
+    /// room in its mailbox wake (one on another node finds the room at its next poll: a
+    /// notice per message received would cost a database round trip on every receive).
     async fn received(&self, live: &Arc<LiveRun>, parked: bool, received: Value) -> Value {
         if parked {
             self.wake_run(live, keel_types::WaitReason::Message).await;
         }
-        self.inner.mailboxes.taken(&live.id);
+        let count = received.get("messages").and_then(Value::as_array).map_or(1, Vec::len);
+        self.inner.mailboxes.taken(&live.id, count);
         received
     }
 }
