@@ -334,6 +334,14 @@ async function actions() {
   await page.waitForSelector("[data-action=resume]:not([disabled])");
   await page.click("[data-action=resume]");
   await until("the run to be resumed", async () => (await stateOf(parent)).state !== "paused");
+  // Its agent takes the resume signal, then waits for the next message. The page is drawn
+  // again at each change of state (and its layout can move), so the message is typed only
+  // once the page shows that wait, which lasts until the message arrives.
+  await until("the run to wait for a message", async () => (await stateOf(parent)).wait_reason === "message");
+  await page.waitForFunction(() => {
+    const badge = document.querySelector("h1.mono ~ .badge[data-state]");
+    return badge && badge.textContent === "waiting (message)";
+  });
 
   // A message from the page: the run reads it and goes on to its second call, which
   // parks on the one-call budget.
