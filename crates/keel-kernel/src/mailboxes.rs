@@ -262,6 +262,26 @@ mod tests {
         })
     }
 
+    /// A receive that took three messages wakes three senders waiting for room (and a
+    /// fourth only with a fourth message taken).
+    #[test]
+    fn senders_waiting_for_room_wake_one_per_message_taken() {
+        use futures_util::FutureExt;
+        let mailboxes = Mailboxes::default();
+        let run = RunId::generate(1);
+        let waits: Vec<_> = (0..4).map(|_| mailboxes.wait(&run)).collect();
+        let mut senders: Vec<_> = waits.iter().map(|wait| Box::pin(wait.waits.room.notified())).collect();
+        for sender in &mut senders {
+            sender.as_mut().enable();
+        }
+        mailboxes.taken(&run, 3);
+        let woken: Vec<bool> =
+            senders.iter_mut().map(|sender| sender.as_mut().now_or_never().is_some()).collect();
+        assert_eq!(woken, [true, true, true, false]);
+        mailboxes.taken(&run, 1);
+        assert!(senders[3].as_mut().now_or_never().is_some());
+    }
+
     #[tokio::test]
     async fn a_claimed_offer_is_answered_by_its_sender_and_held_until_settled() {
         let mailboxes = Mailboxes::default();
