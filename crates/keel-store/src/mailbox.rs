@@ -1,10 +1,11 @@
 //! Mailbox decisions every backend makes the same way: who may reach a run, whether its
-//! mailbox has room, and what marks a message taken by a receive without a key. Pure;
-//! the backend reads the run's tenant and the mailbox's length in its transaction.
+//! mailbox has room, what marks a message taken by a receive without a key, and how many
+//! messages a receive of many takes. Pure; the backend reads the run's tenant, the
+//! mailbox's length and its oldest messages in its transaction.
 
 use keel_types::RunId;
 
-use crate::{Error, Result, Seq};
+use crate::{Error, MailboxMessage, RECEIVE_BATCH_BYTES, Result, Seq};
 
 /// A run may be reached (sent to, subscribed) only by its own tenant. Another tenant's
 /// run answers exactly as a missing one (`owner` `None`): `RunNotFound`, so a tenant
@@ -49,6 +50,34 @@ pub fn batch_len(sizes: impl IntoIterator<Item = usize>, max: usize, max_bytes: 
     taken
 }
 
+/// Cuts `oldest` (a mailbox's oldest undelivered messages, oldest first, read up to
+/// `max`) to what a receive of up to `max` takes (see [`batch_len`]), measuring bodies
+/// only when there are two or more.
+pub fn fit_batch(oldest: &mut Vec<MailboxMessage>, max: usize) {
+    if oldest.len() > 1 {
+        let sizes: Vec<usize> = oldest.iter().map(|m| json_len(&m.message)).collect();
+        oldest.truncate(batch_len(sizes, max, RECEIVE_BATCH_BYTES));
+    }
+}
+
+/// The length of `value` as JSON text, counted without building the text.
+fn json_len(value: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a `Value` to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,6 +108,13 @@ mod tests {
         assert_eq!(batch_len([1, 1, 1, 1, 1, 1], 4, 100), 4);
         assert_eq!(batch_len([1, 1], 0, 100), 1, "a receive takes one at least");
         assert_eq!(batch_len([1, usize::MAX, 1], 3, 10), 1);
+    }
+
+    #[test]
+    fn a_body_is_measured_as_its_json_text() {
+        for value in [serde_json::json!("x"), serde_json::json!({"a": [1, "é"]}), serde_json::Value::Null] {
+            assert_eq!(json_len(&value), value.to_string().len());
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 
 use crate::gateway::{Upstream, mock_upstream, read_counts};
-use crate::harness::{Keel, agent, alive, wait_for};
+use crate::harness::{Keel, agent, alive, wait_for, wait_for_explained};
 
 /// Held by each test that runs several nodes, so two such tests never overlap: each
 /// starts many sandboxed agents, and on a 2-core machine two at once starve the nodes'
@@ -249,18 +249,18 @@ fn a_paused_node_past_its_lease_is_fenced_and_its_agents_die() {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(paused as i32), nix::sys::signal::Signal::SIGSTOP)
         .unwrap();
     // Node 1 takes every run over once n2's heartbeat lapses...
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let owners = owners(&db);
-        if runs.iter().all(|run| owners.get(run).is_some_and(|node| node == "n1")) {
-            break;
-        }
-        // This wait timed out twice in full suites (never alone); say what held it.
-        if std::time::Instant::now() > deadline {
-            panic!(
-                "timed out waiting for node n1 to take the paused node's runs\n\
-                 leases: {owners:?}\nnodes:\n{}\nruns:\n{}\nsessions:\n{}\nlocks on leases:\n{}\n\
+    // This wait timed out twice in full suites (never alone); on a timeout, say what held it.
+    wait_for_explained(
+        "node n1 to take the paused node's runs",
+        || {
+            let owners = owners(&db);
+            runs.iter().all(|run| owners.get(run).is_some_and(|node| node == "n1")).then_some(())
+        },
+        || {
+            format!(
+                "leases: {:?}\nnodes:\n{}\nruns:\n{}\nsessions:\n{}\nlocks on leases:\n{}\n\
                  n1's log:\n{}\nn2's log:\n{}",
+                owners(&db),
                 psql(&db.url, "SELECT id, expires_at < now(), draining FROM keel_nodes ORDER BY id"),
                 psql(&db.url, "SELECT id, state, wait_reason, attempt, pid FROM runs ORDER BY id"),
                 psql(
@@ -275,10 +275,9 @@ fn a_paused_node_past_its_lease_is_fenced_and_its_agents_die() {
                 ),
                 nodes[0].daemon_log_tail(40),
                 nodes[1].daemon_log_tail(40),
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(25));
-    }
+            )
+        },
+    );
     // ... and once n2 resumes, its late writes are refused and its agents die.
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(paused as i32), nix::sys::signal::Signal::SIGCONT)
         .unwrap();

@@ -26,13 +26,26 @@ fn last_lines(text: &str, n: usize) -> String {
 }
 
 /// Polls `check` until it returns Some, or panics with `what` after a generous deadline.
-pub fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(what: &str, check: impl FnMut() -> Option<T>) -> T {
+    wait_for_explained(what, check, String::new)
+}
+
+/// [`wait_for`], and on a timeout `explain()` says what held the wait.
+pub fn wait_for_explained<T>(
+    what: &str,
+    mut check: impl FnMut() -> Option<T>,
+    explain: impl FnOnce() -> String,
+) -> T {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(value) = check() {
             return value;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        if Instant::now() >= deadline {
+            let explanation = explain();
+            let sep = if explanation.is_empty() { "" } else { "\n" };
+            panic!("timed out waiting for {what}{sep}{explanation}");
+        }
         std::thread::sleep(Duration::from_millis(25));
     }
 }

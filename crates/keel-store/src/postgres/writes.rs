@@ -716,7 +716,7 @@ pub(super) async fn mailbox_receive(
 }
 
 /// Takes up to `max` of the oldest undelivered messages under the run's row lock (as
-/// many as `mailbox::batch_len` allows), so two receives never take the same one.
+/// many as `mailbox::fit_batch` keeps), so two receives never take the same one.
 pub(super) async fn mailbox_receive_many(
     transaction: &Transaction<'_>,
     run: &RunId,
@@ -737,8 +737,7 @@ pub(super) async fn mailbox_receive_many(
     )
     .await?;
     let mut taken = rows.iter().map(|row| queries::decode_message(row, run)).collect::<Result<Vec<_>>>()?;
-    let sizes: Vec<usize> = taken.iter().map(|m| m.message.to_string().len()).collect();
-    taken.truncate(mailbox::batch_len(sizes, max, crate::RECEIVE_BATCH_BYTES));
+    mailbox::fit_batch(&mut taken, max);
     let seqs: Vec<i64> = taken.iter().map(|m| int(m.seq)).collect();
     let markers: Vec<String> = taken.iter().map(|m| mailbox::delivered_marker(m.seq)).collect();
     execute(

@@ -1019,7 +1019,7 @@ fn take_oldest(connection: &Connection, run: &RunId, key: Option<&str>) -> Resul
 }
 
 /// Takes up to `max` of the oldest undelivered messages of a mailbox whose run was
-/// checked (as many as `mailbox::batch_len` allows), marking each with `key` (one
+/// checked (as many as `mailbox::fit_batch` keeps), marking each with `key` (one
 /// message at most then) or a marker of its own. Delivered rows stay, so the partial
 /// index of the undelivered ones is named: without it SQLite walked the run's whole
 /// mailbox history by primary key, a cost that grew with every message the run ever
@@ -1042,10 +1042,7 @@ fn take_oldest_many(
         params![run.as_str(), max as i64],
         |row| queries::decode_message(row, run),
     )?;
-    if oldest.len() > 1 {
-        let sizes: Vec<usize> = oldest.iter().map(|m| m.message.to_string().len()).collect();
-        oldest.truncate(mailbox::batch_len(sizes, max, crate::RECEIVE_BATCH_BYTES));
-    }
+    mailbox::fit_batch(&mut oldest, max);
     for message in &oldest {
         let marker = key.map_or_else(|| mailbox::delivered_marker(message.seq), str::to_owned);
         run_sql(
