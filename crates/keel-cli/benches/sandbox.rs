@@ -7,6 +7,10 @@
 //!
 //! `cargo bench -p keel-cli --bench sandbox` (needs `bwrap` and `unshare` on PATH:
 //! `apt-get install bubblewrap util-linux`). Prints a markdown table.
+//!
+//! `BENCH_SPAWNS` (1000) sets the trivial program's spawns per case, `BENCH_CASES` (all
+//! of `fork,unshare,bwrap,cold,pooled,python`) which cases run: `BENCH_CASES=cold` alone
+//! is handy under a profiler.
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -17,6 +21,7 @@ use std::time::{Duration, Instant};
 use keel_sandbox::{KeelResources, LaunchSpec, ProcessConfig, ProcessSandbox, Sandbox};
 
 const SPAWNS: usize = 1000;
+const CASES: &[&str] = &["fork", "unshare", "bwrap", "cold", "pooled", "python"];
 const PYTHON_SPAWNS: usize = 100;
 /// Ready sandboxes kept by the pooled configuration.
 const POOL: usize = 2;
@@ -208,6 +213,14 @@ fn time_python_command(first: &FirstCall, n: usize, mut make: impl FnMut() -> Co
 }
 
 fn main() {
+    let spawns: usize =
+        std::env::var("BENCH_SPAWNS").ok().map_or(SPAWNS, |v| v.parse().expect("BENCH_SPAWNS"));
+    let cases = std::env::var("BENCH_CASES").unwrap_or_else(|_| CASES.join(","));
+    let cases: Vec<&str> = cases.split(',').map(str::trim).filter(|c| !c.is_empty()).collect();
+    for case in &cases {
+        assert!(CASES.contains(case), "unknown case {case:?} in BENCH_CASES; known: {}", CASES.join(","));
+    }
+    let wanted = |case: &str| cases.contains(&case);
     let dir = tempfile::tempdir().expect("tempdir");
     let program = static_true(dir.path());
     let python = PathBuf::from("/usr/bin/python3");
@@ -222,99 +235,118 @@ fn main() {
     let trivial = spec(dir.path(), vec![program.display().to_string()], None);
 
     let mut rows = Vec::new();
-    rows.push(stats("bare fork+exec (floor)", time_command(SPAWNS, || Command::new(&program))));
-    settle();
-    rows.push(stats(
-        "unshare(1): user, mount, pid, ipc, uts, net namespaces (namespaces-only floor)",
-        time_command(SPAWNS, || unshare(&program, &[])),
-    ));
-    settle();
-    rows.push(stats(
-        "bwrap: same namespaces + read-only root, /proc, /dev, tmpfs, no caps",
-        time_command(SPAWNS, || bwrap(&program, &[], dir.path(), &[])),
-    ));
-    settle();
-    let (cold_exit, cold_start) = runtime.block_on(async {
-        time_keel(&cold, &trivial, 20, false).await; // Warm up the zygote.
-        time_keel(&cold, &trivial, SPAWNS, false).await
-    });
-    rows.push(stats("keel cold: sandbox built per spawn, to exit", cold_exit));
-    rows.push(stats("keel cold: to program running", cold_start));
-    settle();
-    let (pool_exit, pool_start) = runtime.block_on(async {
-        pool.prewarm(&trivial).await.expect("prewarm");
-        time_keel(&pool, &trivial, 20, true).await;
-        time_keel(&pool, &trivial, SPAWNS, true).await
-    });
-    rows.push(stats("keel pooled: claim (job handed to a ready sandbox)", pool_start));
-    rows.push(stats("keel pooled: claim to exit", pool_exit));
-    settle();
-
-    let first = FirstCall::new(dir.path());
-    let code = ["-c", PYTHON];
-    let mut python_rows = Vec::new();
-    settle();
-    python_rows.push(stats(
-        "bare fork+exec",
-        time_python_command(&first, PYTHON_SPAWNS, || {
-            let mut c = Command::new(&python);
-            c.args(code);
-            c
-        }),
-    ));
-    python_rows
-        .push(stats("unshare(1)", time_python_command(&first, PYTHON_SPAWNS, || unshare(&python, &code))));
-    let socket = first.path.display().to_string();
-    settle();
-    python_rows.push(stats(
-        "bwrap",
-        time_python_command(&first, PYTHON_SPAWNS, || {
-            bwrap(&python, &code, dir.path(), &["--bind", &socket, &socket])
-        }),
-    ));
-    let python_spec =
-        spec(dir.path(), vec![python.display().to_string(), "-c".into(), PYTHON.into()], Some(&first.path));
-    for (name, sandbox, pooled) in [("keel cold", &cold, false), ("keel pooled", &pool, true)] {
+    let mut floors = (None, None);
+    if wanted("fork") {
+        rows.push(stats("bare fork+exec (floor)", time_command(spawns, || Command::new(&program))));
+        floors.0 = rows.last().map(|r| r.p50);
         settle();
-        let samples = runtime.block_on(async {
-            let mut samples = Vec::new();
-            if pooled {
-                sandbox.prewarm(&python_spec).await.expect("prewarm");
-            }
-            for _ in 0..PYTHON_SPAWNS {
-                while pooled && sandbox.ready(&python_spec) < POOL {
-                    tokio::time::sleep(Duration::from_micros(200)).await;
-                }
-                let started = Instant::now();
-                let mut launched = sandbox.launch(python_spec.clone()).await.expect("launch python");
-                let took = tokio::task::block_in_place(|| first.wait(started));
-                let _ = launched.child.wait().await;
-                samples.push(took);
-            }
-            samples
+    }
+    if wanted("unshare") {
+        rows.push(stats(
+            "unshare(1): user, mount, pid, ipc, uts, net namespaces (namespaces-only floor)",
+            time_command(spawns, || unshare(&program, &[])),
+        ));
+        floors.1 = rows.last().map(|r| r.p50);
+        settle();
+    }
+    if wanted("bwrap") {
+        rows.push(stats(
+            "bwrap: same namespaces + read-only root, /proc, /dev, tmpfs, no caps",
+            time_command(spawns, || bwrap(&program, &[], dir.path(), &[])),
+        ));
+        settle();
+    }
+    if wanted("cold") {
+        let (cold_exit, cold_start) = runtime.block_on(async {
+            time_keel(&cold, &trivial, 20, false).await; // Warm up the zygote.
+            time_keel(&cold, &trivial, spawns, false).await
         });
-        python_rows.push(stats(name, samples));
+        rows.push(stats("keel cold: sandbox built per spawn, to exit", cold_exit));
+        rows.push(stats("keel cold: to program running", cold_start));
+        settle();
+    }
+    if wanted("pooled") {
+        let (pool_exit, pool_start) = runtime.block_on(async {
+            pool.prewarm(&trivial).await.expect("prewarm");
+            time_keel(&pool, &trivial, 20, true).await;
+            time_keel(&pool, &trivial, spawns, true).await
+        });
+        rows.push(stats("keel pooled: claim (job handed to a ready sandbox)", pool_start));
+        rows.push(stats("keel pooled: claim to exit", pool_exit));
+        settle();
+    }
+
+    let mut python_rows = Vec::new();
+    if wanted("python") {
+        let first = FirstCall::new(dir.path());
+        let code = ["-c", PYTHON];
+        settle();
+        python_rows.push(stats(
+            "bare fork+exec",
+            time_python_command(&first, PYTHON_SPAWNS, || {
+                let mut c = Command::new(&python);
+                c.args(code);
+                c
+            }),
+        ));
+        python_rows.push(stats(
+            "unshare(1)",
+            time_python_command(&first, PYTHON_SPAWNS, || unshare(&python, &code)),
+        ));
+        let socket = first.path.display().to_string();
+        settle();
+        python_rows.push(stats(
+            "bwrap",
+            time_python_command(&first, PYTHON_SPAWNS, || {
+                bwrap(&python, &code, dir.path(), &["--bind", &socket, &socket])
+            }),
+        ));
+        let python_spec = spec(
+            dir.path(),
+            vec![python.display().to_string(), "-c".into(), PYTHON.into()],
+            Some(&first.path),
+        );
+        for (name, sandbox, pooled) in [("keel cold", &cold, false), ("keel pooled", &pool, true)] {
+            settle();
+            let samples = runtime.block_on(async {
+                let mut samples = Vec::new();
+                if pooled {
+                    sandbox.prewarm(&python_spec).await.expect("prewarm");
+                }
+                for _ in 0..PYTHON_SPAWNS {
+                    while pooled && sandbox.ready(&python_spec) < POOL {
+                        tokio::time::sleep(Duration::from_micros(200)).await;
+                    }
+                    let started = Instant::now();
+                    let mut launched = sandbox.launch(python_spec.clone()).await.expect("launch python");
+                    let took = tokio::task::block_in_place(|| first.wait(started));
+                    let _ = launched.child.wait().await;
+                    samples.push(took);
+                }
+                samples
+            });
+            python_rows.push(stats(name, samples));
+        }
     }
 
     runtime.block_on(async {
         cold.shutdown().await;
         pool.shutdown().await;
     });
-    let floor = rows[0].p50;
-    let ns_floor = rows[1].p50;
-    println!("\n## Sandbox spawn: trivial static program ({SPAWNS} spawns each)\n");
+    let ratio = |p50: f64, floor: Option<f64>| floor.map_or("-".to_owned(), |f| format!("{:.2}x", p50 / f));
+    println!("\n## Sandbox spawn: trivial static program ({spawns} spawns each)\n");
     println!("| case | n | mean µs | p50 µs | p99 µs | p50 vs fork+exec | p50 vs namespaces floor |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
     for row in &rows {
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2}x | {:.2}x |",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {} |",
             row.case,
             row.n,
             row.mean,
             row.p50,
             row.p99,
-            row.p50 / floor,
-            row.p50 / ns_floor
+            ratio(row.p50, floors.0),
+            ratio(row.p50, floors.1)
         );
     }
     println!("\n## Python agent: spawn to first call on a Unix socket ({PYTHON_SPAWNS} spawns each)\n");

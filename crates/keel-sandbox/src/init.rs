@@ -121,34 +121,22 @@ fn init(
     ruleset.restrict_self().map_err(|e| format!("apply the Landlock ruleset: {e}"))?;
     crate::seccomp::install(filter).map_err(|e| format!("install the seccomp filter: {e}"))?;
 
-    // The agent's process is forked now, even for a pooled sandbox: it waits for its job
-    // on the control pipe, so a claim costs a pipe write and an exec.
     let null = at("open /dev/null", std::fs::OpenOptions::new().read(true).write(true).open("/dev/null"))?;
-    let (error_read, error_write) = at("make the exec pipe", sys::pipe())?;
     let mut waited: Vec<i32> = vec![libc::SIGCHLD];
     waited.extend_from_slice(FORWARDED);
     at("block signals", sys::block_signals(&waited))?;
-    let pooled = request.job.is_none();
-    let agent = match at("fork the agent", sys::fork())? {
-        Forked::Child => {
-            drop(error_read);
-            start_agent(request.job, control, stdin, null.as_raw_fd(), error_write)
+    let agent = match request.job {
+        Some(job) => {
+            drop(control);
+            let agent = start_now(&job, &stdin, &null);
+            drop((stdin, null));
+            if agent.is_err() {
+                sys::kill(-1, libc::SIGKILL);
+            }
+            agent?
         }
-        Forked::Parent(pid) => pid,
+        None => start_pooled(control, stdin, null, status)?,
     };
-    drop((control, stdin, error_write, null));
-    if pooled {
-        report(status, &Status::Ready);
-    }
-    let mut failure = String::new();
-    let _ = std::fs::File::from(error_read).read_to_string(&mut failure);
-    if failure == NO_JOB {
-        sys::exit_now(0); // The kernel dropped this pooled sandbox.
-    }
-    if !failure.is_empty() {
-        sys::kill(-1, libc::SIGKILL);
-        return Err(failure);
-    }
     report(status, &Status::Started);
 
     for (listener, socket) in listeners {
@@ -169,6 +157,70 @@ fn init(
             }
         }
     }
+}
+
+/// Starts a given job's program at once (a cold sandbox), without copying the init to
+/// do it (see [`sys::vfork_exec`]); returns its pid.
+fn start_now(job: &Job, stdin: &OwnedFd, null: &std::fs::File) -> Result<i32, String> {
+    let exec = Exec::new(job)?;
+    let rlimits: Vec<(i32, u64)> = job.rlimits.iter().map(|l| (l.resource.raw(), l.value)).collect();
+    let input = if job.stdin { stdin.as_raw_fd() } else { null.as_raw_fd() };
+    let plan = sys::ExecPlan {
+        program: &exec.program,
+        argv: &exec.argv_ptrs,
+        envp: &exec.envp_ptrs,
+        cwd: None,
+        stdio: [Some(input), None, None],
+        rlimits: &rlimits,
+        own_group_dying_with_parent: false,
+        // The init never installs handlers (it blocks and waits): only the mask needs
+        // undoing for the program, which the child does.
+        reset_handlers: false,
+        close_on_exec_from: Some(3),
+    };
+    match sys::vfork_exec(&plan, false) {
+        Ok((pid, _)) => Ok(pid),
+        Err((step, e)) => Err(match step {
+            sys::ExecStep::Stdio => format!("redirect stdin: {e}"),
+            sys::ExecStep::Limit(index) => format!("set the {:?} limit: {e}", job.rlimits[index].resource),
+            sys::ExecStep::CloseOnExec => format!("mark fds close-on-exec: {e}"),
+            _ => format!("could not start {}: {e}", job.program.display()),
+        }),
+    }
+}
+
+/// Forks the agent process of a pooled sandbox, which waits for its job on `control`, so
+/// that a claim costs a pipe write and an exec; reports the sandbox ready, then waits
+/// until the job's program runs. Returns its pid.
+fn start_pooled(
+    control: OwnedFd,
+    stdin: OwnedFd,
+    null: std::fs::File,
+    status: &OwnedFd,
+) -> Result<i32, String> {
+    let (error_read, error_write) = at("make the exec pipe", sys::pipe())?;
+    let agent = match at("fork the agent", sys::fork())? {
+        Forked::Child => {
+            drop(error_read);
+            start_agent(control, stdin, null.as_raw_fd(), error_write)
+        }
+        Forked::Parent(pid) => {
+            drop((control, stdin));
+            pid
+        }
+    };
+    drop((error_write, null));
+    report(status, &Status::Ready);
+    let mut failure = String::new();
+    let _ = std::fs::File::from(error_read).read_to_string(&mut failure);
+    if failure == NO_JOB {
+        sys::exit_now(0); // The kernel dropped this pooled sandbox.
+    }
+    if !failure.is_empty() {
+        sys::kill(-1, libc::SIGKILL);
+        return Err(failure);
+    }
+    Ok(agent)
 }
 
 /// The exec arguments, built before fork so the child only makes system calls.
@@ -206,30 +258,25 @@ impl Exec {
 /// What the agent process reports when its pooled sandbox is dropped without a job.
 const NO_JOB: &str = "\0no job";
 
-/// In the forked agent process (confined like the init already): takes its job (given,
-/// or read from the control pipe), sets the job's resource limits and execs. Reports
-/// failure on `error` (which closes on a successful exec).
-fn start_agent(job: Option<Job>, control: OwnedFd, stdin: OwnedFd, null: i32, error: OwnedFd) -> ! {
+/// In the forked agent process of a pooled sandbox (confined like the init already):
+/// reads its job from the control pipe, sets the job's resource limits and execs.
+/// Reports failure on `error` (which closes on a successful exec).
+fn start_agent(control: OwnedFd, stdin: OwnedFd, null: i32, error: OwnedFd) -> ! {
     let fail = |message: String| -> ! {
         let _ = sys::write_all(error.as_fd(), message.as_bytes());
         sys::exit_now(127)
     };
-    let job = match job {
-        Some(job) => job,
-        None => {
-            let mut text = Vec::new();
-            if let Err(e) = std::fs::File::from(control).read_to_end(&mut text) {
-                fail(format!("read the job: {e}"));
-            }
-            if text.is_empty() {
-                let _ = sys::write_all(error.as_fd(), NO_JOB.as_bytes());
-                sys::exit_now(0);
-            }
-            match serde_json::from_slice::<Job>(&text) {
-                Ok(job) => job,
-                Err(e) => fail(format!("the job is not valid: {e}")),
-            }
-        }
+    let mut text = Vec::new();
+    if let Err(e) = std::fs::File::from(control).read_to_end(&mut text) {
+        fail(format!("read the job: {e}"));
+    }
+    if text.is_empty() {
+        let _ = sys::write_all(error.as_fd(), NO_JOB.as_bytes());
+        sys::exit_now(0);
+    }
+    let job = match serde_json::from_slice::<Job>(&text) {
+        Ok(job) => job,
+        Err(e) => fail(format!("the job is not valid: {e}")),
     };
     let exec = match Exec::new(&job) {
         Ok(exec) => exec,

@@ -4,13 +4,12 @@
 //! can reach; this filter removes kernel attack surface and the calls that would undo
 //! the other layers.
 //!
-//! `compile` turns the policy into BPF programs (one per errno); the agent's process
-//! installs them just before it execs.
+//! `compile` turns the policy into one BPF program (laid out in `program`); the sandbox's
+//! init installs it on itself before it forks the agent, which inherits it.
 
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
-    TargetArch,
-};
+mod program;
+
+use seccompiler::BpfProgram;
 
 /// When a listed call is denied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,62 +200,13 @@ fn allowed_families(allow_inet: bool) -> Vec<u64> {
     families
 }
 
-fn condition(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, seccompiler::Error> {
-    Ok(SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value)?)
-}
-
-fn rules_for(rule: &Rule, allow_inet: bool) -> Result<Vec<SeccompRule>, seccompiler::Error> {
-    let dword = |arg: u8, op: SeccompCmpOp, value: u64| -> Result<SeccompCondition, seccompiler::Error> {
-        Ok(SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)?)
-    };
-    Ok(match rule.when {
-        When::Always => Vec::new(),
-        When::AnyBit { arg, mask } => (0..64)
-            .map(|bit| 1u64 << bit)
-            .filter(|bit| mask & bit != 0)
-            .map(|bit| Ok(SeccompRule::new(vec![condition(arg, SeccompCmpOp::MaskedEq(bit), bit)?])?))
-            .collect::<Result<_, seccompiler::Error>>()?,
-        When::ArgIs { arg, values } => values
-            .iter()
-            .map(|&value| Ok(SeccompRule::new(vec![dword(arg, SeccompCmpOp::Eq, value)?])?))
-            .collect::<Result<_, seccompiler::Error>>()?,
-        When::SocketFamily => {
-            let conditions = allowed_families(allow_inet)
-                .into_iter()
-                .map(|family| dword(0, SeccompCmpOp::Ne, family))
-                .collect::<Result<Vec<_>, _>>()?;
-            vec![SeccompRule::new(conditions)?]
-        }
-        When::InetNotStream => {
-            if !allow_inet {
-                return Ok(Vec::new()); // Covered by SocketFamily.
-            }
-            let mut denied = Vec::new();
-            for family in [libc::AF_INET as u64, libc::AF_INET6 as u64] {
-                // SOCK_PACKET (10) is the obsolete spelling of packet sockets.
-                for kind in [libc::SOCK_DGRAM, libc::SOCK_RAW, libc::SOCK_RDM, libc::SOCK_SEQPACKET, 10] {
-                    denied.push(SeccompRule::new(vec![
-                        dword(0, SeccompCmpOp::Eq, family)?,
-                        dword(1, SeccompCmpOp::MaskedEq(0xf), kind as u64)?,
-                    ])?);
-                }
-            }
-            denied
-        }
-    })
-}
-
-fn target_arch() -> Result<TargetArch, seccompiler::Error> {
-    Ok(TargetArch::try_from(std::env::consts::ARCH)?)
-}
+/// The types of internet socket `InetNotStream` refuses: all but stream. `SOCK_PACKET`
+/// (10) is the obsolete spelling of packet sockets.
+const NOT_STREAM: [i32; 5] = [libc::SOCK_DGRAM, libc::SOCK_RAW, libc::SOCK_RDM, libc::SOCK_SEQPACKET, 10];
 
 /// Compiles the policy into one BPF program. `allow_inet`: see [`allowed_families`].
-///
-/// seccompiler makes one program per action (here: per errno); they are chained into one
-/// (see [`chain`]) because the kernel JIT-compiles every installed program: one program
-/// costs a quarter of four at every sandbox start.
-pub fn compile(allow_inet: bool) -> Result<BpfProgram, seccompiler::Error> {
-    Ok(chain(compile_each(allow_inet)?))
+pub fn compile(allow_inet: bool) -> Result<BpfProgram, String> {
+    program::compile(rules(), allow_inet)
 }
 
 /// The compiled policy for `allow_inet`, compiled once per process (the zygote compiles
@@ -270,91 +220,165 @@ pub fn cached(allow_inet: bool) -> Result<&'static BpfProgram, String> {
         .map_err(Clone::clone)
 }
 
-const BPF_RET_K: u16 = 0x06; // BPF_RET | BPF_K
-const BPF_JA: u16 = 0x05; // BPF_JMP | BPF_JA
-const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
-
-/// Chains programs into one: in every program but the last, "allow" becomes "go on with
-/// the next program". A call is denied by the first program that denies it, as it would
-/// be by the kernel running them one after the other.
-pub fn chain(programs: Vec<BpfProgram>) -> BpfProgram {
-    let count = programs.len();
-    let mut chained = Vec::with_capacity(programs.iter().map(Vec::len).sum());
-    for (index, mut program) in programs.into_iter().enumerate() {
-        if index + 1 < count {
-            let length = program.len();
-            for (at, instruction) in program.iter_mut().enumerate() {
-                if instruction.code == BPF_RET_K && instruction.k == SECCOMP_RET_ALLOW {
-                    *instruction =
-                        seccompiler::sock_filter { code: BPF_JA, jt: 0, jf: 0, k: (length - at - 1) as u32 };
-                }
-            }
-        }
-        chained.extend(program);
-    }
-    chained
-}
-
-/// The policy as one program per errno, the x32 guard first.
-fn compile_each(allow_inet: bool) -> Result<Vec<BpfProgram>, seccompiler::Error> {
-    let mut by_errno: Vec<(i32, std::collections::BTreeMap<i64, Vec<SeccompRule>>)> = Vec::new();
-    for rule in rules() {
-        let conditions = rules_for(rule, allow_inet)?;
-        if matches!(rule.when, When::InetNotStream) && conditions.is_empty() {
-            continue;
-        }
-        let slot = match by_errno.iter().position(|(errno, _)| *errno == rule.errno) {
-            Some(at) => at,
-            None => {
-                by_errno.push((rule.errno, Default::default()));
-                by_errno.len() - 1
-            }
-        };
-        for &(name, number) in rule.syscalls {
-            // seccompiler reads an empty rule list as "always"; conditions add up (any
-            // match denies). Mixing both for one call in one errno group would turn an
-            // unconditional denial into a conditional one, so the policy must not.
-            let group = &mut by_errno[slot].1;
-            debug_assert!(!group.contains_key(&number), "{name} is listed twice for errno {}", rule.errno);
-            group.insert(number, conditions.clone());
-        }
-    }
-    let arch = target_arch()?;
-    let mut programs: Vec<BpfProgram> = x32_guard().into_iter().collect();
-    for (errno, rules) in by_errno {
-        let filter =
-            SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(errno as u32), arch)?;
-        programs.push(filter.try_into()?);
-    }
-    Ok(programs)
-}
-
-/// On x86_64 the x32 ABI reuses the native architecture tag with bit 30 set in the call
-/// number, so a filter keyed on native numbers would let `x32 ptrace` through. This
-/// hand-written program refuses every x32 call.
-#[cfg(target_arch = "x86_64")]
-fn x32_guard() -> Option<BpfProgram> {
-    use seccompiler::sock_filter;
-    const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD (0) | BPF_W (0) | BPF_ABS (0x20)
-    const BPF_JGE_K: u16 = 0x05 | 0x30; // BPF_JMP | BPF_JGE | BPF_K
-    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
-    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-    Some(vec![
-        sock_filter { code: BPF_LD_W_ABS, jt: 0, jf: 0, k: 0 }, // seccomp_data.nr
-        sock_filter { code: BPF_JGE_K, jt: 0, jf: 1, k: X32_SYSCALL_BIT },
-        sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ERRNO | libc::EPERM as u32 },
-        sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ALLOW },
-    ])
-}
-#[cfg(not(target_arch = "x86_64"))]
-fn x32_guard() -> Option<BpfProgram> {
-    None
-}
-
 /// Installs a compiled program on the calling thread (setting no_new_privs first, as
 /// seccomp requires for unprivileged callers).
 pub fn install(program: &BpfProgram) -> Result<(), seccompiler::Error> {
     seccompiler::apply_filter(program)
+}
+
+/// The same policy compiled by seccompiler, one program per errno chained into one: what
+/// the sandbox installed before `program`, kept as the reference its program is checked
+/// against.
+#[cfg(test)]
+mod oracle {
+    use seccompiler::{
+        BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+        SeccompRule, TargetArch,
+    };
+
+    use super::program::SECCOMP_RET_ALLOW;
+    use super::{NOT_STREAM, Rule, When, allowed_families, rules};
+
+    const BPF_RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    const BPF_JA: u16 = 0x05; // BPF_JMP | BPF_JA
+
+    fn condition(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, seccompiler::Error> {
+        Ok(SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value)?)
+    }
+
+    fn rules_for(rule: &Rule, allow_inet: bool) -> Result<Vec<SeccompRule>, seccompiler::Error> {
+        let dword = |arg: u8, op: SeccompCmpOp, value: u64| -> Result<SeccompCondition, seccompiler::Error> {
+            Ok(SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)?)
+        };
+        Ok(match rule.when {
+            When::Always => Vec::new(),
+            When::AnyBit { arg, mask } => (0..64)
+                .map(|bit| 1u64 << bit)
+                .filter(|bit| mask & bit != 0)
+                .map(|bit| Ok(SeccompRule::new(vec![condition(arg, SeccompCmpOp::MaskedEq(bit), bit)?])?))
+                .collect::<Result<_, seccompiler::Error>>()?,
+            When::ArgIs { arg, values } => values
+                .iter()
+                .map(|&value| Ok(SeccompRule::new(vec![dword(arg, SeccompCmpOp::Eq, value)?])?))
+                .collect::<Result<_, seccompiler::Error>>()?,
+            When::SocketFamily => {
+                let conditions = allowed_families(allow_inet)
+                    .into_iter()
+                    .map(|family| dword(0, SeccompCmpOp::Ne, family))
+                    .collect::<Result<Vec<_>, _>>()?;
+                vec![SeccompRule::new(conditions)?]
+            }
+            When::InetNotStream => {
+                if !allow_inet {
+                    return Ok(Vec::new()); // Covered by SocketFamily.
+                }
+                let mut denied = Vec::new();
+                for family in [libc::AF_INET as u64, libc::AF_INET6 as u64] {
+                    for kind in NOT_STREAM {
+                        denied.push(SeccompRule::new(vec![
+                            dword(0, SeccompCmpOp::Eq, family)?,
+                            dword(1, SeccompCmpOp::MaskedEq(0xf), kind as u64)?,
+                        ])?);
+                    }
+                }
+                denied
+            }
+        })
+    }
+
+    fn target_arch() -> Result<TargetArch, seccompiler::Error> {
+        Ok(TargetArch::try_from(std::env::consts::ARCH)?)
+    }
+
+    /// The policy as seccompiler compiles it, chained into one program.
+    pub(super) fn compile(allow_inet: bool) -> BpfProgram {
+        chain(compile_each(allow_inet).expect("seccompiler compiles the policy"))
+    }
+
+    /// Chains programs into one: in every program but the last, "allow" becomes "go on with
+    /// the next program". A call is denied by the first program that denies it, as it would
+    /// be by the kernel running them one after the other.
+    pub(super) fn chain(programs: Vec<BpfProgram>) -> BpfProgram {
+        let count = programs.len();
+        let mut chained = Vec::with_capacity(programs.iter().map(Vec::len).sum());
+        for (index, mut program) in programs.into_iter().enumerate() {
+            if index + 1 < count {
+                let length = program.len();
+                for (at, instruction) in program.iter_mut().enumerate() {
+                    if instruction.code == BPF_RET_K && instruction.k == SECCOMP_RET_ALLOW {
+                        *instruction = seccompiler::sock_filter {
+                            code: BPF_JA,
+                            jt: 0,
+                            jf: 0,
+                            k: (length - at - 1) as u32,
+                        };
+                    }
+                }
+            }
+            chained.extend(program);
+        }
+        chained
+    }
+
+    /// The policy as one program per errno, the x32 guard first.
+    pub(super) fn compile_each(allow_inet: bool) -> Result<Vec<BpfProgram>, seccompiler::Error> {
+        let mut by_errno: Vec<(i32, std::collections::BTreeMap<i64, Vec<SeccompRule>>)> = Vec::new();
+        for rule in rules() {
+            let conditions = rules_for(rule, allow_inet)?;
+            if matches!(rule.when, When::InetNotStream) && conditions.is_empty() {
+                continue;
+            }
+            let slot = match by_errno.iter().position(|(errno, _)| *errno == rule.errno) {
+                Some(at) => at,
+                None => {
+                    by_errno.push((rule.errno, Default::default()));
+                    by_errno.len() - 1
+                }
+            };
+            for &(name, number) in rule.syscalls {
+                // seccompiler reads an empty rule list as "always"; conditions add up (any
+                // match denies). Mixing both for one call in one errno group would turn an
+                // unconditional denial into a conditional one, so the policy must not.
+                let group = &mut by_errno[slot].1;
+                debug_assert!(
+                    !group.contains_key(&number),
+                    "{name} is listed twice for errno {}",
+                    rule.errno
+                );
+                group.insert(number, conditions.clone());
+            }
+        }
+        let arch = target_arch()?;
+        let mut programs: Vec<BpfProgram> = x32_guard().into_iter().collect();
+        for (errno, rules) in by_errno {
+            let filter =
+                SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(errno as u32), arch)?;
+            programs.push(filter.try_into()?);
+        }
+        Ok(programs)
+    }
+
+    /// On x86_64 the x32 ABI reuses the native architecture tag with bit 30 set in the call
+    /// number, so a filter keyed on native numbers would let `x32 ptrace` through. This
+    /// hand-written program refuses every x32 call.
+    #[cfg(target_arch = "x86_64")]
+    fn x32_guard() -> Option<BpfProgram> {
+        use seccompiler::sock_filter;
+        const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD (0) | BPF_W (0) | BPF_ABS (0x20)
+        const BPF_JGE_K: u16 = 0x05 | 0x30; // BPF_JMP | BPF_JGE | BPF_K
+        const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+        const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+        Some(vec![
+            sock_filter { code: BPF_LD_W_ABS, jt: 0, jf: 0, k: 0 }, // seccomp_data.nr
+            sock_filter { code: BPF_JGE_K, jt: 0, jf: 1, k: X32_SYSCALL_BIT },
+            sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ERRNO | libc::EPERM as u32 },
+            sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ALLOW },
+        ])
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    fn x32_guard() -> Option<BpfProgram> {
+        None
+    }
 }
 
 #[cfg(test)]
@@ -393,16 +417,109 @@ mod tests {
         let bridged = compile(true).unwrap();
         assert!(bridged.len() > closed.len(), "internet families add rules");
         assert!(bridged.len() < 4096, "the kernel's limit on a program's length");
-        // Only the last program may still allow; every other allow became a jump.
-        let allows = closed.iter().filter(|i| i.code == BPF_RET_K && i.k == SECCOMP_RET_ALLOW).count();
-        let separate = compile_each(false).unwrap();
-        let last_allows = separate
-            .last()
-            .unwrap()
-            .iter()
-            .filter(|i| i.code == BPF_RET_K && i.k == SECCOMP_RET_ALLOW)
-            .count();
-        assert_eq!(allows, last_allows);
-        assert!(separate.len() >= 3, "one program per errno plus the x32 guard");
+        assert!(
+            closed.len() < oracle::compile(false).len(),
+            "the search is shorter than seccompiler's chain: {} instructions",
+            closed.len()
+        );
+    }
+
+    /// Argument values that cross every condition of the policy: families, socket types
+    /// (with flags), namespace bits (alone and among others), terminal requests, and
+    /// values that differ only in the high 32 bits.
+    fn interesting_args() -> Vec<u64> {
+        let mut values: Vec<u64> = vec![0, 1, 2, 3, 5, 10, 16, 17, u64::MAX, 0xffff_ffff, 1 << 32];
+        for family in
+            [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK, libc::AF_PACKET, libc::AF_VSOCK]
+        {
+            values.push(family as u64);
+            values.push((family as u64) | (1 << 32));
+        }
+        for kind in
+            [libc::SOCK_STREAM, libc::SOCK_DGRAM, libc::SOCK_RAW, libc::SOCK_RDM, libc::SOCK_SEQPACKET, 10]
+        {
+            values.push(kind as u64);
+            values.push((kind | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) as u64);
+        }
+        for bit in 0..64 {
+            values.push(1 << bit);
+        }
+        values.push((libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::SIGCHLD) as u64);
+        values.push((libc::CLONE_VM | libc::CLONE_NEWNET) as u64);
+        values.push(libc::CLONE_NEWUSER as u64 | (1 << 40));
+        values.extend([
+            libc::TIOCSTI,
+            libc::TIOCLINUX,
+            libc::TIOCSTI | (1 << 32),
+            libc::TCGETS,
+            libc::FIONREAD,
+        ]);
+        values.sort();
+        values.dedup();
+        values
+    }
+
+    /// Differential check: for every call number (and x32 numbers, and a foreign
+    /// architecture), with every pair of interesting first two arguments for the calls
+    /// the policy names, the program answers exactly what seccompiler's chain answers.
+    #[test]
+    fn the_program_decides_every_call_as_seccompilers_chain_does() {
+        use program::tests::{data, run};
+        const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+        const AUDIT_ARCH_I386: u32 = 0x4000_0003;
+        let named: std::collections::BTreeSet<u32> =
+            rules().flat_map(|r| r.syscalls.iter().map(|&(_, n)| n as u32)).collect();
+        let args = interesting_args();
+        for allow_inet in [false, true] {
+            let ours = compile(allow_inet).unwrap();
+            let reference = oracle::compile(allow_inet);
+            let mut checked = 0;
+            let numbers = (0..1024).chain([0x4000_0000, 0x4000_0065, 0x7fff_ffff, 0xffff_ffff]);
+            for nr in numbers {
+                for arch in [AUDIT_ARCH_X86_64, AUDIT_ARCH_I386] {
+                    let pairs: Vec<(u64, u64)> = if named.contains(&nr) {
+                        args.iter().flat_map(|&a| args.iter().map(move |&b| (a, b))).collect()
+                    } else {
+                        vec![(0, 0), (u64::MAX, u64::MAX)]
+                    };
+                    for (a, b) in pairs {
+                        let input = data(nr, arch, [a, b, a, b, 0, 0]);
+                        let (got, _) = run(&ours, &input);
+                        let (want, _) = run(&reference, &input);
+                        assert_eq!(
+                            got, want,
+                            "call {nr} arch {arch:#x} args ({a:#x}, {b:#x}), allow_inet {allow_inet}: \
+                             {got:#x} against seccompiler's {want:#x}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+            assert!(checked > 100_000, "{checked} cases");
+        }
+    }
+
+    /// What the kernel's cache emulation pays at every install: each allowed number is
+    /// decided in a few instructions, where the chain walked every denied call.
+    #[test]
+    fn an_allowed_call_is_decided_in_a_few_instructions() {
+        use program::tests::{data, run};
+        const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+        let named: std::collections::BTreeSet<u32> =
+            rules().flat_map(|r| r.syscalls.iter().map(|&(_, n)| n as u32)).collect();
+        for allow_inet in [false, true] {
+            let ours = compile(allow_inet).unwrap();
+            let reference = oracle::compile(allow_inet);
+            let (mut total, mut reference_total) = (0, 0);
+            for nr in (0..512).filter(|nr| !named.contains(nr)) {
+                let input = data(nr, AUDIT_ARCH_X86_64, [0; 6]);
+                let (verdict, steps) = run(&ours, &input);
+                assert_eq!(verdict, program::SECCOMP_RET_ALLOW, "call {nr}");
+                assert!(steps <= 24, "call {nr} took {steps} instructions");
+                total += steps;
+                reference_total += run(&reference, &input).1;
+            }
+            assert!(total * 5 < reference_total, "{total} steps against the chain's {reference_total}");
+        }
     }
 }

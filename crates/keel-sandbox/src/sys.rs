@@ -647,8 +647,43 @@ pub struct Exec {
     pub stdio: [OwnedFd; 3],
 }
 
-/// What the child of [`spawn_dying_with_parent`] reads, and the errno it leaves when it
-/// cannot exec.
+/// What a child started with [`vfork_exec`] does before it execs, all decided by the
+/// parent: the child shares the parent's memory until it execs, so it only makes system
+/// calls on these values.
+pub struct ExecPlan<'a> {
+    pub program: &'a CStr,
+    /// NULL-terminated.
+    pub argv: &'a [*const c_char],
+    /// NULL-terminated.
+    pub envp: &'a [*const c_char],
+    /// Where the child changes directory to, if anywhere.
+    pub cwd: Option<&'a CStr>,
+    /// What become its stdin, stdout and stderr (`None`: left as inherited).
+    pub stdio: [Option<RawFd>; 3],
+    /// Resource limits to lower, as `(resource, value)`: never above the hard limit.
+    pub rlimits: &'a [(c_int, u64)],
+    /// Starts its own process group, dies with us (`PR_SET_PDEATHSIG`) and gives up if we
+    /// are already gone.
+    pub own_group_dying_with_parent: bool,
+    /// Resets every signal handler to its default (needed when the parent has any).
+    pub reset_handlers: bool,
+    /// Marks every fd from this one up close-on-exec.
+    pub close_on_exec_from: Option<RawFd>,
+}
+
+/// Which step of an [`ExecPlan`] failed in the child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecStep {
+    Group,
+    Stdio,
+    Cwd,
+    /// The limit at this index of [`ExecPlan::rlimits`].
+    Limit(usize),
+    CloseOnExec,
+    Exec,
+}
+
+/// What the child reads, and the step and errno it leaves when it cannot exec.
 #[repr(C)]
 struct ExecArgs {
     program: *const c_char,
@@ -656,8 +691,26 @@ struct ExecArgs {
     envp: *const *const c_char,
     cwd: *const c_char,
     stdio: [c_int; 3],
+    rlimits: *const (c_int, u64),
+    rlimit_count: usize,
+    /// 0 unless the child starts its own group and dies with this pid.
     parent: libc::pid_t,
+    reset_handlers: bool,
+    close_on_exec_from: c_int,
     error: c_int,
+    /// An `ExecStep` as a number (see `step_code`).
+    step: isize,
+}
+
+fn step_from_code(code: isize) -> ExecStep {
+    match code {
+        -1 => ExecStep::Group,
+        -2 => ExecStep::Stdio,
+        -3 => ExecStep::Cwd,
+        -4 => ExecStep::CloseOnExec,
+        -5 => ExecStep::Exec,
+        limit => ExecStep::Limit(limit as usize),
+    }
 }
 
 /// The child's side: runs on its own stack in our memory, with every signal blocked,
@@ -665,63 +718,156 @@ struct ExecArgs {
 extern "C" fn exec_child(arg: *mut std::ffi::c_void) -> c_int {
     // SAFETY: `arg` is the `ExecArgs` the parent passed to clone, alive until we exec or
     // exit (the parent is suspended until then: CLONE_VFORK). Every call below is a
-    // system call on values we own; a failure is recorded in `error` and ends the child.
+    // system call on values we own; a failure is recorded in `error` and `step` and ends
+    // the child.
     unsafe {
         let args = &mut *arg.cast::<ExecArgs>();
-        let fail = |args: &mut ExecArgs| -> c_int {
+        let fail = |args: &mut ExecArgs, step: isize| -> c_int {
             std::ptr::write_volatile(&mut args.error, *libc::__errno_location());
+            std::ptr::write_volatile(&mut args.step, step);
             libc::_exit(127)
         };
-        // Handlers are the kernel's (our copy of the table: no CLONE_SIGHAND); the agent
-        // starts with every signal at its default and none blocked.
-        let default = [0u64; 4]; // struct kernel_sigaction with SIG_DFL, no flags, no mask
-        for signal in 1..=64 {
-            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
-                libc::syscall(libc::SYS_rt_sigaction, signal, default.as_ptr(), 0usize, 8usize);
+        if args.reset_handlers {
+            // Handlers are the kernel's (our copy of the table: no CLONE_SIGHAND); the
+            // program starts with every signal at its default.
+            let default = [0u64; 4]; // struct kernel_sigaction with SIG_DFL, no flags, no mask
+            for signal in 1..=64 {
+                if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+                    libc::syscall(libc::SYS_rt_sigaction, signal, default.as_ptr(), 0usize, 8usize);
+                }
             }
         }
-        let empty = 0u64;
-        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &empty as *const u64, 0usize, 8usize);
-        if libc::setpgid(0, 0) < 0 {
-            return fail(args);
+        if args.parent != 0 {
+            if libc::setpgid(0, 0) < 0 {
+                return fail(args, -1);
+            }
+            // Die with the parent. It might already be gone (killed while we were being
+            // cloned): then our parent is no longer the pid that cloned us.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) < 0 {
+                return fail(args, -1);
+            }
+            if libc::getppid() != args.parent {
+                *libc::__errno_location() = libc::ESRCH;
+                return fail(args, -1);
+            }
         }
-        // Die with the kernel. The kernel might already be gone (killed while we were
-        // being cloned): then our parent is no longer the pid that cloned us.
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) < 0 {
-            return fail(args);
-        }
-        if libc::getppid() != args.parent {
-            *libc::__errno_location() = libc::ESRCH;
-            return fail(args);
-        }
-        // Move any of our fds sitting at 0..=2 out of the way first, then place them.
+        // Move any of our fds sitting at 0..=2 out of the way first (even one already in
+        // place: it may be close-on-exec, which dup2 clears), then place them.
         for i in 0..3 {
-            if args.stdio[i] <= 2 {
+            if (0..=2).contains(&args.stdio[i]) {
                 let moved = libc::fcntl(args.stdio[i], libc::F_DUPFD_CLOEXEC, 3);
                 if moved < 0 {
-                    return fail(args);
+                    return fail(args, -2);
                 }
                 args.stdio[i] = moved;
             }
         }
         for target in 0..3 {
-            if libc::dup2(args.stdio[target], target as c_int) < 0 {
-                return fail(args);
+            let from = args.stdio[target];
+            if from >= 0 && libc::dup2(from, target as c_int) < 0 {
+                return fail(args, -2);
             }
         }
-        if libc::chdir(args.cwd) < 0 {
-            return fail(args);
+        if !args.cwd.is_null() && libc::chdir(args.cwd) < 0 {
+            return fail(args, -3);
         }
+        for index in 0..args.rlimit_count {
+            let (resource, value) = *args.rlimits.add(index);
+            let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            if libc::getrlimit(resource as _, &mut current) < 0 {
+                return fail(args, index as isize);
+            }
+            let value = value.min(current.rlim_max);
+            let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
+            if libc::setrlimit(resource as _, &limit) < 0 {
+                return fail(args, index as isize);
+            }
+        }
+        if args.close_on_exec_from >= 0
+            && libc::syscall(
+                libc::SYS_close_range,
+                args.close_on_exec_from as c_uint,
+                c_uint::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            ) < 0
+        {
+            return fail(args, -4);
+        }
+        // The program starts with no signal blocked.
+        let empty = 0u64;
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &empty as *const u64, 0usize, 8usize);
         libc::execve(args.program, args.argv, args.envp);
-        fail(args)
+        fail(args, -5)
     }
 }
 
+/// Starts `plan` as a child without copying this process's memory: the child shares it
+/// (`CLONE_VM | CLONE_VFORK`, as `posix_spawn` does) until it execs, and we resume once
+/// it has. A `fork` would copy our page tables (and every later write of ours would
+/// fault), only for the child to tear the copy down at exec.
+///
+/// Returns the child's pid and, with `pidfd`, a pidfd for it. When the child cannot
+/// exec, the error names the step; the child has then exited (127) and is reaped.
+pub fn vfork_exec(plan: &ExecPlan<'_>, pidfd: bool) -> Result<(i32, Option<OwnedFd>), (ExecStep, io::Error)> {
+    debug_assert!(
+        plan.argv.last().is_some_and(|p| p.is_null()) && plan.envp.last().is_some_and(|p| p.is_null())
+    );
+    let mut args = ExecArgs {
+        program: plan.program.as_ptr(),
+        argv: plan.argv.as_ptr(),
+        envp: plan.envp.as_ptr(),
+        cwd: plan.cwd.map_or(std::ptr::null(), CStr::as_ptr),
+        stdio: plan.stdio.map(|fd| fd.unwrap_or(-1)),
+        rlimits: plan.rlimits.as_ptr(),
+        rlimit_count: plan.rlimits.len(),
+        // SAFETY: getpid has no preconditions.
+        parent: if plan.own_group_dying_with_parent { unsafe { libc::getpid() } } else { 0 },
+        reset_handlers: plan.reset_handlers,
+        close_on_exec_from: plan.close_on_exec_from.unwrap_or(-1),
+        error: 0,
+        step: 0,
+    };
+    // The child's stack: it only makes system calls. Not zeroed: nothing reads what it
+    // has not written, and zeroing faulted in all 64 KiB for every agent.
+    const STACK: usize = 64 * 1024;
+    let mut stack = Vec::<u8>::with_capacity(STACK);
+    // SAFETY: one past the end of the allocation, aligned down to 16 as the ABI wants.
+    let top = unsafe { stack.as_mut_ptr().add(STACK) };
+    let top = (top as usize & !15) as *mut std::ffi::c_void;
+    let mut pidfd_raw: c_int = -1;
+    // No handler of ours may run in the child while it shares our memory.
+    let old = block_all_signals();
+    let mut flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD;
+    if pidfd {
+        flags |= libc::CLONE_PIDFD;
+    }
+    // SAFETY: `exec_child` only makes system calls on `args`, which outlives the call
+    // (with CLONE_VFORK we resume only after the child has exec'd or exited); `top` is
+    // the top of a stack of STACK bytes that also outlives it; with CLONE_PIDFD the
+    // kernel writes the pidfd to `pidfd_raw` (the parent_tid argument).
+    let pid = unsafe { libc::clone(exec_child, top, flags, (&raw mut args).cast(), &raw mut pidfd_raw) };
+    let clone_error = io::Error::last_os_error();
+    set_signal_mask(&old);
+    drop(stack);
+    if pid < 0 {
+        return Err((ExecStep::Exec, clone_error));
+    }
+    // SAFETY: the kernel gave us this fd (CLONE_PIDFD); nobody else owns it.
+    let pidfd = pidfd.then(|| unsafe { OwnedFd::from_raw_fd(pidfd_raw) });
+    // SAFETY: the child wrote `error` and `step` (if at all) before it exited; we run
+    // after.
+    let (error, step) =
+        unsafe { (std::ptr::read_volatile(&args.error), std::ptr::read_volatile(&args.step)) };
+    if error != 0 {
+        reap(pid); // It has exited.
+        return Err((step_from_code(step), io::Error::from_raw_os_error(error)));
+    }
+    Ok((pid, pidfd))
+}
+
 /// Starts `exec` as a child in its own process group that the kernel kills when this
-/// process ends (`PR_SET_PDEATHSIG`), without copying this process's memory: the child
-/// shares it (`CLONE_VM | CLONE_VFORK`, as `posix_spawn` does) until it execs, and we
-/// resume once it has. A `fork` would copy the page tables of the whole kernel (and
-/// every later write in the parent would fault), which cost milliseconds per agent.
+/// process ends (`PR_SET_PDEATHSIG`), with [`vfork_exec`]: a `fork` would copy the page
+/// tables of the whole kernel, which cost milliseconds per agent.
 ///
 /// Returns the child's pid and a pidfd for it. The exec's failure (ENOENT, EACCES...)
 /// is the error, the child then already reaped.
@@ -731,47 +877,19 @@ pub fn spawn_dying_with_parent(exec: &Exec) -> io::Result<(i32, OwnedFd)> {
     };
     let argv = pointers(&exec.argv);
     let envp = pointers(&exec.envp);
-    let mut args = ExecArgs {
-        program: exec.program.as_ptr(),
-        argv: argv.as_ptr(),
-        envp: envp.as_ptr(),
-        cwd: exec.cwd.as_ptr(),
-        stdio: [exec.stdio[0].as_raw_fd(), exec.stdio[1].as_raw_fd(), exec.stdio[2].as_raw_fd()],
-        // SAFETY: getpid has no preconditions.
-        parent: unsafe { libc::getpid() },
-        error: 0,
+    let plan = ExecPlan {
+        program: &exec.program,
+        argv: &argv,
+        envp: &envp,
+        cwd: Some(&exec.cwd),
+        stdio: exec.stdio.each_ref().map(|fd| Some(fd.as_raw_fd())),
+        rlimits: &[],
+        own_group_dying_with_parent: true,
+        reset_handlers: true,
+        close_on_exec_from: None,
     };
-    // The child's stack: it only makes system calls. Not zeroed: nothing reads what it
-    // has not written, and zeroing faulted in all 64 KiB for every agent.
-    const STACK: usize = 64 * 1024;
-    let mut stack = Vec::<u8>::with_capacity(STACK);
-    // SAFETY: one past the end of the allocation, aligned down to 16 as the ABI wants.
-    let top = unsafe { stack.as_mut_ptr().add(STACK) };
-    let top = (top as usize & !15) as *mut std::ffi::c_void;
-    let mut pidfd: c_int = -1;
-    // No handler of ours may run in the child while it shares our memory.
-    let old = block_all_signals();
-    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
-    // SAFETY: `exec_child` only makes system calls on `args`, which outlives the call
-    // (with CLONE_VFORK we resume only after the child has exec'd or exited); `top` is
-    // the top of a stack of STACK bytes that also outlives it; the kernel writes the
-    // pidfd to `pidfd` (CLONE_PIDFD uses the parent_tid argument).
-    let pid = unsafe { libc::clone(exec_child, top, flags, (&raw mut args).cast(), &raw mut pidfd) };
-    let clone_error = io::Error::last_os_error();
-    set_signal_mask(&old);
-    drop(stack);
-    if pid < 0 {
-        return Err(clone_error);
-    }
-    // SAFETY: the kernel gave us this fd (CLONE_PIDFD); nobody else owns it.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    // SAFETY: the child wrote `error` (if at all) before it exited; we run after.
-    let error = unsafe { std::ptr::read_volatile(&args.error) };
-    if error != 0 {
-        reap(pid); // It has exited.
-        return Err(io::Error::from_raw_os_error(error));
-    }
-    Ok((pid, pidfd))
+    let (pid, pidfd) = vfork_exec(&plan, true).map_err(|(_, error)| error)?;
+    Ok((pid, pidfd.expect("asked for a pidfd")))
 }
 
 /// waitpid(pid): waits until our child `pid` has ended, and reaps it.

@@ -214,6 +214,18 @@ fn pooled_sandboxes_run_each_job_with_its_own_environment() {
     assert!(pooled >= 2, "later runs claim ready sandboxes");
 }
 
+/// Starts `program` from `dir` on the daemon and waits for its run to end: its id and
+/// final view.
+fn run_to_its_end(keel: &Keel, dir: &std::path::Path, program: &str) -> (String, Value) {
+    let out =
+        keel.cmd().current_dir(dir).args(["run", "--detach", "--json", "--", program]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let run = run["run_id"].as_str().unwrap().to_owned();
+    let done = keel.wait_state(&run, &["failed", "succeeded"]);
+    (run, done)
+}
+
 #[test]
 fn a_program_that_cannot_exec_fails_its_run_also_from_the_pool() {
     use std::os::unix::fs::PermissionsExt;
@@ -228,16 +240,7 @@ fn a_program_that_cannot_exec_fails_its_run_also_from_the_pool() {
     // Runs ./tool until a run claims a pooled sandbox; returns that run's view.
     let run_until_pooled = || {
         for _ in 0..20 {
-            let out = keel
-                .cmd()
-                .current_dir(project.path())
-                .args(["run", "--detach", "--json", "--", "./tool"])
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-            let run: Value = serde_json::from_slice(&out.stdout).unwrap();
-            let run = run["run_id"].as_str().unwrap().to_owned();
-            let done = keel.wait_state(&run, &["failed", "succeeded"]);
+            let (run, done) = run_to_its_end(&keel, project.path(), "./tool");
             if keel.ok(&["logs", &run, "--json"]).contains(r#""pooled":true"#) {
                 return done;
             }
@@ -251,6 +254,43 @@ fn a_program_that_cannot_exec_fails_its_run_also_from_the_pool() {
     let done = run_until_pooled();
     assert_eq!(done["state"], "failed");
     assert!(done["error"].as_str().unwrap().contains("could not start"), "{done}");
+}
+
+/// A sandbox built for its run starts the agent from its init without a fork (a
+/// vfork-style start): the job's limits, no inherited descriptors, no blocked signals,
+/// and a program that cannot exec still fails its run with the reason.
+#[test]
+fn a_cold_sandbox_starts_its_program_with_its_limits_and_nothing_else() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut keel = Keel::new();
+    keel.start_daemon_with(&["--sandbox-pool", "0"]);
+    let script = "import json, os, resource; \
+                  status = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines()); \
+                  print(json.dumps({'nofile': resource.getrlimit(resource.RLIMIT_NOFILE), \
+                  'core': resource.getrlimit(resource.RLIMIT_CORE), 'fds': sorted(os.listdir('/proc/self/fd')), \
+                  'blocked': status['SigBlk'].strip(), 'pid': os.getpid(), \
+                  'stdin': os.readlink('/proc/self/fd/0')}))";
+    let out = keel.run(&["run", "--quiet", "--", "python3", "-c", script]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(seen["nofile"], json!([4096, 4096]), "{seen}");
+    assert_eq!(seen["core"], json!([0, 0]), "{seen}");
+    // stdin, stdout, stderr and the directory listing itself: nothing of the init's.
+    assert_eq!(seen["fds"], json!(["0", "1", "2", "3"]), "{seen}");
+    assert_eq!(seen["blocked"], "0000000000000000", "{seen}");
+    assert_eq!(seen["pid"], 2, "{seen}");
+    assert_eq!(seen["stdin"], "/dev/null", "{seen}");
+    let run = keel.json(&["ps", "--json"])[0]["run_id"].as_str().unwrap().to_owned();
+    assert!(keel.ok(&["logs", &run, "--json"]).contains(r#""pooled":false"#), "a cold sandbox");
+
+    let project = tempfile::tempdir().unwrap();
+    let program = project.path().join("tool");
+    std::fs::write(&program, "this is not an executable format").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (_, done) = run_to_its_end(&keel, project.path(), "./tool");
+    assert_eq!(done["state"], "failed");
+    let error = done["error"].as_str().unwrap();
+    assert!(error.contains("could not start") && error.contains("tool"), "{done}");
 }
 
 /// A test CA (made here with rcgen) that signs the local "internet" servers' certificates.
