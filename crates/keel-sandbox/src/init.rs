@@ -130,9 +130,6 @@ fn init(
             drop(control);
             let agent = start_now(&job, &stdin, &null);
             drop((stdin, null));
-            if agent.is_err() {
-                sys::kill(-1, libc::SIGKILL);
-            }
             agent?
         }
         None => start_pooled(control, stdin, null, status)?,
@@ -163,29 +160,19 @@ fn init(
 /// do it (see [`sys::vfork_exec`]); returns its pid.
 fn start_now(job: &Job, stdin: &OwnedFd, null: &std::fs::File) -> Result<i32, String> {
     let exec = Exec::new(job)?;
-    let rlimits: Vec<(i32, u64)> = job.rlimits.iter().map(|l| (l.resource.raw(), l.value)).collect();
     let input = if job.stdin { stdin.as_raw_fd() } else { null.as_raw_fd() };
-    let plan = sys::ExecPlan {
-        program: &exec.program,
-        argv: &exec.argv_ptrs,
-        envp: &exec.envp_ptrs,
-        cwd: None,
-        stdio: [Some(input), None, None],
-        rlimits: &rlimits,
-        own_group_dying_with_parent: false,
-        // The init never installs handlers (it blocks and waits): only the mask needs
-        // undoing for the program, which the child does.
-        reset_handlers: false,
-        close_on_exec_from: Some(3),
-    };
-    match sys::vfork_exec(&plan, false) {
-        Ok((pid, _)) => Ok(pid),
-        Err((step, e)) => Err(match step {
-            sys::ExecStep::Stdio => format!("redirect stdin: {e}"),
-            sys::ExecStep::Limit(index) => format!("set the {:?} limit: {e}", job.rlimits[index].resource),
-            sys::ExecStep::CloseOnExec => format!("mark fds close-on-exec: {e}"),
-            _ => format!("could not start {}: {e}", job.program.display()),
-        }),
+    sys::vfork_exec(&exec.plan(input), false)
+        .map(|(pid, _)| pid)
+        .map_err(|(step, e)| start_error(job, step, e))
+}
+
+/// What a failed step of starting `job` is reported as.
+fn start_error(job: &Job, step: sys::ExecStep, e: std::io::Error) -> String {
+    match step {
+        sys::ExecStep::Stdio => format!("redirect stdin: {e}"),
+        sys::ExecStep::Limit(index) => format!("set the {:?} limit: {e}", job.rlimits[index].resource),
+        sys::ExecStep::CloseOnExec => format!("mark fds close-on-exec: {e}"),
+        _ => format!("could not start {}: {e}", job.program.display()),
     }
 }
 
@@ -230,6 +217,8 @@ struct Exec {
     _envp: Vec<CString>,
     argv_ptrs: Vec<*const c_char>,
     envp_ptrs: Vec<*const c_char>,
+    /// The job's limits, as `(resource, value)`.
+    rlimits: Vec<(i32, u64)>,
 }
 
 impl Exec {
@@ -251,7 +240,32 @@ impl Exec {
         let pointers = |strings: &[CString]| {
             strings.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect::<Vec<_>>()
         };
-        Ok(Exec { program, argv_ptrs: pointers(&argv), envp_ptrs: pointers(&envp), _argv: argv, _envp: envp })
+        let rlimits = job.rlimits.iter().map(|l| (l.resource.raw(), l.value)).collect();
+        Ok(Exec {
+            program,
+            argv_ptrs: pointers(&argv),
+            envp_ptrs: pointers(&envp),
+            _argv: argv,
+            _envp: envp,
+            rlimits,
+        })
+    }
+
+    /// The agent's start from the init: `input` as stdin, the job's limits, no other
+    /// descriptor, no blocked signal. The init never installs handlers (it blocks and
+    /// waits), so they need no reset.
+    fn plan(&self, input: i32) -> sys::ExecPlan<'_> {
+        sys::ExecPlan {
+            program: &self.program,
+            argv: &self.argv_ptrs,
+            envp: &self.envp_ptrs,
+            cwd: None,
+            stdio: [Some(input), None, None],
+            rlimits: &self.rlimits,
+            own_group_dying_with_parent: false,
+            reset_handlers: false,
+            close_on_exec_from: Some(3),
+        }
     }
 }
 
@@ -282,25 +296,9 @@ fn start_agent(control: OwnedFd, stdin: OwnedFd, null: i32, error: OwnedFd) -> !
         Ok(exec) => exec,
         Err(e) => fail(e),
     };
-    // The init never installs handlers (it blocks and waits), so only the mask needs
-    // undoing for the program.
-    sys::unblock_signals();
     let input = if job.stdin { stdin.as_raw_fd() } else { null };
-    if let Err(e) = sys::dup2(input, 0) {
-        fail(format!("redirect stdin: {e}"));
-    }
-    for limit in &job.rlimits {
-        // Never above the host's hard limit (raising it needs privilege the sandbox does
-        // not have); a lower limit is only stricter.
-        if let Err(e) = sys::lower_rlimit(limit.resource.raw(), limit.value) {
-            fail(format!("set the {:?} limit: {e}", limit.resource));
-        }
-    }
-    if let Err(e) = sys::cloexec_from(3) {
-        fail(format!("mark fds close-on-exec: {e}"));
-    }
-    let err = sys::execve(&exec.program, &exec.argv_ptrs, &exec.envp_ptrs);
-    fail(format!("could not start {}: {err}", job.program.display()))
+    let (step, e) = sys::exec_in_place(&exec.plan(input));
+    fail(start_error(&job, step, e))
 }
 
 /// The Landlock ruleset: read and execute what is visible, write only beneath the

@@ -322,16 +322,6 @@ pub fn drop_all_capabilities() -> io::Result<()> {
     Ok(())
 }
 
-/// Marks every fd from `first` up close-on-exec (close_range(2) with
-/// CLOSE_RANGE_CLOEXEC), so nothing we hold leaks into the program we exec.
-pub fn cloexec_from(first: RawFd) -> io::Result<()> {
-    // SAFETY: no pointers involved.
-    check(unsafe {
-        libc::syscall(libc::SYS_close_range, first as c_uint, c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC)
-    })?;
-    Ok(())
-}
-
 /// Closes every fd from `first` up except those in `keep` (which must be sorted).
 pub fn close_from_except(first: RawFd, keep: &[RawFd]) {
     let mut start = first;
@@ -351,19 +341,6 @@ pub fn close_from_except(first: RawFd, keep: &[RawFd]) {
 pub fn dup2(from: RawFd, to: RawFd) -> io::Result<()> {
     // SAFETY: plain fd numbers.
     check_int(unsafe { libc::dup2(from, to) })?;
-    Ok(())
-}
-
-/// Sets both the soft and hard limit of `resource` to `value`, or to the current hard
-/// limit if that is lower.
-pub fn lower_rlimit(resource: c_int, value: u64) -> io::Result<()> {
-    let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `current` is a valid out-pointer. (The resource type differs between libcs.)
-    check_int(unsafe { libc::getrlimit(resource as _, &mut current) })?;
-    let value = value.min(current.rlim_max);
-    let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
-    // SAFETY: `limit` is a valid rlimit.
-    check_int(unsafe { libc::setrlimit(resource as _, &limit) })?;
     Ok(())
 }
 
@@ -410,16 +387,6 @@ pub fn seccomp_filters_available() -> bool {
     prctl(libc::PR_GET_SECCOMP, 0).is_ok()
         && std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail")
             .is_ok_and(|actions| actions.contains("errno"))
-}
-
-/// execve(2) with ready-made NULL-terminated argument and environment arrays. Returns
-/// only on failure.
-pub fn execve(program: &CStr, argv: &[*const c_char], envp: &[*const c_char]) -> io::Error {
-    debug_assert!(argv.last().is_some_and(|p| p.is_null()) && envp.last().is_some_and(|p| p.is_null()));
-    // SAFETY: the arrays are NULL-terminated (checked by the callers, which build them
-    // from CStrings that outlive this call).
-    unsafe { libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
-    io::Error::last_os_error()
 }
 
 /// Blocks `signals` for the calling thread (and what it forks), returning the old mask.
@@ -471,16 +438,6 @@ pub fn block_all_signals() -> libc::sigset_t {
 pub fn set_signal_mask(mask: &libc::sigset_t) {
     // SAFETY: `mask` is a valid sigset_t.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
-}
-
-/// Unblocks every signal of the calling thread.
-pub fn unblock_signals() {
-    // SAFETY: sigset_t initialised by sigemptyset before use.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
-    }
 }
 
 /// Ignores `signal` (SIG_IGN).
@@ -698,35 +655,51 @@ struct ExecArgs {
     reset_handlers: bool,
     close_on_exec_from: c_int,
     error: c_int,
-    /// An `ExecStep` as a number (see `step_code`).
+    /// The failed step, as `exec_steps` returns it.
     step: isize,
 }
 
+// The steps as `exec_steps` reports them: a limit by its index, the others below zero.
+const STEP_GROUP: isize = -1;
+const STEP_STDIO: isize = -2;
+const STEP_CWD: isize = -3;
+const STEP_CLOSE_ON_EXEC: isize = -4;
+const STEP_EXEC: isize = -5;
+
 fn step_from_code(code: isize) -> ExecStep {
     match code {
-        -1 => ExecStep::Group,
-        -2 => ExecStep::Stdio,
-        -3 => ExecStep::Cwd,
-        -4 => ExecStep::CloseOnExec,
-        -5 => ExecStep::Exec,
+        STEP_GROUP => ExecStep::Group,
+        STEP_STDIO => ExecStep::Stdio,
+        STEP_CWD => ExecStep::Cwd,
+        STEP_CLOSE_ON_EXEC => ExecStep::CloseOnExec,
+        STEP_EXEC => ExecStep::Exec,
         limit => ExecStep::Limit(limit as usize),
     }
 }
 
 /// The child's side: runs on its own stack in our memory, with every signal blocked,
-/// until it execs. Only raw system calls: no allocation, no locks, no unwinding.
+/// until it execs. A failure is recorded in `error` and `step` and ends the child.
 extern "C" fn exec_child(arg: *mut std::ffi::c_void) -> c_int {
     // SAFETY: `arg` is the `ExecArgs` the parent passed to clone, alive until we exec or
-    // exit (the parent is suspended until then: CLONE_VFORK). Every call below is a
-    // system call on values we own; a failure is recorded in `error` and `step` and ends
-    // the child.
+    // exit (the parent is suspended until then: CLONE_VFORK).
     unsafe {
         let args = &mut *arg.cast::<ExecArgs>();
-        let fail = |args: &mut ExecArgs, step: isize| -> c_int {
-            std::ptr::write_volatile(&mut args.error, *libc::__errno_location());
-            std::ptr::write_volatile(&mut args.step, step);
-            libc::_exit(127)
-        };
+        let step = exec_steps(args);
+        std::ptr::write_volatile(&mut args.error, *libc::__errno_location());
+        std::ptr::write_volatile(&mut args.step, step);
+        libc::_exit(127)
+    }
+}
+
+/// The steps of an [`ExecPlan`], ending in its exec; returns only when one fails, with
+/// the step's code (see `step_from_code`) and errno set. Only raw system calls: no
+/// allocation, no locks, no unwinding, so it may run in a child sharing our memory.
+///
+/// # Safety
+/// The pointers in `args` are valid: made by `exec_args` from an `ExecPlan` still alive.
+unsafe fn exec_steps(args: &mut ExecArgs) -> isize {
+    // SAFETY: every call below is a system call on values the caller keeps alive.
+    unsafe {
         if args.reset_handlers {
             // Handlers are the kernel's (our copy of the table: no CLONE_SIGHAND); the
             // program starts with every signal at its default.
@@ -739,16 +712,16 @@ extern "C" fn exec_child(arg: *mut std::ffi::c_void) -> c_int {
         }
         if args.parent != 0 {
             if libc::setpgid(0, 0) < 0 {
-                return fail(args, -1);
+                return STEP_GROUP;
             }
             // Die with the parent. It might already be gone (killed while we were being
             // cloned): then our parent is no longer the pid that cloned us.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) < 0 {
-                return fail(args, -1);
+                return STEP_GROUP;
             }
             if libc::getppid() != args.parent {
                 *libc::__errno_location() = libc::ESRCH;
-                return fail(args, -1);
+                return STEP_GROUP;
             }
         }
         // Move any of our fds sitting at 0..=2 out of the way first (even one already in
@@ -757,7 +730,7 @@ extern "C" fn exec_child(arg: *mut std::ffi::c_void) -> c_int {
             if (0..=2).contains(&args.stdio[i]) {
                 let moved = libc::fcntl(args.stdio[i], libc::F_DUPFD_CLOEXEC, 3);
                 if moved < 0 {
-                    return fail(args, -2);
+                    return STEP_STDIO;
                 }
                 args.stdio[i] = moved;
             }
@@ -765,22 +738,22 @@ extern "C" fn exec_child(arg: *mut std::ffi::c_void) -> c_int {
         for target in 0..3 {
             let from = args.stdio[target];
             if from >= 0 && libc::dup2(from, target as c_int) < 0 {
-                return fail(args, -2);
+                return STEP_STDIO;
             }
         }
         if !args.cwd.is_null() && libc::chdir(args.cwd) < 0 {
-            return fail(args, -3);
+            return STEP_CWD;
         }
         for index in 0..args.rlimit_count {
             let (resource, value) = *args.rlimits.add(index);
             let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
             if libc::getrlimit(resource as _, &mut current) < 0 {
-                return fail(args, index as isize);
+                return index as isize;
             }
             let value = value.min(current.rlim_max);
             let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
             if libc::setrlimit(resource as _, &limit) < 0 {
-                return fail(args, index as isize);
+                return index as isize;
             }
         }
         if args.close_on_exec_from >= 0
@@ -791,28 +764,22 @@ extern "C" fn exec_child(arg: *mut std::ffi::c_void) -> c_int {
                 libc::CLOSE_RANGE_CLOEXEC,
             ) < 0
         {
-            return fail(args, -4);
+            return STEP_CLOSE_ON_EXEC;
         }
         // The program starts with no signal blocked.
         let empty = 0u64;
         libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &empty as *const u64, 0usize, 8usize);
         libc::execve(args.program, args.argv, args.envp);
-        fail(args, -5)
+        STEP_EXEC
     }
 }
 
-/// Starts `plan` as a child without copying this process's memory: the child shares it
-/// (`CLONE_VM | CLONE_VFORK`, as `posix_spawn` does) until it execs, and we resume once
-/// it has. A `fork` would copy our page tables (and every later write of ours would
-/// fault), only for the child to tear the copy down at exec.
-///
-/// Returns the child's pid and, with `pidfd`, a pidfd for it. When the child cannot
-/// exec, the error names the step; the child has then exited (127) and is reaped.
-pub fn vfork_exec(plan: &ExecPlan<'_>, pidfd: bool) -> Result<(i32, Option<OwnedFd>), (ExecStep, io::Error)> {
+/// The raw form of `plan`, borrowing its strings.
+fn exec_args(plan: &ExecPlan<'_>) -> ExecArgs {
     debug_assert!(
         plan.argv.last().is_some_and(|p| p.is_null()) && plan.envp.last().is_some_and(|p| p.is_null())
     );
-    let mut args = ExecArgs {
+    ExecArgs {
         program: plan.program.as_ptr(),
         argv: plan.argv.as_ptr(),
         envp: plan.envp.as_ptr(),
@@ -826,7 +793,28 @@ pub fn vfork_exec(plan: &ExecPlan<'_>, pidfd: bool) -> Result<(i32, Option<Owned
         close_on_exec_from: plan.close_on_exec_from.unwrap_or(-1),
         error: 0,
         step: 0,
-    };
+    }
+}
+
+/// Carries out `plan` in this process, ending in its exec; returns only when a step
+/// failed. For a process forked already (a pooled sandbox's agent, which waited for its
+/// job).
+pub fn exec_in_place(plan: &ExecPlan<'_>) -> (ExecStep, io::Error) {
+    let mut args = exec_args(plan);
+    // SAFETY: `args` borrows from `plan`, alive for the whole call.
+    let step = unsafe { exec_steps(&mut args) };
+    (step_from_code(step), io::Error::last_os_error())
+}
+
+/// Starts `plan` as a child without copying this process's memory: the child shares it
+/// (`CLONE_VM | CLONE_VFORK`, as `posix_spawn` does) until it execs, and we resume once
+/// it has. A `fork` would copy our page tables (and every later write of ours would
+/// fault), only for the child to tear the copy down at exec.
+///
+/// Returns the child's pid and, with `pidfd`, a pidfd for it. When the child cannot
+/// exec, the error names the step; the child has then exited (127) and is reaped.
+pub fn vfork_exec(plan: &ExecPlan<'_>, pidfd: bool) -> Result<(i32, Option<OwnedFd>), (ExecStep, io::Error)> {
+    let mut args = exec_args(plan);
     // The child's stack: it only makes system calls. Not zeroed: nothing reads what it
     // has not written, and zeroing faulted in all 64 KiB for every agent.
     const STACK: usize = 64 * 1024;

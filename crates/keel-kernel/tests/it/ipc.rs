@@ -14,6 +14,14 @@ fn send_as_operator(test: &TestKernel, run: &RunId, message: serde_json::Value) 
     .expect("the operator's message is sent")
 }
 
+/// Waits until `receiver`'s receive is on offer to senders.
+fn wait_until_offered(test: &TestKernel, receiver: &RunId) {
+    wait_for("the receive to be on offer", || {
+        let id = receiver.clone();
+        test.on_kernel(|kernel| async move { kernel.receive_on_offer(&id) }).then_some(())
+    });
+}
+
 #[test]
 fn two_runs_exchange_a_request_and_its_reply() {
     let test = TestKernel::start();
@@ -58,11 +66,7 @@ fn a_send_completes_the_receive_waiting_for_it_in_its_own_commit() {
     let mut sender_agent = test.agent(&sender);
     let mut receiver_agent = test.agent(&receiver);
     let receiving = in_background(move || receiver_agent.recv(Some(60_000)));
-    let id = receiver.clone();
-    wait_for("the receive to be on offer", || {
-        let id = id.clone();
-        test.on_kernel(|kernel| async move { kernel.receive_on_offer(&id) }).then_some(())
-    });
+    wait_until_offered(&test, &receiver);
     assert_eq!(sender_agent.send(receiver.as_str(), &json!("hello"), Some("c-1"), true).unwrap(), 1);
     let journal = test.journal(&receiver);
     assert_eq!(methods(&journal), [("ipc.recv", EntryStatus::Ok)], "journaled by the send's commit");
@@ -207,11 +211,7 @@ fn a_send_completes_a_waiting_receive_of_many_with_a_list() {
     let mut sender_agent = test.agent(&sender);
     let mut receiver_agent = test.agent(&receiver);
     let receiving = in_background(move || receiver_agent.recv_many(50, Some(60_000)));
-    let id = receiver.clone();
-    wait_for("the receive to be on offer", || {
-        let id = id.clone();
-        test.on_kernel(|kernel| async move { kernel.receive_on_offer(&id) }).then_some(())
-    });
+    wait_until_offered(&test, &receiver);
     sender_agent.send(receiver.as_str(), &json!("hello"), None, true).unwrap();
     let journal = test.journal(&receiver);
     assert_eq!(methods(&journal), [("ipc.recv", EntryStatus::Ok)], "journaled by the send's commit");

@@ -13,7 +13,7 @@
 //! Layout:
 //!
 //! ```text
-//! x32 guard      nr >= X32_SYSCALL_BIT                  -> EPERM
+//! x32 guard      nr >= X32_SYSCALL_BIT                  -> EPERM (x86_64)
 //! arch check     arch != native                         -> KILL_PROCESS
 //! search         jgt K: left | right; leaves: jeq nr    -> that call's block, else ALLOW
 //! blocks         one per distinct rule list: conditions -> ERRNO, else ALLOW
@@ -54,6 +54,8 @@ fn arg_word(arg: u8, high: bool) -> u32 {
 const AUDIT_ARCH_NATIVE: u32 = 0xc000_003e; // AUDIT_ARCH_X86_64
 #[cfg(target_arch = "aarch64")]
 const AUDIT_ARCH_NATIVE: u32 = 0xc000_00b7; // AUDIT_ARCH_AARCH64
+#[cfg(target_arch = "riscv64")]
+const AUDIT_ARCH_NATIVE: u32 = 0xc000_00f3; // AUDIT_ARCH_RISCV64
 
 fn deny(errno: i32) -> u32 {
     SECCOMP_RET_ERRNO | (errno as u32 & 0xffff)
@@ -152,9 +154,12 @@ pub(super) fn compile<'a>(
         }
     }
     let mut asm = Asm::default();
-    asm.load(NR);
-    asm.jump(BPF_JGE_K, X32_SYSCALL_BIT, To::Next, To::Skip);
-    asm.ret(deny(libc::EPERM));
+    if cfg!(target_arch = "x86_64") {
+        // x32 reuses the native architecture tag with this bit set in the number.
+        asm.load(NR);
+        asm.jump(BPF_JGE_K, X32_SYSCALL_BIT, To::Next, To::Skip);
+        asm.ret(deny(libc::EPERM));
+    }
     asm.load(ARCH);
     asm.jump(BPF_JEQ_K, AUDIT_ARCH_NATIVE, To::Skip, To::Next);
     asm.ret(SECCOMP_RET_KILL_PROCESS);
