@@ -102,28 +102,43 @@
 //!
 //! # Isolation (the `interpreter` sandbox tier)
 //!
-//! The pool starts a worker with an environment holding only the pool's pid, piped
-//! stdin/stdout/stderr (stderr kept, bounded, for crash reports) and its own process group.
-//! The worker's first act is `PR_SET_PDEATHSIG(SIGKILL)` and a check that its parent is
-//! still the pool (`worker::PARENT_ENV`); with no hook to run between fork and exec, the
-//! pool's spawn is a `posix_spawn`, which does not copy the kernel's page tables.
-//! Before it reads a job the worker sets `RLIMIT_CORE`, `RLIMIT_FSIZE` and `RLIMIT_NPROC`
-//! to 0 and `RLIMIT_NOFILE` to 4, `PR_SET_NO_NEW_PRIVS`, a Landlock ruleset that handles
-//! every filesystem and network right and grants none (best effort: skipped on kernels
-//! without Landlock), and a seccomp allowlist ([`worker`] module, `SECCOMP_POLICY`) whose
-//! default action kills the process: no `socket`, `execve`, `fork`/`clone`, `kill` (only
-//! `tgkill` at itself, for `abort`). `openat` and `sched_getaffinity` fail with an errno
-//! instead (`worker::SECCOMP_REFUSED`), because std's `available_parallelism` tries them
-//! on ordinary paths and falls back. After reading the job the worker lowers `RLIMIT_AS`
-//! and `RLIMIT_CPU` for that job (a fresh worker per job makes per-job limits exact).
+//! The pool starts the worker program once, as the *template* (the `template` module), with
+//! an environment holding only the pool's pid, a `SOCK_SEQPACKET` control socket as its
+//! stdin, its stderr kept (bounded) and its own process group. The template's first act
+//! is `PR_SET_PDEATHSIG(SIGKILL)` and a check that its parent is still the pool
+//! (`worker::PARENT_ENV`); with no hook to run between fork and exec, the pool's spawn is
+//! a `posix_spawn`, which does not copy the kernel's page tables. The template then warms
+//! both interpreters up with fixed programs of its own and forks one worker per request,
+//! handing the pool the worker's socket (its stdin and stdout), the read end of its
+//! stderr, a pidfd (to kill it) and a pipe on which the template writes the worker's wait
+//! status once it has reaped it. The template never runs a job's program.
+//!
+//! A forked worker takes its socket and stderr as fds 0-2 and closes every other
+//! descriptor, sets its own death signal and checks that the template is still its
+//! parent, and only then confines itself and says it is ready: `RLIMIT_CORE`,
+//! `RLIMIT_FSIZE` and `RLIMIT_NPROC` to 0 and `RLIMIT_NOFILE` to 4, `PR_SET_NO_NEW_PRIVS`,
+//! a Landlock ruleset that handles every filesystem and network right and grants none
+//! (best effort: skipped on kernels without Landlock), and a seccomp allowlist ([`worker`]
+//! module, `SECCOMP_POLICY`) whose default action kills the process: no `socket`,
+//! `execve`, `fork`/`clone`, `kill` (only `tgkill` at itself, for `abort`). `openat` and
+//! `sched_getaffinity` fail with an errno instead (`worker::SECCOMP_REFUSED`), because
+//! std's `available_parallelism` tries them on ordinary paths and falls back. Confined,
+//! the worker runs the warm-up programs again, so that its writes copy the pages it
+//! shares with the template while it waits rather than during the job, and creates its
+//! JavaScript engine. After reading the job the worker lowers `RLIMIT_AS` and
+//! `RLIMIT_CPU` for that job (a fresh worker per job makes per-job limits exact).
+//!
+//! Workers are copies of one process, so they share its address-space layout (as
+//! Android's zygote children do): a program that learns an address learns it for every
+//! worker, but it can reach no other process to use it on.
 //!
 //! # Wiring
 //!
 //! The `keel` binary calls [`worker_main`] first thing in `main` when `argv[1]` is
 //! [`WORKER_ARG`], before any threads or runtime start, and builds the pool with
 //! [`WorkerCommand::current_exe`]. `PR_SET_PDEATHSIG` fires when the *thread* that spawned
-//! the worker exits, so call [`Pool::exec`] from tokio worker threads (the normal case), not
-//! from short-lived `spawn_blocking` threads.
+//! the template exits, so call [`Pool::exec`] from tokio worker threads (the normal case),
+//! not from short-lived `spawn_blocking` threads.
 //! A worker runs one job and exits; no state survives between jobs.
 
 mod gate;
@@ -131,6 +146,8 @@ mod javascript;
 mod pool;
 mod protocol;
 mod python;
+mod sys;
+mod template;
 pub mod worker;
 
 use std::{fmt, path::PathBuf, str::FromStr, time::Duration};

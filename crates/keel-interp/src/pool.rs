@@ -1,9 +1,12 @@
-//! The pool of single-use worker processes: warm spares, the pipe conversation for one job,
-//! the wall-clock caps and crash reporting.
+//! The pool of single-use worker processes: the template that forks them, warm spares,
+//! the pipe conversation for one job, the wall-clock caps and crash reporting.
 
 use std::{
-    os::unix::process::ExitStatusExt,
-    process::Stdio,
+    os::{
+        fd::{AsFd, OwnedFd},
+        unix::process::ExitStatusExt,
+    },
+    process::{ExitStatus, Stdio},
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, AtomicUsize, Ordering},
@@ -13,22 +16,26 @@ use std::{
 
 use serde_json::{Value, json};
 use tokio::{
-    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
-    process::{Child, ChildStdin, ChildStdout, Command},
+    io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, unix::AsyncFd},
+    net::unix::{OwnedReadHalf, OwnedWriteHalf, pipe},
+    process::Command,
     task::JoinHandle,
 };
 
 use crate::{
-    ExecError, ExecErrorKind, ExecOutcome, Job, LLM_CALL, LlmRequest, PoolConfig, ToolHandler, protocol,
+    ExecError, ExecErrorKind, ExecOutcome, Job, LLM_CALL, LlmRequest, PoolConfig, ToolHandler, WorkerCommand,
+    protocol, sys,
+    template::{FAILED, READY, SPAWN, WORKER, WorkerFds},
 };
 
 /// Interpreter time past the job's timeout before the pool kills the worker itself.
 const KILL_GRACE: Duration = Duration::from_millis(250);
 /// The whole job, tool waits included, may take this many timeouts.
 const OVERALL_CAP_FACTOR: u32 = 10;
-/// How long a starting worker has to confine itself and say it is ready.
+/// How long the template has to warm up, and a worker to confine itself, before saying
+/// it is ready.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bytes of a worker's stderr kept for crash reports.
+/// Bytes of a worker's (or the template's) stderr kept for crash reports.
 const STDERR_KEEP: usize = 8 << 10;
 
 /// Counters for monitoring.
@@ -40,6 +47,8 @@ pub struct PoolStats {
     pub crashed: u64,
     /// Warm workers ready now.
     pub ready: usize,
+    /// Templates started, ever: one, unless a template died and was replaced.
+    pub templates: u64,
 }
 
 /// Runs jobs in single-use worker processes, keeping `size` of them warm.
@@ -55,14 +64,53 @@ struct Inner {
     starting: AtomicUsize,
     started: AtomicU64,
     crashed: AtomicU64,
+    templates: AtomicU64,
+    /// The process that forks the workers; started on first use, replaced if it died.
+    template: tokio::sync::Mutex<Option<Template>>,
 }
 
-/// A started, confined worker waiting for its job.
+/// A forked, confined worker waiting for its job. Dropping it SIGKILLs it.
 struct Worker {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    pidfd: OwnedFd,
+    stdin: OwnedWriteHalf,
+    stdout: BufReader<OwnedReadHalf>,
     stderr: JoinHandle<Vec<u8>>,
+    /// The template writes the worker's raw wait status here once it has reaped it.
+    status: pipe::Receiver,
+}
+
+impl Worker {
+    fn new(fds: WorkerFds) -> std::io::Result<Worker> {
+        let io = std::os::unix::net::UnixStream::from(fds.io);
+        io.set_nonblocking(true)?;
+        let (stdout, stdin) = tokio::net::UnixStream::from_std(io)?.into_split();
+        let stderr = keep_stderr(pipe::Receiver::from_owned_fd(fds.stderr)?);
+        let status = pipe::Receiver::from_owned_fd(fds.status)?;
+        Ok(Worker { pidfd: fds.pidfd, stdin, stdout: BufReader::new(stdout), stderr, status })
+    }
+
+    fn kill(&self) {
+        sys::pidfd_kill(self.pidfd.as_fd());
+    }
+
+    fn has_exited(&self) -> bool {
+        sys::has_exited(self.pidfd.as_fd())
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Reads up to [`STDERR_KEEP`] bytes of `stderr` in the background, for a crash report.
+fn keep_stderr(stderr: impl AsyncRead + Unpin + Send + 'static) -> JoinHandle<Vec<u8>> {
+    tokio::spawn(async move {
+        let mut kept = Vec::new();
+        let _ = stderr.take(STDERR_KEEP as u64).read_to_end(&mut kept).await;
+        kept
+    })
 }
 
 impl Pool {
@@ -76,6 +124,8 @@ impl Pool {
                 starting: AtomicUsize::new(0),
                 started: AtomicU64::new(0),
                 crashed: AtomicU64::new(0),
+                templates: AtomicU64::new(0),
+                template: tokio::sync::Mutex::new(None),
             }),
         };
         refill(&pool.inner);
@@ -87,14 +137,15 @@ impl Pool {
             started: self.inner.started.load(Ordering::Relaxed),
             crashed: self.inner.crashed.load(Ordering::Relaxed),
             ready: self.inner.ready.lock().map_or(0, |ready| ready.len()),
+            templates: self.inner.templates.load(Ordering::Relaxed),
         }
     }
 
-    /// Takes a warm worker that is still alive, dropping (killing) any that exited.
+    /// Takes a warm worker that is still alive, dropping any that exited.
     fn claim_warm(&self) -> Option<Worker> {
         let mut ready = self.inner.ready.lock().ok()?;
-        while let Some(mut worker) = ready.pop() {
-            if matches!(worker.child.try_wait(), Ok(None)) {
+        while let Some(worker) = ready.pop() {
+            if !worker.has_exited() {
                 return Some(worker);
             }
             self.inner.crashed.fetch_add(1, Ordering::Relaxed);
@@ -134,8 +185,8 @@ impl Pool {
                 Driven::Done(outcome) => outcome,
             };
             outcome.duration = started.elapsed();
-            // Refill after the job, not before: starting a process (fork, exec, confine)
-            // costs about a millisecond of CPU that would otherwise compete with this job.
+            // Refill after the job, not before: a fork from the template costs CPU that
+            // would otherwise compete with this job.
             refill(&self.inner);
             return outcome;
         }
@@ -170,35 +221,16 @@ fn refill(inner: &Arc<Inner>) {
     }
 }
 
-async fn start_worker(inner: &Inner) -> Result<Worker, String> {
-    let worker = &inner.config.worker;
-    let mut command = Command::new(&worker.program);
-    // No `pre_exec` hook: without one the standard library spawns with `posix_spawn` (a
-    // vfork), where a fork would copy the page tables of the whole kernel process on this
-    // thread. The worker sets its own death signal (`worker::PARENT_ENV`).
-    command
-        .args(&worker.args)
-        .env_clear()
-        .env(crate::worker::PARENT_ENV, std::process::id().to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child =
-        command.spawn().map_err(|error| format!("spawn {}: {error}", worker.program.display()))?;
+/// Has the template fork a worker and waits until it is confined and ready.
+async fn start_worker(inner: &Arc<Inner>) -> Result<Worker, String> {
+    // In a task of its own: a caller that stops waiting must not cut an exchange with the
+    // template in half (its reply would answer the next request).
+    let forking = inner.clone();
+    let fds = tokio::spawn(async move { fork_worker(&forking).await })
+        .await
+        .map_err(|error| format!("forking a worker: {error}"))??;
     inner.started.fetch_add(1, Ordering::Relaxed);
-    let (Some(stdin), Some(stdout), Some(stderr)) =
-        (child.stdin.take(), child.stdout.take(), child.stderr.take())
-    else {
-        return Err("the worker's pipes are missing".to_owned());
-    };
-    let stderr = tokio::spawn(async move {
-        let mut kept = Vec::new();
-        let _ = stderr.take(STDERR_KEEP as u64).read_to_end(&mut kept).await;
-        kept
-    });
-    let mut worker = Worker { child, stdin, stdout: BufReader::new(stdout), stderr };
+    let mut worker = Worker::new(fds).map_err(|error| format!("the worker's pipes: {error}"))?;
     let mut line = String::new();
     let read =
         tokio::time::timeout(START_TIMEOUT, (&mut worker.stdout).take(64 << 10).read_line(&mut line)).await;
@@ -209,6 +241,122 @@ async fn start_worker(inner: &Inner) -> Result<Worker, String> {
         }
         Ok(Err(error)) => Err(format!("reading the worker: {error}")),
         Err(_) => Err(format!("the worker did not start within {START_TIMEOUT:?}")),
+    }
+}
+
+/// One worker's descriptors from the template, starting the template first if there is
+/// none, and replacing it once if it has died.
+async fn fork_worker(inner: &Inner) -> Result<WorkerFds, String> {
+    let mut template = inner.template.lock().await;
+    let mut attempts = 0;
+    loop {
+        let current = match template.as_ref() {
+            Some(current) => current,
+            None => {
+                inner.templates.fetch_add(1, Ordering::Relaxed);
+                template.insert(Template::start(&inner.config.worker).await?)
+            }
+        };
+        match current.fork().await {
+            Ok(forked) => return forked,
+            Err(error) => {
+                *template = None;
+                attempts += 1;
+                if attempts == 2 {
+                    return Err(format!("the interpreter template failed twice in a row: {error}"));
+                }
+            }
+        }
+    }
+}
+
+/// The process that forks workers ([`crate::template`]) and the pool's end of its socket.
+struct Template {
+    control: AsyncFd<OwnedFd>,
+    /// Killed when the pool drops it; its workers die with it.
+    process: tokio::process::Child,
+    /// Its stderr, kept for the report of a template that did not start.
+    stderr: JoinHandle<Vec<u8>>,
+}
+
+impl Template {
+    async fn start(command: &WorkerCommand) -> Result<Template, String> {
+        let program = command.program.display();
+        let (ours, theirs) = sys::socket_pair(libc::SOCK_SEQPACKET)
+            .map_err(|error| format!("a socket for the interpreter template: {error}"))?;
+        // No `pre_exec` hook: without one the standard library spawns with `posix_spawn` (a
+        // vfork), where a fork would copy the page tables of the whole kernel process on
+        // this thread. The template sets its own death signal (`worker::PARENT_ENV`).
+        let mut process = Command::new(&command.program)
+            .args(&command.args)
+            .env_clear()
+            .env(crate::worker::PARENT_ENV, std::process::id().to_string())
+            .stdin(Stdio::from(theirs))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|error| format!("spawn {program}: {error}"))?;
+        let stderr = keep_stderr(process.stderr.take().ok_or("the template's stderr is missing")?);
+        sys::set_nonblocking(ours.as_fd()).map_err(|error| format!("the template's socket: {error}"))?;
+        let control = sys::async_fd(ours).map_err(|error| format!("the template's socket: {error}"))?;
+        let template = Template { control, process, stderr };
+        let mut reply = [0u8; 16];
+        match tokio::time::timeout(START_TIMEOUT, template.receive(&mut reply)).await {
+            Ok(Ok((1, _))) if reply[0] == READY => Ok(template),
+            Ok(_) => {
+                let Template { mut process, stderr, .. } = template;
+                let status = match tokio::time::timeout(Duration::from_secs(2), process.wait()).await {
+                    Ok(Ok(status)) => describe(status),
+                    _ => "did not exit".to_owned(),
+                };
+                let stderr = tokio::time::timeout(Duration::from_millis(500), stderr).await;
+                let stderr = stderr.ok().and_then(Result::ok).unwrap_or_default();
+                Err(format!(
+                    "the interpreter template {program} did not start ({status}): {}",
+                    String::from_utf8_lossy(&stderr).trim()
+                ))
+            }
+            Err(_) => {
+                Err(format!("the interpreter template {program} did not start within {START_TIMEOUT:?}"))
+            }
+        }
+    }
+
+    /// One worker forked: its descriptors, or why the template could not fork one. An
+    /// error is the template's: it died or broke its protocol.
+    async fn fork(&self) -> std::io::Result<Result<WorkerFds, String>> {
+        loop {
+            let mut ready = self.control.writable().await?;
+            let sent =
+                ready.try_io(|socket| keel_sandbox::send_with_fds(socket.get_ref().as_fd(), &[SPAWN], &[]));
+            if let Ok(sent) = sent {
+                sent?;
+                break;
+            }
+        }
+        let mut reply = [0u8; 4096];
+        let (length, fds) = self.receive(&mut reply).await?;
+        match &reply[..length] {
+            [] => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the template exited")),
+            [WORKER] => WorkerFds::from_received(fds)
+                .map(Ok)
+                .ok_or_else(|| std::io::Error::other("a worker came without its four descriptors")),
+            [FAILED, message @ ..] => Ok(Err(String::from_utf8_lossy(message).into_owned())),
+            _ => Err(std::io::Error::other("the template broke its protocol")),
+        }
+    }
+
+    async fn receive(&self, buffer: &mut [u8]) -> std::io::Result<(usize, Vec<OwnedFd>)> {
+        loop {
+            let mut ready = self.control.readable().await?;
+            if let Ok(received) =
+                ready.try_io(|socket| keel_sandbox::receive_with_fds(socket.get_ref().as_fd(), buffer))
+            {
+                return received;
+            }
+        }
     }
 }
 
@@ -237,7 +385,7 @@ async fn drive(mut worker: Worker, job: &Job, tools: &dyn ToolHandler, inner: &I
             let error = match ended {
                 Ended::Stale => return Driven::Stale,
                 Ended::Error(error) => {
-                    let _ = worker.child.start_kill();
+                    worker.kill();
                     error
                 }
                 Ended::Died => crash_error(job, &mut worker).await,
@@ -418,13 +566,13 @@ async fn crash_error(job: &Job, worker: &mut Worker) -> ExecError {
 
 /// The worker's exit status and the start of its stderr, once it has exited.
 async fn crash_report(worker: &mut Worker) -> String {
-    let status = match tokio::time::timeout(Duration::from_secs(2), worker.child.wait()).await {
-        Ok(Ok(status)) => match status.signal() {
-            Some(signal) => format!("killed by {}", signal_name(signal)),
-            None => format!("exited with {}", status.code().unwrap_or(-1)),
-        },
-        _ => {
-            let _ = worker.child.start_kill();
+    let mut raw = [0u8; 4];
+    let status = match tokio::time::timeout(Duration::from_secs(2), worker.status.read_exact(&mut raw)).await
+    {
+        Ok(Ok(_)) => describe(ExitStatus::from_raw(i32::from_ne_bytes(raw))),
+        Ok(Err(_)) => "its exit status was lost with the template".to_owned(),
+        Err(_) => {
+            worker.kill();
             "did not exit; killed".to_owned()
         }
     };
@@ -433,6 +581,13 @@ async fn crash_report(worker: &mut Worker) -> String {
         _ => String::new(),
     };
     if stderr.is_empty() { status } else { format!("{status}; stderr: {stderr}") }
+}
+
+fn describe(status: ExitStatus) -> String {
+    match status.signal() {
+        Some(signal) => format!("killed by {}", signal_name(signal)),
+        None => format!("exited with {}", status.code().unwrap_or(-1)),
+    }
 }
 
 fn signal_name(signal: i32) -> String {

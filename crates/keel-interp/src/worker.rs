@@ -1,11 +1,12 @@
-//! The worker process: confinement (rlimits, no_new_privs, Landlock, the seccomp allowlist)
-//! and the loop that runs one job, forwarding tool calls to the pool over stdout/stdin.
-//!
-//! Raw system calls and `unsafe` for the worker live here, behind [`sys`].
+//! The worker program's entry ([`worker_main`], which becomes the [`crate::template`]) and
+//! a worker's life after the template forked it: confinement (rlimits, no_new_privs,
+//! Landlock, the seccomp allowlist) and the loop that runs one job, forwarding tool calls
+//! to the pool over stdout/stdin.
 
 use std::{
     collections::BTreeMap,
     io::{BufRead, Write},
+    os::fd::OwnedFd,
 };
 
 use seccompiler::{
@@ -14,15 +15,16 @@ use seccompiler::{
 };
 use serde_json::{Value, json};
 
-use crate::{Job, Lang, protocol, run_in_process};
+use crate::{Job, Lang, javascript::Engine, protocol, run_in_process, sys};
 
 /// `argv[1]` that makes the `keel` binary run [`worker_main`].
 pub const WORKER_ARG: &str = "__keel-interp-worker";
 
-/// The environment variable through which the pool tells a worker its own pid. The worker
-/// sets `PR_SET_PDEATHSIG(SIGKILL)` itself and then checks that its parent is still that
-/// process: the pool spawns without a `pre_exec` hook, so the standard library can use
-/// `posix_spawn` (a vfork) instead of copying the whole kernel process with fork.
+/// The environment variable through which the pool tells the worker program (the
+/// template) its own pid. The template sets `PR_SET_PDEATHSIG(SIGKILL)` itself and then
+/// checks that its parent is still that process: the pool spawns without a `pre_exec`
+/// hook, so the standard library can use `posix_spawn` (a vfork) instead of copying the
+/// whole kernel process with fork.
 pub const PARENT_ENV: &str = "KEEL_INTERP_PARENT";
 
 /// Address space allowed above the worker's own at start, besides the job's memory limit:
@@ -268,9 +270,9 @@ fn apply_job_limits(job: &Job, base_address_space: u64) -> Result<(), String> {
     sys::set_rlimit(libc::RLIMIT_CPU, cpu_seconds)
 }
 
-/// Runs a trivial tool-calling program in each language while the worker waits to be
-/// claimed, so the job does not pay for first-touch page faults in the interpreters.
-fn warm_up() {
+/// Runs a trivial tool-calling program in each language once, in the template, so no job
+/// pays for the interpreters' first-touch page faults and lazy set-up.
+pub(crate) fn warm_up() {
     for (lang, code) in
         [(Lang::Python, "echo(x=1)\nprint(1)\n1"), (Lang::JavaScript, "echo({x: 1}); console.log(1); 1")]
     {
@@ -285,28 +287,42 @@ fn warm_up() {
     }
 }
 
-/// The body of a worker process: confine, say ready, run one job, exit.
+/// The body of the worker program: it becomes the template that forks each worker
+/// ([`crate::template`]). Call it first thing in `main`, before any thread starts.
 pub fn worker_main() -> ! {
     // Dies with the pool that started it (see `PARENT_ENV`); before anything else, so a
-    // worker whose pool is already gone never gets as far as saying it is ready.
+    // template whose pool is already gone never gets as far as saying it is ready.
     let parent = std::env::var(PARENT_ENV).ok().and_then(|pid| pid.parse::<u32>().ok());
     if let Err(error) = sys::die_with_parent(parent) {
-        let _ = writeln!(std::io::stdout().lock(), "{}", json!({ "fatal": error }));
+        eprintln!("keel interpreter template: not started: {error}");
         std::process::exit(3);
     }
-    let base_address_space = sys::address_space_bytes();
+    crate::template::serve()
+}
+
+/// A worker's life, in the child the template forked: take `io` as stdin and stdout and
+/// `stderr` as stderr, die with the template, confine, say ready, run one job, exit.
+pub(crate) fn run(template: u32, io: OwnedFd, stderr: OwnedFd, base_address_space: u64) -> ! {
+    if sys::become_stdio(io, stderr).is_err() {
+        std::process::exit(3);
+    }
     let stdout = std::io::stdout();
-    if let Err(error) = confine() {
-        let _ = writeln!(
-            stdout.lock(),
-            "{}",
-            json!({ "fatal": format!("could not confine the worker: {error}") })
-        );
-        std::process::exit(3);
+    let fatal = |message: String| -> ! {
+        let _ = writeln!(stdout.lock(), "{}", json!({ "fatal": message }));
+        std::process::exit(3)
+    };
+    // Before confinement, so a worker whose template is gone never says it is ready.
+    if let Err(error) = sys::die_with_parent(Some(template)) {
+        fatal(error);
     }
+    if let Err(error) = confine() {
+        fatal(format!("could not confine the worker: {error}"));
+    }
+    // Again in the worker: its writes copy the template's pages it shares (copy-on-write)
+    // now, while it waits, not during the job.
     warm_up();
     // Created now, used by a JavaScript job, dropped unused by a Python one.
-    let engine = crate::javascript::Engine::new();
+    let engine = Engine::new();
     let mut out = stdout.lock();
     let _ = writeln!(out, "{}", json!({ "ready": true }));
     let _ = out.flush();
@@ -355,60 +371,4 @@ pub fn worker_main() -> ! {
     let _ = writeln!(out, "{}", protocol::outcome_to_json(&outcome));
     let _ = out.flush();
     std::process::exit(0)
-}
-
-/// The worker's raw system calls.
-pub mod sys {
-    /// Sets a resource limit's soft and hard values.
-    pub fn set_rlimit(resource: libc::__rlimit_resource_t, value: u64) -> Result<(), String> {
-        let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
-        // SAFETY: setrlimit reads the struct we pass and nothing else.
-        let result = unsafe { libc::setrlimit(resource, &limit) };
-        if result == 0 {
-            Ok(())
-        } else {
-            Err(format!("setrlimit({resource}, {value}): {}", std::io::Error::last_os_error()))
-        }
-    }
-
-    /// `PR_SET_PDEATHSIG(SIGKILL)`: the worker is killed when the thread that started it
-    /// exits. With `parent`, fails if the parent is no longer that process (it died
-    /// before the signal was set, so the signal would never come).
-    pub fn die_with_parent(parent: Option<u32>) -> Result<(), String> {
-        // SAFETY: prctl with integer arguments only.
-        let result = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
-        if result != 0 {
-            return Err(format!("PR_SET_PDEATHSIG: {}", std::io::Error::last_os_error()));
-        }
-        // SAFETY: getppid has no preconditions and cannot fail.
-        let actual = unsafe { libc::getppid() };
-        match parent {
-            Some(parent) if i64::from(actual) != i64::from(parent) => {
-                Err(format!("the pool that started this worker (pid {parent}) is gone"))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// `PR_SET_NO_NEW_PRIVS`: nothing this process execs can gain privileges.
-    pub fn no_new_privs() -> Result<(), String> {
-        // SAFETY: prctl with integer arguments only.
-        let result = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
-        if result == 0 {
-            Ok(())
-        } else {
-            Err(format!("PR_SET_NO_NEW_PRIVS: {}", std::io::Error::last_os_error()))
-        }
-    }
-
-    /// The process's current virtual address space size, from `/proc/self/statm`
-    /// (read before confinement); a conservative 256 MiB if it cannot be read.
-    pub fn address_space_bytes() -> u64 {
-        let pages = std::fs::read_to_string("/proc/self/statm")
-            .ok()
-            .and_then(|text| text.split_whitespace().next().and_then(|pages| pages.parse::<u64>().ok()));
-        // SAFETY: sysconf has no preconditions.
-        let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        pages.map_or(256 << 20, |pages| pages.saturating_mul(page_size))
-    }
 }

@@ -30,6 +30,8 @@ mod spawner;
 mod sys;
 /// For the kernel: after many runs are swapped out, their memory goes back to the system.
 pub use sys::release_free_heap;
+/// Descriptor passing over Unix sockets (`SCM_RIGHTS`); `keel-interp`'s template uses it too.
+pub use sys::{receive_with_fds, send_with_fds};
 pub mod tree;
 pub mod wire;
 pub mod zygote;

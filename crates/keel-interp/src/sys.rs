@@ -1,0 +1,213 @@
+//! The crate's raw system calls, for the template, its workers and the pool: every
+//! `unsafe` of `keel-interp` outside the QuickJS binding lives here.
+
+use std::{
+    io,
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
+};
+
+/// Sets a resource limit's soft and hard values.
+pub fn set_rlimit(resource: libc::__rlimit_resource_t, value: u64) -> Result<(), String> {
+    let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
+    // SAFETY: setrlimit reads the struct we pass and nothing else.
+    let result = unsafe { libc::setrlimit(resource, &limit) };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(format!("setrlimit({resource}, {value}): {}", io::Error::last_os_error()))
+    }
+}
+
+/// `PR_SET_PDEATHSIG(SIGKILL)`: the process is killed when the thread that started it
+/// exits. With `parent`, fails if the parent is no longer that process (it died before
+/// the signal was set, so the signal would never come).
+pub fn die_with_parent(parent: Option<u32>) -> Result<(), String> {
+    // SAFETY: prctl with integer arguments only.
+    let result = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    if result != 0 {
+        return Err(format!("PR_SET_PDEATHSIG: {}", io::Error::last_os_error()));
+    }
+    // SAFETY: getppid has no preconditions and cannot fail.
+    let actual = unsafe { libc::getppid() };
+    match parent {
+        Some(parent) if i64::from(actual) != i64::from(parent) => {
+            Err(format!("the process that started this one (pid {parent}) is gone"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `PR_SET_NO_NEW_PRIVS`: nothing this process execs can gain privileges.
+pub fn no_new_privs() -> Result<(), String> {
+    // SAFETY: prctl with integer arguments only.
+    let result = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    if result == 0 { Ok(()) } else { Err(format!("PR_SET_NO_NEW_PRIVS: {}", io::Error::last_os_error())) }
+}
+
+/// The process's current virtual address space size, from `/proc/self/statm`; a
+/// conservative 256 MiB if it cannot be read.
+pub fn address_space_bytes() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|text| text.split_whitespace().next().and_then(|pages| pages.parse::<u64>().ok()));
+    // SAFETY: sysconf has no preconditions.
+    let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    pages.map_or(256 << 20, |pages| pages.saturating_mul(page_size))
+}
+
+fn check(result: libc::c_int) -> io::Result<libc::c_int> {
+    if result < 0 { Err(io::Error::last_os_error()) } else { Ok(result) }
+}
+
+/// A connected pair of Unix sockets of `kind` (`SOCK_STREAM`, `SOCK_SEQPACKET`), both
+/// close-on-exec.
+pub fn socket_pair(kind: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two fds socketpair writes.
+    check(unsafe { libc::socketpair(libc::AF_UNIX, kind | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) })?;
+    // SAFETY: both fds were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A pipe with both ends close-on-exec: (read, write).
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two fds pipe2 writes.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: both fds were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Takes the control socket the pool handed the template as its standard input.
+pub fn take_stdin() -> OwnedFd {
+    // SAFETY: fd 0 is open (the pool's socket) and nothing else in this process owns it:
+    // the template never reads it through `std::io::stdin`.
+    unsafe { OwnedFd::from_raw_fd(0) }
+}
+
+/// Which side of [`fork`] we are on.
+pub enum Forked {
+    Child,
+    Parent(libc::pid_t),
+}
+
+/// fork(2).
+///
+/// The caller must be single-threaded: the child continues with a copy of this thread
+/// alone, so a lock another thread held would stay locked in it. The template is.
+pub fn fork() -> io::Result<Forked> {
+    // SAFETY: the template has one thread (above); glibc's fork resets its own state
+    // (the cached tid, stdio locks) in the child.
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(pid)),
+    }
+}
+
+/// pidfd_open(2): a descriptor that names `pid` for good; it turns readable when the
+/// process exits.
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the fd was just created and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// SIGKILLs the process `pidfd` names. A process that already exited is not an error.
+pub fn pidfd_kill(pidfd: BorrowedFd<'_>) {
+    // SAFETY: plain syscall on a pidfd we hold, with no info struct.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+}
+
+/// Whether the process `pidfd` names has exited (its pidfd is readable).
+pub fn has_exited(pidfd: BorrowedFd<'_>) -> bool {
+    let mut poll = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one pollfd, timeout 0.
+    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+    ready > 0 && poll.revents != 0
+}
+
+/// Waits until one of `fds` is readable (or hung up); which ones are. EINTR retried.
+pub fn wait_readable(fds: &[BorrowedFd<'_>]) -> io::Result<Vec<bool>> {
+    let mut polls: Vec<libc::pollfd> =
+        fds.iter().map(|fd| libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+    loop {
+        // SAFETY: `polls` is a live array of `polls.len()` pollfds.
+        let ready = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, -1) };
+        if ready >= 0 {
+            return Ok(polls.iter().map(|poll| poll.revents != 0).collect());
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+}
+
+/// Reaps the exited child `pid`: its raw wait status, or `None` while it runs.
+pub fn try_reap(pid: libc::pid_t) -> io::Result<Option<i32>> {
+    let mut status = 0;
+    // SAFETY: waitpid writes the status int we pass.
+    match unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(None),
+        _ => Ok(Some(status)),
+    }
+}
+
+/// Makes `io` the standard input and output and `stderr` the standard error of this
+/// process, and closes every other descriptor (the template's, inherited by fork).
+pub fn become_stdio(io: OwnedFd, stderr: OwnedFd) -> io::Result<()> {
+    for (from, to) in [(io.as_raw_fd(), 0), (io.as_raw_fd(), 1), (stderr.as_raw_fd(), 2)] {
+        // SAFETY: dup2 onto the standard descriptors, which std only uses as fds 0-2.
+        check(unsafe { libc::dup2(from, to) })?;
+    }
+    // The originals (close-on-exec copies) go with the rest.
+    std::mem::forget(io);
+    std::mem::forget(stderr);
+    // SAFETY: closes fds 3 and up; nothing in the worker holds one (the template's socket,
+    // pidfds and pipes are its own, and the worker never touches them).
+    let closed = unsafe { libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, 0) };
+    if closed < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sets `O_NONBLOCK` on `fd`.
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain fd flag manipulation.
+    let flags = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
+    Ok(())
+}
+
+/// SIGKILLs the child `pid` and reaps it.
+pub fn kill_and_reap(pid: libc::pid_t) {
+    let mut status = 0;
+    // SAFETY: a signal to, and a wait for, our own unreaped child, so `pid` names it.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut status, 0);
+    }
+}
+
+/// Registers `fd` (non-blocking) with the tokio reactor.
+pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: an OwnedFd keeps its fd open and unchanged until it is dropped, which
+    // happens only with the AsyncFd.
+    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|error| io::Error::other(error.to_string()))
+}
