@@ -122,10 +122,10 @@
 //! module, `SECCOMP_POLICY`) whose default action kills the process: no `socket`,
 //! `execve`, `fork`/`clone`, `kill` (only `tgkill` at itself, for `abort`). `openat` and
 //! `sched_getaffinity` fail with an errno instead (`worker::SECCOMP_REFUSED`), because
-//! std's `available_parallelism` tries them on ordinary paths and falls back. Confined,
-//! the worker runs the warm-up programs again, so that its writes copy the pages it
-//! shares with the template while it waits rather than during the job, and creates its
-//! JavaScript engine. After reading the job the worker lowers `RLIMIT_AS` and
+//! std's `available_parallelism` tries them on ordinary paths and falls back. Just
+//! before confining itself the worker copies the writable pages it shares with the
+//! template (`MADV_POPULATE_WRITE`), so that the job does not take those copy-on-write
+//! faults one by one; confined, it creates its JavaScript engine. After reading the job the worker lowers `RLIMIT_AS` and
 //! `RLIMIT_CPU` for that job (a fresh worker per job makes per-job limits exact).
 //!
 //! Workers are copies of one process, so they share its address-space layout (as

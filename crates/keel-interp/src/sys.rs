@@ -211,3 +211,30 @@ pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // happens only with the AsyncFd.
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|error| io::Error::other(error.to_string()))
 }
+
+/// Copies now, in one call per mapping, every page of this process's private writable
+/// mappings that it shares copy-on-write with the process it was forked from (the
+/// heap, the data segments), so that the job does not take those faults one by one.
+/// Mappings larger than `cap` bytes and the stack are left alone. Best effort.
+pub fn populate_writable(cap: u64) {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return };
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
+        if !perms.starts_with("rw") || !perms.ends_with('p') || line.ends_with("[stack]") {
+            continue;
+        }
+        let Some((start, end)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(end)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16)) else {
+            continue;
+        };
+        if end <= start || end - start > cap {
+            continue;
+        }
+        // SAFETY: the range is one of this process's own mappings; MADV_POPULATE_WRITE
+        // only faults its pages in, writable, without changing their contents.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, (end - start) as usize, libc::MADV_POPULATE_WRITE)
+        };
+    }
+}

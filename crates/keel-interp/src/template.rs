@@ -2,8 +2,8 @@
 //! interpreters up once, then forks a worker for each request on its control socket, so
 //! a worker starts as a copy of a warmed process instead of as a new program: no dynamic
 //! loader relocating a large binary, no interpreter's first-use set-up (about 3.8 ms of
-//! CPU a worker when each was exec'd). The worker still runs the warm-up programs once
-//! (`worker::run`), for the copy-on-write faults, off the job's path.
+//! CPU a worker when each was exec'd). The worker copies the writable pages it shares
+//! with the template in one call per mapping before its job (`worker::run`).
 //!
 //! The template never runs a job's program and holds nothing a job may not see: the
 //! worker program starts with an environment of the pool's pid alone. Each worker

@@ -315,12 +315,12 @@ pub(crate) fn run(template: u32, io: OwnedFd, stderr: OwnedFd, base_address_spac
     if let Err(error) = sys::die_with_parent(Some(template)) {
         fatal(error);
     }
+    // The pages it shares with the template are copied now, while it waits, not by the
+    // job's first writes (before confinement: it reads /proc/self/maps).
+    sys::populate_writable(64 << 20);
     if let Err(error) = confine() {
         fatal(format!("could not confine the worker: {error}"));
     }
-    // Again in the worker: its writes copy the template's pages it shares (copy-on-write)
-    // now, while it waits, not during the job.
-    warm_up();
     // Created now, used by a JavaScript job, dropped unused by a Python one.
     let engine = Engine::new();
     let mut out = stdout.lock();
