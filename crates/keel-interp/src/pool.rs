@@ -299,7 +299,6 @@ impl Template {
             .spawn()
             .map_err(|error| format!("spawn {program}: {error}"))?;
         let stderr = keep_stderr(process.stderr.take().ok_or("the template's stderr is missing")?);
-        sys::set_nonblocking(ours.as_fd()).map_err(|error| format!("the template's socket: {error}"))?;
         let control = sys::async_fd(ours).map_err(|error| format!("the template's socket: {error}"))?;
         let template = Template { control, process, stderr };
         let mut reply = [0u8; 16];
@@ -329,8 +328,8 @@ impl Template {
     async fn fork(&self) -> std::io::Result<Result<WorkerFds, String>> {
         loop {
             let mut ready = self.control.writable().await?;
-            let sent =
-                ready.try_io(|socket| keel_sandbox::send_with_fds(socket.get_ref().as_fd(), &[SPAWN], &[]));
+            let sent = ready
+                .try_io(|socket| keel_sandbox::unix::send_with_fds(socket.get_ref().as_fd(), &[SPAWN], &[]));
             if let Ok(sent) = sent {
                 sent?;
                 break;
@@ -352,7 +351,7 @@ impl Template {
         loop {
             let mut ready = self.control.readable().await?;
             if let Ok(received) =
-                ready.try_io(|socket| keel_sandbox::receive_with_fds(socket.get_ref().as_fd(), buffer))
+                ready.try_io(|socket| keel_sandbox::unix::receive_with_fds(socket.get_ref().as_fd(), buffer))
             {
                 return received;
             }

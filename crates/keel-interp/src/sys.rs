@@ -1,10 +1,13 @@
 //! The crate's raw system calls, for the template, its workers and the pool: every
-//! `unsafe` of `keel-interp` outside the QuickJS binding lives here.
+//! `unsafe` of `keel-interp` outside the QuickJS binding lives here. Forking, reaping,
+//! pipes and descriptor passing are `keel-sandbox`'s (`keel_sandbox::unix`).
 
 use std::{
     io,
     os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
 };
+
+use keel_sandbox::unix;
 
 /// Sets a resource limit's soft and hard values.
 pub fn set_rlimit(resource: libc::__rlimit_resource_t, value: u64) -> Result<(), String> {
@@ -69,40 +72,11 @@ pub fn socket_pair(kind: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// A pipe with both ends close-on-exec: (read, write).
-pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` has room for the two fds pipe2 writes.
-    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
-    // SAFETY: both fds were just created and are owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
 /// Takes the control socket the pool handed the template as its standard input.
 pub fn take_stdin() -> OwnedFd {
     // SAFETY: fd 0 is open (the pool's socket) and nothing else in this process owns it:
     // the template never reads it through `std::io::stdin`.
     unsafe { OwnedFd::from_raw_fd(0) }
-}
-
-/// Which side of [`fork`] we are on.
-pub enum Forked {
-    Child,
-    Parent(libc::pid_t),
-}
-
-/// fork(2).
-///
-/// The caller must be single-threaded: the child continues with a copy of this thread
-/// alone, so a lock another thread held would stay locked in it. The template is.
-pub fn fork() -> io::Result<Forked> {
-    // SAFETY: the template has one thread (above); glibc's fork resets its own state
-    // (the cached tid, stdio locks) in the child.
-    match unsafe { libc::fork() } {
-        -1 => Err(io::Error::last_os_error()),
-        0 => Ok(Forked::Child),
-        pid => Ok(Forked::Parent(pid)),
-    }
 }
 
 /// pidfd_open(2): a descriptor that names `pid` for good; it turns readable when the
@@ -156,57 +130,26 @@ pub fn wait_readable(fds: &[BorrowedFd<'_>]) -> io::Result<Vec<bool>> {
     }
 }
 
-/// Reaps the exited child `pid`: its raw wait status, or `None` while it runs.
-pub fn try_reap(pid: libc::pid_t) -> io::Result<Option<i32>> {
-    let mut status = 0;
-    // SAFETY: waitpid writes the status int we pass.
-    match unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } {
-        -1 => Err(io::Error::last_os_error()),
-        0 => Ok(None),
-        _ => Ok(Some(status)),
-    }
-}
-
 /// Makes `io` the standard input and output and `stderr` the standard error of this
 /// process, and closes every other descriptor (the template's, inherited by fork).
 pub fn become_stdio(io: OwnedFd, stderr: OwnedFd) -> io::Result<()> {
-    for (from, to) in [(io.as_raw_fd(), 0), (io.as_raw_fd(), 1), (stderr.as_raw_fd(), 2)] {
-        // SAFETY: dup2 onto the standard descriptors, which std only uses as fds 0-2.
-        check(unsafe { libc::dup2(from, to) })?;
+    for (from, to) in [(&io, 0), (&io, 1), (&stderr, 2)] {
+        unix::dup2(from.as_raw_fd(), to)?;
     }
-    // The originals (close-on-exec copies) go with the rest.
-    std::mem::forget(io);
-    std::mem::forget(stderr);
-    // SAFETY: closes fds 3 and up; nothing in the worker holds one (the template's socket,
-    // pidfds and pipes are its own, and the worker never touches them).
-    let closed = unsafe { libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, 0) };
-    if closed < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // The originals go with the rest: nothing in the worker holds a descriptor above 2
+    // (the template's socket, pidfds and pipes are its own, and the worker never touches
+    // them).
+    std::mem::forget((io, stderr));
+    unix::close_from_except(3, &[]);
     Ok(())
 }
 
-/// Sets `O_NONBLOCK` on `fd`.
-pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+/// Makes `fd` non-blocking and registers it with the tokio reactor.
+pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: plain fd flag manipulation.
     let flags = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
     // SAFETY: as above.
     check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
-    Ok(())
-}
-
-/// SIGKILLs the child `pid` and reaps it.
-pub fn kill_and_reap(pid: libc::pid_t) {
-    let mut status = 0;
-    // SAFETY: a signal to, and a wait for, our own unreaped child, so `pid` names it.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, &mut status, 0);
-    }
-}
-
-/// Registers `fd` (non-blocking) with the tokio reactor.
-pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: an OwnedFd keeps its fd open and unchanged until it is dropped, which
     // happens only with the AsyncFd.
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|error| io::Error::other(error.to_string()))

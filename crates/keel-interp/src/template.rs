@@ -26,6 +26,8 @@ use std::{
     os::fd::{AsFd, AsRawFd, OwnedFd},
 };
 
+use keel_sandbox::unix;
+
 use crate::sys;
 
 /// The template is warmed and serves requests.
@@ -68,7 +70,7 @@ struct Child {
 pub(crate) fn serve() -> ! {
     let control = sys::take_stdin();
     crate::worker::warm_up();
-    if keel_sandbox::send_with_fds(control.as_fd(), &[READY], &[]).is_err() {
+    if unix::send_with_fds(control.as_fd(), &[READY], &[]).is_err() {
         std::process::exit(0);
     }
     let template = std::process::id();
@@ -87,7 +89,7 @@ pub(crate) fn serve() -> ! {
             continue;
         }
         let mut request = [0u8; 16];
-        match keel_sandbox::receive_with_fds(control.as_fd(), &mut request) {
+        match unix::receive_with_fds(control.as_fd(), &mut request) {
             // The pool is gone; the workers die with this process.
             Ok((0, _)) => std::process::exit(0),
             Ok((_, _)) if request[0] == SPAWN => {
@@ -97,15 +99,11 @@ pub(crate) fn serve() -> ! {
                         // Ours are closed once sent: the template keeps none of the pool's ends.
                         let fds = [fds.io, fds.stderr, fds.status, fds.pidfd];
                         let raw = fds.each_ref().map(|fd| fd.as_raw_fd());
-                        keel_sandbox::send_with_fds(control.as_fd(), &[WORKER], &raw)
+                        unix::send_with_fds(control.as_fd(), &[WORKER], &raw)
                     }
                     Err(error) => {
                         let message = format!("forking a worker: {error}");
-                        keel_sandbox::send_with_fds(
-                            control.as_fd(),
-                            &[&[FAILED], message.as_bytes()].concat(),
-                            &[],
-                        )
+                        unix::send_with_fds(control.as_fd(), &[&[FAILED], message.as_bytes()].concat(), &[])
                     }
                 };
                 if reply.is_err() {
@@ -120,7 +118,7 @@ pub(crate) fn serve() -> ! {
 
 /// Reaps `child` if it exited, passing its wait status on; whether it is gone.
 fn reaped(child: &Child) -> bool {
-    match sys::try_reap(child.pid) {
+    match unix::try_reap(child.pid) {
         Ok(Some(status)) => {
             // The pool may have stopped listening (a worker it dropped): nothing to do then.
             let _ = (&child.status).write_all(&status.to_ne_bytes());
@@ -136,17 +134,20 @@ fn reaped(child: &Child) -> bool {
 /// the worker's pidfd and status pipe and returns the pool's ends.
 fn fork_worker(template: u32) -> std::io::Result<(Child, WorkerFds)> {
     let (pool_io, worker_io) = sys::socket_pair(libc::SOCK_STREAM)?;
-    let (stderr_read, stderr_write) = sys::pipe()?;
-    let (status_read, status_write) = sys::pipe()?;
+    let (stderr_read, stderr_write) = unix::pipe()?;
+    let (status_read, status_write) = unix::pipe()?;
     // The worker's address space at its start is the template's now.
     let base_address_space = sys::address_space_bytes();
-    match sys::fork()? {
-        sys::Forked::Child => crate::worker::run(template, worker_io, stderr_write, base_address_space),
-        sys::Forked::Parent(pid) => {
+    match unix::fork()? {
+        unix::Forked::Child => crate::worker::run(template, worker_io, stderr_write, base_address_space),
+        unix::Forked::Parent(pid) => {
             drop((worker_io, stderr_write));
             // A worker the pool cannot be told about must not live on.
             let pidfds = sys::pidfd_open(pid).and_then(|pidfd| Ok((pidfd.try_clone()?, pidfd)));
-            let (pool_pidfd, pidfd) = pidfds.inspect_err(|_| sys::kill_and_reap(pid))?;
+            let (pool_pidfd, pidfd) = pidfds.inspect_err(|_| {
+                unix::kill(pid, libc::SIGKILL);
+                unix::reap(pid);
+            })?;
             let child = Child { pid, pidfd, status: std::fs::File::from(status_write) };
             Ok((
                 child,

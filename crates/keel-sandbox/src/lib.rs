@@ -30,8 +30,13 @@ mod spawner;
 mod sys;
 /// For the kernel: after many runs are swapped out, their memory goes back to the system.
 pub use sys::release_free_heap;
-/// Descriptor passing over Unix sockets (`SCM_RIGHTS`); `keel-interp`'s template uses it too.
-pub use sys::{receive_with_fds, send_with_fds};
+/// The raw process and descriptor calls `keel-interp`'s template shares with the sandbox's
+/// zygote and init: forking, reaping, pipes, standard descriptors, `SCM_RIGHTS`.
+pub mod unix {
+    pub use crate::sys::{
+        Forked, close_from_except, dup2, fork, kill, pipe, reap, receive_with_fds, send_with_fds, try_reap,
+    };
+}
 pub mod tree;
 pub mod wire;
 pub mod zygote;

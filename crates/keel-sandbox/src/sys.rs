@@ -59,8 +59,9 @@ pub fn clone3(flags: u64) -> io::Result<Forked> {
 
 /// fork(2). Same caveat as [`clone3`].
 pub fn fork() -> io::Result<Forked> {
-    // SAFETY: fork has no memory-safety preconditions; the callers (the sandbox init) are
-    // single-threaded when they fork, so the child may allocate.
+    // SAFETY: fork has no memory-safety preconditions; the callers (the sandbox init,
+    // `keel-interp`'s template) are single-threaded when they fork, so the child may
+    // allocate.
     match check_int(unsafe { libc::fork() })? {
         0 => Ok(Forked::Child),
         pid => Ok(Forked::Parent(pid)),
