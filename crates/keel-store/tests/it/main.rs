@@ -1,6 +1,6 @@
 //! keel-store's integration tests: the conformance suite on SQLite files and on Postgres
 //! (`KEEL_TEST_POSTGRES_URL`), reopening a store, acknowledged writes surviving a SIGKILL,
-//! and corrupt data read back as errors.
+//! corrupt data read back as errors, and commits flushed with fdatasync.
 
 mod audit;
 mod corrupt;
@@ -9,6 +9,7 @@ mod pg_cluster;
 mod pg_database;
 mod postgres;
 mod sqlite;
+mod sync;
 
 use std::path::{Path, PathBuf};
 
