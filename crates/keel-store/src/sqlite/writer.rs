@@ -1,6 +1,7 @@
-//! The writer thread: it owns the only read-write connection, takes `WriteCommand`s from a
-//! channel, group-commits them (many commands, one transaction, one fsync) and answers
-//! each caller only after the commit. One command's failure must not touch the others in
+//! The only read-write connection, and the writer thread: it takes `WriteCommand`s from
+//! a channel, group-commits them (many commands, one transaction, one fsync) and answers
+//! each caller only after the commit. An uncontended caller commits its command on its
+//! own thread with the same code (`Writer::commit`), taking turns under a mutex. One command's failure must not touch the others in
 //! its batch: most commands run in a savepoint of their own, which undoes their writes if
 //! they fail. The hot ones (the journal, run events, run rows, mailboxes) are written so
 //! that they refuse before their first write, and run without one (`unguarded`): a
@@ -8,6 +9,7 @@
 //! 100 concurrent runs 15-25% of their journaled steps per second.
 
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use keel_types::{EntryStatus, RunId, RunState, Usage, WaitReason};
 use rusqlite::{Connection, Params, params};
@@ -191,37 +193,87 @@ pub(super) fn sql_error(step: &'static str) -> impl FnOnce(rusqlite::Error) -> E
     move |source| Error::Backend { step, source: Box::new(source) }
 }
 
-/// The writer thread's body. Returns when every sender is gone (the store was dropped);
-/// commands already queued are still served first. Dropping `connection` closes the file.
-pub(super) fn run(connection: Connection, mut commands: mpsc::Receiver<WriteCommand>) {
-    let mut batch = VecDeque::with_capacity(MAX_BATCH);
-    // The connection starts with `synchronous=FULL` (see `schema::configure_writer`).
-    let mut flushing = true;
-    while let Some(first) = commands.blocking_recv() {
-        batch.push_back(first);
-        // Whatever queued up while the previous batch was being fsynced joins this one:
-        // that is the group commit, and it needs no timer.
-        while batch.len() < MAX_BATCH {
-            match commands.try_recv() {
-                Ok(command) => batch.push_back(command),
-                Err(_) => break,
-            }
-        }
+/// The only read-write connection, and the `synchronous` setting it was last given. The
+/// writer thread and a caller committing inline (see `SqliteStore::write`) take turns
+/// with it under a mutex.
+pub(super) struct Writer {
+    connection: Connection,
+    flushing: bool,
+}
+
+impl Writer {
+    /// The connection starts with `synchronous=FULL` (see `schema::configure_writer`).
+    pub(super) fn new(connection: Connection) -> Writer {
+        Writer { connection, flushing: true }
+    }
+
+    /// Commits every command of `batch` (in one transaction, unless SQLite aborts one
+    /// midway) and returns their answers, to be delivered once the writer is unlocked.
+    pub(super) fn commit(&mut self, batch: &mut VecDeque<WriteCommand>) -> Vec<Box<dyn Answer>> {
         // A batch of only run events and audit records commits without flushing the WAL:
         // they are durable with the next commit that flushes, which covers every frame
         // before it (see `Store::append_events`). Anything else in the batch flushes it all.
         let flush = batch.iter().any(WriteCommand::needs_flush);
-        if flush != flushing {
+        if flush != self.flushing {
             let pragma = if flush { "PRAGMA synchronous = FULL" } else { "PRAGMA synchronous = NORMAL" };
-            match connection.execute_batch(pragma) {
-                Ok(()) => flushing = flush,
+            match self.connection.execute_batch(pragma) {
+                Ok(()) => self.flushing = flush,
                 Err(error) => tracing::error!(%error, "keel-store could not run {pragma}"),
             }
         }
+        let mut answers = Vec::with_capacity(batch.len());
         while !batch.is_empty() {
-            for answer in run_transaction(&connection, &mut batch) {
-                answer.deliver();
+            answers.extend(run_transaction(&self.connection, batch));
+        }
+        answers
+    }
+}
+
+/// Whether a caller may commit `command` on its own thread rather than queue it: one
+/// whose caller waits for its flush. Run events and audit records are background work
+/// nobody waits on (on a runtime thread they delayed the tasks queued behind them: a
+/// `code.exec` job's in-kernel time grew by a quarter), and a dump's restore comes in
+/// batches big enough to hold a thread; those always go to the writer thread.
+pub(super) fn may_commit_inline(command: &WriteCommand) -> bool {
+    command.needs_flush() && !matches!(command, WriteCommand::Restore { .. })
+}
+
+/// Whether no commit holds the writer now (a hint: it may be taken the next moment).
+pub(super) fn is_free(writer: &Mutex<Writer>) -> bool {
+    match writer.try_lock() {
+        Ok(_) | Err(std::sync::TryLockError::Poisoned(_)) => true,
+        Err(std::sync::TryLockError::WouldBlock) => false,
+    }
+}
+
+/// Locks the writer; a caller that panicked holding it left no transaction the next
+/// commit does not roll back first (`run_transaction`).
+pub(super) fn lock(writer: &Mutex<Writer>) -> MutexGuard<'_, Writer> {
+    writer.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The writer thread's body. Returns when every sender is gone (the store was dropped);
+/// commands already queued are still served first.
+pub(super) fn run(writer: Arc<Mutex<Writer>>, mut commands: mpsc::Receiver<WriteCommand>) {
+    let mut batch = VecDeque::with_capacity(MAX_BATCH);
+    while let Some(first) = commands.blocking_recv() {
+        batch.push_back(first);
+        let answers = {
+            let mut writer = lock(&writer);
+            // Whatever queued up while the previous commit (this thread's, or a caller's
+            // inline one) was being fsynced joins this one: that is the group commit, and
+            // it needs no timer.
+            while batch.len() < MAX_BATCH {
+                match commands.try_recv() {
+                    Ok(command) => batch.push_back(command),
+                    Err(_) => break,
+                }
             }
+            writer.commit(&mut batch)
+        };
+        // Unlocked first, so a caller woken by its answer may commit its next write inline.
+        for answer in answers {
+            answer.deliver();
         }
     }
 }
