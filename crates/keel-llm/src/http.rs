@@ -30,6 +30,10 @@ pub(crate) fn build_client(http: &HttpConfig) -> Result<reqwest::Client> {
 pub(crate) struct Endpoint {
     pub provider: String,
     pub url: String,
+    /// `url` parsed once, not on every call (URL parsing with its IDNA pass showed in the
+    /// gateway's profile); `None` for a URL that does not parse, which then fails each
+    /// call as a transport error naming it.
+    parsed: Option<reqwest::Url>,
     pub client: reqwest::Client,
     pub headers: HeaderMap,
     pub key_source: KeySource,
@@ -61,7 +65,8 @@ impl Endpoint {
             value.set_sensitive(true);
             headers.insert(header, value);
         }
-        Ok(Endpoint { provider: provider.to_owned(), url, client, headers, key_source, read_timeout })
+        let parsed = reqwest::Url::parse(&url).ok();
+        Ok(Endpoint { provider: provider.to_owned(), url, parsed, client, headers, key_source, read_timeout })
     }
 
     pub fn context<'a>(&'a self, model: &'a str) -> CallContext<'a> {
@@ -76,9 +81,11 @@ impl Endpoint {
         model: &str,
         limiter: &RateLimiter,
     ) -> Result<reqwest::Response, UpstreamError> {
-        let response = self
-            .client
-            .post(&self.url)
+        let request = match &self.parsed {
+            Some(url) => self.client.post(url.clone()),
+            None => self.client.post(&self.url),
+        };
+        let response = request
             .headers(self.headers.clone())
             .json(body)
             .send()

@@ -79,9 +79,11 @@ pub fn fill_random(buf: &mut [u8]) {
 pub fn random_token() -> String {
     let mut bytes = [0u8; 32];
     fill_random(&mut bytes);
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(64);
     for b in bytes {
-        out.push_str(&format!("{b:02x}"));
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0xf)]));
     }
     out
 }
@@ -205,6 +207,14 @@ mod tests {
         assert_eq!(RunId::parse(a.as_str()).unwrap(), a);
         assert!(RunId::parse("run_short").is_err());
         assert!(RunId::parse("job_0000000000000000000000000").is_err());
+    }
+
+    #[test]
+    fn tokens_are_64_lowercase_hex_digits_and_fresh() {
+        let (a, b) = (random_token(), random_token());
+        assert_eq!(a.len(), 64);
+        assert!(a.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)), "{a}");
+        assert_ne!(a, b);
     }
 
     #[test]
