@@ -2,10 +2,10 @@
 //! every write, and a small pool of read-only connections that read alongside it (WAL).
 //!
 //! Shape: `SqliteStore` is a cheap-to-clone handle. Writes are turned into a closed
-//! `WriteCommand` for the only read-write connection (`writer`). A write that finds
-//! nothing queued and no commit in flight is committed on its caller's thread; otherwise
-//! it is sent to the writer thread, which drains whatever is queued into one transaction,
-//! commits once (one fsync with `synchronous=FULL`) and then answers every caller. Reads run on tokio's blocking
+//! `WriteCommand` for the only read-write connection (`writer`). A write that is the only
+//! one in flight is committed on its caller's thread; otherwise it is sent to the writer
+//! thread, which drains whatever is queued into one transaction, commits once (one flush
+//! with `synchronous=FULL`) and then answers every caller. Reads run on tokio's blocking
 //! pool with a connection of their own (`ReadPool`); since a write is answered only after
 //! its commit, a read that starts after a write returned sees it.
 
@@ -18,7 +18,7 @@ mod triggers;
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
@@ -61,9 +61,9 @@ pub struct SqliteStore {
 struct Inner {
     /// `None` only while `Drop` runs: dropping the sender is what tells the writer to stop.
     commands: Option<mpsc::Sender<WriteCommand>>,
-    /// The read-write connection, shared by the writer thread and inline commits; `None`
-    /// only while `Drop` runs.
-    writer: Option<Arc<Mutex<writer::Writer>>>,
+    /// The read-write connection, shared by the writer thread and inline commits. Dropped
+    /// after `Drop` has joined the writer thread, so it is the last connection to close.
+    writer: Arc<Mutex<writer::Writer>>,
     /// Writes in flight: asked for and not yet answered (or given up on).
     writing: AtomicUsize,
     writer_thread: Option<JoinHandle<()>>,
@@ -93,7 +93,6 @@ impl Drop for Inner {
         {
             tracing::error!("the keel-store writer thread panicked");
         }
-        self.writer = None;
     }
 }
 
@@ -155,7 +154,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 commands: Some(commands),
-                writer: Some(writer),
+                writer,
                 writing: AtomicUsize::new(0),
                 writer_thread: Some(writer_thread),
                 checkpoint_stop: Some(checkpoint_stop),
@@ -206,24 +205,24 @@ impl SqliteStore {
     /// Commits a command and waits until it is committed (or failed). Uncontended (no
     /// other write in flight, see `may_commit_inline`), the caller commits it on its own
     /// thread: handing it to the writer thread and being woken back costs two thread
-    /// wake-ups, which on an idle machine take longer than the statements. Otherwise it queues for
-    /// the writer thread, which commits everything queued in one transaction.
+    /// wake-ups, which on an idle machine take longer than the statements. Otherwise it
+    /// queues for the writer thread, which commits everything queued in one transaction.
     async fn write<T>(&self, command: impl FnOnce(writer::Reply<T>) -> WriteCommand) -> Result<T> {
         let commands = self.inner.commands.as_ref().ok_or(Error::Closed)?;
         let _writing = Writing::enter(&self.inner.writing);
         let (reply, answer) = oneshot::channel();
-        let command = command(reply);
+        let mut command = command(reply);
         if self.may_commit_inline(commands, &command) {
             // The commit holds this thread until the flush: first let run what this task
             // just woke, which a runtime keeps for this thread (tokio's LIFO slot, which
             // other threads do not steal). Without it, a streamed answer's first token
             // waited behind the commit of the next call.
             tokio::task::yield_now().await;
+            command = match self.commit_inline(commands, command) {
+                None => return answer.await.map_err(|_| Error::Closed)?,
+                Some(command) => command,
+            };
         }
-        let command = match self.commit_inline(commands, command) {
-            None => return answer.await.map_err(|_| Error::Closed)?,
-            Some(command) => command,
-        };
         commands.send(command).await.map_err(|_| Error::Closed)?;
         // The writer drops the reply sender without answering only if it died.
         answer.await.map_err(|_| Error::Closed)?
@@ -232,18 +231,17 @@ impl SqliteStore {
     /// Whether `command` may be committed on its caller's thread: it is of a kind that
     /// may (`writer::may_commit_inline`), no other write is in flight (with others, it
     /// joins their group commit: committed alone, it would take a flush of its own while
-    /// they queue), nothing is queued before it (queued commands were sent first and stay
-    /// first) and no commit holds the writer.
+    /// they queue) and nothing is queued before it (queued commands were sent first and
+    /// stay first). Whether a commit holds the writer is `commit_inline`'s `try_lock`.
     fn may_commit_inline(&self, commands: &mpsc::Sender<WriteCommand>, command: &WriteCommand) -> bool {
         writer::may_commit_inline(command)
-            && self.inner.writing.load(std::sync::atomic::Ordering::SeqCst) == 1
+            && self.inner.writing.load(Ordering::SeqCst) == 1
             && commands.capacity() == commands.max_capacity()
-            && self.inner.writer.as_ref().is_some_and(|writer| writer::is_free(writer))
     }
 
-    /// Commits `command` on this thread if nothing is queued and the writer is free;
-    /// otherwise hands it back. Never waits for the lock: a commit in flight means others
-    /// are writing, and queueing behind it joins their group commit.
+    /// Commits `command` on this thread if it still may (after the yield) and the writer
+    /// is free; otherwise hands it back. Never waits for the lock: a commit in flight means others are
+    /// writing, and queueing behind it joins their group commit.
     fn commit_inline(
         &self,
         commands: &mpsc::Sender<WriteCommand>,
@@ -252,10 +250,7 @@ impl SqliteStore {
         if !self.may_commit_inline(commands, &command) {
             return Some(command);
         }
-        let Some(shared) = self.inner.writer.as_ref() else {
-            return Some(command);
-        };
-        let mut writer = match shared.try_lock() {
+        let mut writer = match self.inner.writer.try_lock() {
             Ok(writer) => writer,
             Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Some(command),
@@ -759,14 +754,14 @@ struct Writing<'a>(&'a AtomicUsize);
 
 impl<'a> Writing<'a> {
     fn enter(count: &'a AtomicUsize) -> Writing<'a> {
-        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        count.fetch_add(1, Ordering::SeqCst);
         Writing(count)
     }
 }
 
 impl Drop for Writing<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -790,7 +785,7 @@ mod tests {
 
         // A commit in flight (the writer held): the write queues, and the writer thread
         // commits it once the writer is free. Its first poll, here, makes that choice.
-        let held = writer::lock(store.inner.writer.as_ref().expect("writer"));
+        let held = writer::lock(&store.inner.writer);
         let mut queued = std::pin::pin!(committer(&store));
         let mut context = std::task::Context::from_waker(std::task::Waker::noop());
         for _ in 0..3 {

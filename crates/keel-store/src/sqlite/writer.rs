@@ -1,12 +1,13 @@
 //! The only read-write connection, and the writer thread: it takes `WriteCommand`s from
 //! a channel, group-commits them (many commands, one transaction, one fsync) and answers
 //! each caller only after the commit. An uncontended caller commits its command on its
-//! own thread with the same code (`Writer::commit`), taking turns under a mutex. One command's failure must not touch the others in
-//! its batch: most commands run in a savepoint of their own, which undoes their writes if
-//! they fail. The hot ones (the journal, run events, run rows, mailboxes) are written so
-//! that they refuse before their first write, and run without one (`unguarded`): a
-//! savepoint copies every page the command touches into a statement journal, which cost
-//! 100 concurrent runs 15-25% of their journaled steps per second.
+//! own thread with the same code (`Writer::commit`), taking turns under a mutex. One
+//! command's failure must not touch the others in its batch: most commands run in a
+//! savepoint of their own, which undoes their writes if they fail. The hot ones (the
+//! journal, run events, run rows, mailboxes) are written so that they refuse before their
+//! first write, and run without one (`unguarded`): a savepoint copies every page the
+//! command touches into a statement journal, which cost 100 concurrent runs 15-25% of
+//! their journaled steps per second.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -236,14 +237,6 @@ impl Writer {
 /// batches big enough to hold a thread; those always go to the writer thread.
 pub(super) fn may_commit_inline(command: &WriteCommand) -> bool {
     command.needs_flush() && !matches!(command, WriteCommand::Restore { .. })
-}
-
-/// Whether no commit holds the writer now (a hint: it may be taken the next moment).
-pub(super) fn is_free(writer: &Mutex<Writer>) -> bool {
-    match writer.try_lock() {
-        Ok(_) | Err(std::sync::TryLockError::Poisoned(_)) => true,
-        Err(std::sync::TryLockError::WouldBlock) => false,
-    }
 }
 
 /// Locks the writer; a caller that panicked holding it left no transaction the next
