@@ -7,7 +7,8 @@ Modes (each prints one JSON object of results on stdout, or passes it to run.exi
   sqlite PATH       floor store: one INSERT and one fsync'd commit (WAL, synchronous=FULL)
                     per message
   server            under `keel run`: the same protocol over ipc.recv / ipc.send (after a
-                    `batch` message, ipc.recv with `max`: whatever waits in one step)
+                    `batch` message, ipc.recv with `max`: whatever waits in one step; after
+                    `combined`, a reply and the next receive as one ipc.send with `recv`)
   client            under `keel run`: the same measurements against run BENCH_PEER
 """
 
@@ -129,12 +130,21 @@ def server():
     k = keel.connect()
     count = 0
     batch = 0  # after a `batch` message: receive up to this many at once (recv_many)
+    combined = False  # after `combined`: answer a request and receive the next in one call
+    received = []
     while True:
-        for msg in k.recv_many(batch) if batch else [k.recv()]:
+        if not received:
+            received = k.recv_many(batch) if batch else [k.recv()]
+        while received:
+            msg = received.pop(0)
             body = msg["message"]
             op = body["op"]
-            if op == "req":
+            if op == "req" and combined and not received:
+                received = [k.send_recv(msg["from"], body, correlation_id=msg["correlation_id"])]
+            elif op == "req":
                 k.send(msg["from"], body, correlation_id=msg["correlation_id"])
+            elif op == "combined":
+                combined = body["on"]
             elif op == "one":
                 count += 1
             elif op == "flush":
@@ -162,6 +172,20 @@ def client():
         if i >= WARMUP:
             samples.append(elapsed)
     result = {"round_trip": stats(samples)}
+
+    # The same round trips with `send_recv` on both sides: each side's send and its next
+    # receive in one call.
+    k.send(peer, {"op": "combined", "on": True})
+    samples = []
+    for i in range(WARMUP + N):
+        start = time.perf_counter()
+        reply = k.send_recv(peer, {"op": "req", "i": i}, correlation_id=f"c{i}")
+        elapsed = (time.perf_counter() - start) * 1e6
+        assert reply["correlation_id"] == f"c{i}", reply
+        if i >= WARMUP:
+            samples.append(elapsed)
+    result["round_trip_combined"] = stats(samples)
+    k.send(peer, {"op": "combined", "on": False})
 
     def oneway(senders, tag):
         per_sender = ONEWAY // senders

@@ -1,4 +1,5 @@
-//! IPC between two runs: request/reply round trips and one-way throughput through
+//! IPC between two runs: request/reply round trips (as separate `ipc.send` and `ipc.recv`
+//! calls, then as one `ipc.send` with `recv` on each side) and one-way throughput through
 //! `ipc.send` / `ipc.recv` (each journaled and fsync'd) between two Python agents under
 //! `keel serve`, against the floors of a raw Unix-socket echo between two Python processes
 //! and a raw SQLite INSERT with an fsync'd commit per message, in the same run.
@@ -115,6 +116,14 @@ fn main() {
             round_trip_row(
                 &format!("kernel: ipc.send + ipc.recv each way, sandbox `{tier}`"),
                 &result["round_trip"],
+                floor
+            )
+        );
+        println!(
+            "{}",
+            round_trip_row(
+                &format!("kernel: ipc.send with `recv` (`send_recv`) each way, sandbox `{tier}`"),
+                &result["round_trip_combined"],
                 floor
             )
         );

@@ -126,6 +126,50 @@ impl Drop for Claim {
     }
 }
 
+/// The answers to a run's claims held back until the run's own receive is on offer
+/// (`ipc.send` with `recv`): the peer the send woke hears of it only once its answer can
+/// complete that receive, however quick the peer.
+#[derive(Default)]
+pub(crate) struct HeldAnswers(Mutex<Option<Vec<(Claim, Handed)>>>);
+
+impl HeldAnswers {
+    /// Holds back the answers of claims settled from now until [`HeldAnswers::release`],
+    /// called at the latest when the guard drops.
+    pub(crate) fn hold(&self) -> Holding<'_> {
+        crate::lock(&self.0).get_or_insert_with(Vec::new);
+        Holding(self)
+    }
+
+    /// Settles `claim` with `handed`: at once, unless answers are held back.
+    pub(crate) fn settle(&self, claim: Claim, handed: Handed) {
+        let mut held = crate::lock(&self.0);
+        match held.as_mut() {
+            Some(held) => held.push((claim, handed)),
+            None => {
+                drop(held);
+                claim.settle(handed);
+            }
+        }
+    }
+
+    /// Settles every answer held back, and holds no more.
+    pub(crate) fn release(&self) {
+        let held = crate::lock(&self.0).take();
+        for (claim, handed) in held.into_iter().flatten() {
+            claim.settle(handed);
+        }
+    }
+}
+
+/// Answers held back while it lives (see [`HeldAnswers::hold`]).
+pub(crate) struct Holding<'a>(&'a HeldAnswers);
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
 /// A receiver's offer (see [`MailboxWait::offer`]); dropped, it is withdrawn if unclaimed.
 pub(crate) struct Offer {
     id: u64,
@@ -323,6 +367,57 @@ mod tests {
         // A dropped offer is withdrawn too.
         drop(mailbox.offer(entry(), no_result, counted(&out, &usable)));
         assert!(!mailboxes.on_offer(&run));
+    }
+
+    /// While a run's answers are held (its `ipc.send` with `recv` has yet to offer its
+    /// receive), a claim it settles answers its receiver only on release, or when the
+    /// hold's guard drops; otherwise at once.
+    #[tokio::test]
+    async fn held_answers_go_out_on_release_or_when_the_hold_ends() {
+        use futures_util::FutureExt;
+        let mailboxes = Mailboxes::default();
+        let (out, usable) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(true)));
+        let held = HeldAnswers::default();
+        let offered = |run: &RunId| {
+            let mailbox = mailboxes.wait(run);
+            let offer = mailbox.offer(entry(), no_result, counted(&out, &usable)).expect("offered");
+            (mailbox, offer, mailboxes.claim(run).expect("claimed"))
+        };
+        let taken = || Handed::Taken(1, serde_json::json!({"message": "m"}));
+
+        let (run, other) = (RunId::generate(1), RunId::generate(1));
+        let (_mailbox, offer, claim) = offered(&run);
+        let (_other_mailbox, other_offer, other_claim) = offered(&other);
+        let mut answer = Box::pin(offer.wait_then_withdraw(std::future::pending::<()>()));
+        let mut other_answer = Box::pin(other_offer.wait_then_withdraw(std::future::pending::<()>()));
+        let holding = held.hold();
+        held.settle(claim, taken());
+        held.settle(other_claim, taken());
+        assert!(answer.as_mut().now_or_never().is_none(), "held back");
+        assert_eq!(out.load(Ordering::SeqCst), 2, "the claims still hold their runs");
+        held.release();
+        assert!(matches!(answer.await, Some(Handed::Taken(1, _))));
+        assert!(matches!(other_answer.as_mut().now_or_never(), Some(Some(Handed::Taken(1, _)))));
+        assert_eq!(out.load(Ordering::SeqCst), 0);
+
+        // Released, the hold holds nothing more: an answer goes out at once.
+        let (_mailbox, offer, claim) = offered(&run);
+        held.settle(claim, taken());
+        assert!(matches!(
+            offer.wait_then_withdraw(std::future::pending::<()>()).await,
+            Some(Handed::Taken(..))
+        ));
+        drop(holding);
+
+        // A hold that ends unreleased (its call dropped midway) lets its answers go.
+        let (_mailbox, offer, claim) = offered(&run);
+        let holding = held.hold();
+        held.settle(claim, Handed::NotTaken);
+        drop(holding);
+        assert!(matches!(
+            offer.wait_then_withdraw(std::future::pending::<()>()).await,
+            Some(Handed::NotTaken)
+        ));
     }
 
     #[tokio::test]

@@ -617,6 +617,14 @@ pub struct IpcSendParams {
     pub correlation_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait: Option<bool>,
+    /// With `recv`, the call goes on, once the message is sent, to receive as
+    /// `ipc.recv` with these params would, and answers both: `{"seq", "message"}` (with
+    /// `max`, `{"seq", "messages"}`). The journal keeps the two calls as two entries, as if
+    /// they had been made one after the other; made in one request, the receive waits on
+    /// offer from the moment the send is durable, so a peer's immediate answer completes
+    /// it in the answer's own commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recv: Option<IpcRecvParams>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -324,6 +324,28 @@ impl Client {
         Ok(self.call::<IpcSendResult>("ipc.send", params)?.seq)
     }
 
+    /// [`Client::send`], then [`Client::recv`], in one request: the next message of this
+    /// run's mailbox after the send (its reply, when the peer answers at once), or `None`
+    /// when `timeout_ms` passes first. Journaled and replayed as the two calls; the receive
+    /// is on offer before the peer hears of the send, so the peer's reply completes it in
+    /// the reply's own commit (a round trip of two commits; see the protocol's `ipc.send`).
+    pub fn send_recv(
+        &mut self,
+        to: &str,
+        message: &Value,
+        correlation_id: Option<&str>,
+        timeout_ms: Option<u64>,
+    ) -> Result<Option<IpcMessage>> {
+        let mut params = json!({ "to": to, "message": message, "recv": {} });
+        if let Some(correlation_id) = correlation_id {
+            params["correlation_id"] = json!(correlation_id);
+        }
+        if let Some(timeout_ms) = timeout_ms {
+            params["recv"]["timeout_ms"] = json!(timeout_ms);
+        }
+        Ok(self.call::<IpcRecvResult>("ipc.send", params)?.message)
+    }
+
     /// The next message of this run's mailbox, waiting up to `timeout_ms` (forever when
     /// `None`); `None` on timeout. Each message is received once; a restarted run
     /// receives the same messages again from the journal.

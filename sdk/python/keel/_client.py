@@ -547,6 +547,31 @@ class Client:
             params["wait"] = False
         return int(_field(self.call("ipc.send", params), "seq", "ipc.send"))
 
+    def send_recv(
+        self,
+        to: str,
+        message: Any,
+        *,
+        correlation_id: str | None = None,
+        timeout_ms: int | None = None,
+    ) -> dict[str, Any] | None:
+        """`send`, then `recv`, in one call: the next message of this run's mailbox after
+        the send (the reply, when the peer answers at once), or None when `timeout_ms`
+        passes first. Journaled and replayed as the two calls. The receive is on offer
+        before the peer hears of the send, so the peer's reply completes it in the
+        reply's own commit: a request/reply round trip of two commits, where a separate
+        `recv` can arrive after a quick reply and cost one more. A replier loops on it
+        too: ``msg = k.send_recv(msg["from"], answer, correlation_id=...)`` answers one
+        request and receives the next."""
+        recv: dict[str, Any] = {}
+        if timeout_ms is not None:
+            recv["timeout_ms"] = timeout_ms
+        params: dict[str, Any] = {"to": to, "message": message, "recv": recv}
+        if correlation_id is not None:
+            params["correlation_id"] = correlation_id
+        received: dict[str, Any] | None = _field(self.call("ipc.send", params), "message", "ipc.send")
+        return received
+
     def recv(self, timeout_ms: int | None = None) -> dict[str, Any] | None:
         """The next message of this run's mailbox (``from``, ``seq``, ``message`` and
         ``correlation_id`` when the sender gave one), waiting up to `timeout_ms` (forever

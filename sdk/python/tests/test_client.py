@@ -156,7 +156,8 @@ class CallTests(KernelTestCase):
             "mem.get": {"value": {"v": 1}},
             "mem.delete": {"deleted": True},
             "mem.search": {"hits": [{"key": "k", "score": 1.5, "snippet": "[hi]"}]},
-            "ipc.send": {"seq": 3},
+            # With `recv`, a send answers the message received too.
+            "ipc.send": {"seq": 3, "message": {"from": "run_b", "seq": 4, "message": "r"}},
             "ipc.subscribe": {},
             "ipc.unsubscribe": {},
             "ipc.publish": {"delivered": 2},
@@ -193,6 +194,8 @@ class CallTests(KernelTestCase):
         self.assertEqual(client.mem_search("notes", "hi"), [{"key": "k", "score": 1.5, "snippet": "[hi]"}])
         self.assertEqual(client.send("run_b", {"q": 1}), 3)
         self.assertEqual(client.send("run_b", "x", correlation_id="c1", wait=False), 3)
+        self.assertEqual(client.send_recv("run_b", {"q": 2})["message"], "r")
+        self.assertEqual(client.send_recv("run_b", 1, correlation_id="c2", timeout_ms=9)["seq"], 4)
         self.assertEqual(client.recv()["correlation_id"], "c1")
         self.assertEqual(client.recv(timeout_ms=50)["message"], {"q": 1})
         self.assertEqual([m["seq"] for m in client.recv_many(10)], [1, 2])
@@ -231,6 +234,11 @@ class CallTests(KernelTestCase):
                 ("mem.search", {"namespace": "notes", "query": "hi"}),
                 ("ipc.send", {"to": "run_b", "message": {"q": 1}}),
                 ("ipc.send", {"to": "run_b", "message": "x", "correlation_id": "c1", "wait": False}),
+                ("ipc.send", {"to": "run_b", "message": {"q": 2}, "recv": {}}),
+                (
+                    "ipc.send",
+                    {"to": "run_b", "message": 1, "recv": {"timeout_ms": 9}, "correlation_id": "c2"},
+                ),
                 ("ipc.recv", {}),
                 ("ipc.recv", {"timeout_ms": 50}),
                 ("ipc.recv", {"max": 10}),

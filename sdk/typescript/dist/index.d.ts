@@ -421,6 +421,17 @@ export declare class Client {
         correlationId?: string;
         wait?: boolean;
     }): Promise<number>;
+    /**
+     * {@link Client.send}, then {@link Client.recv}, in one call: the next message of this
+     * run's mailbox after the send (the reply, when the peer answers at once), or null when
+     * `timeoutMs` passes first. Journaled and replayed as the two calls. The receive is on
+     * offer before the peer hears of the send, so the peer's reply completes it in the
+     * reply's own commit: a request/reply round trip of two commits.
+     */
+    sendRecv<T = unknown>(to: string, message: unknown, options?: {
+        correlationId?: string;
+        timeoutMs?: number;
+    }): Promise<IpcMessage<T> | null>;
     /** The next message of this run's mailbox, waiting up to `timeoutMs` (forever when
      * absent); null on timeout. Each message is received once, and a restarted run
      * receives the same messages again. */

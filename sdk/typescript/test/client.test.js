@@ -165,7 +165,8 @@ describe("calls", () => {
       "mem.get": { value: { v: 1 } },
       "mem.delete": { deleted: true },
       "mem.search": { hits: [{ key: "k", score: 1.5, snippet: "[hi]" }] },
-      "ipc.send": { seq: 3 },
+      // With `recv`, a send answers the message received too.
+      "ipc.send": { seq: 3, message: { from: "run_b", seq: 4, message: "r" } },
       "ipc.recv": {
         message: { from: "run_a", seq: 1, message: { q: 1 }, correlation_id: "c1" },
         messages: [{ from: "run_a", seq: 1, message: { q: 1 } }, { from: null, seq: 2, message: "x" }],
@@ -223,6 +224,8 @@ describe("calls", () => {
     assert.equal(await client.send("run_b", { q: 1 }), 3);
     await client.send("run_b", "x", { correlationId: "c1", wait: false });
     await client.send("run_b", "y", { wait: true });
+    assert.equal((await client.sendRecv("run_b", { q: 2 })).message, "r");
+    assert.equal((await client.sendRecv("run_b", 1, { correlationId: "c2", timeoutMs: 9 })).seq, 4);
     assert.equal((await client.recv()).correlation_id, "c1");
     assert.deepEqual((await client.recv({ timeoutMs: 50 })).message, { q: 1 });
     assert.deepEqual((await client.recvMany(10)).map((m) => m.seq), [1, 2]);
@@ -287,6 +290,8 @@ describe("calls", () => {
       ["ipc.send", { to: "run_b", message: { q: 1 } }],
       ["ipc.send", { to: "run_b", message: "x", correlation_id: "c1", wait: false }],
       ["ipc.send", { to: "run_b", message: "y" }],
+      ["ipc.send", { to: "run_b", message: { q: 2 }, recv: {} }],
+      ["ipc.send", { to: "run_b", message: 1, correlation_id: "c2", recv: { timeout_ms: 9 } }],
       ["ipc.recv", {}],
       ["ipc.recv", { timeout_ms: 50 }],
       ["ipc.recv", { max: 10 }],

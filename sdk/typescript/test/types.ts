@@ -23,6 +23,9 @@ export async function agent(): Promise<void> {
   const timedOut: boolean | undefined = outcome.timed_out;
   const message: IpcMessage<{ q: number }> | null = await k.recv<{ q: number }>({ timeoutMs: 10 });
   const q: number | undefined = message?.message.q;
+  const answered = await k.sendRecv<{ answer: number }>("run_b", { q }, { correlationId: "c0", timeoutMs: 10 });
+  const answer: number | undefined = answered?.message.answer;
+  await k.emit({ answer });
   const hits = await k.memSearch("notes", "tides", { mode: "hybrid" });
   const score: number | undefined = hits[0]?.score;
   const now: number = await k.nowMs();

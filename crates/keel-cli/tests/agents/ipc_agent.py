@@ -27,6 +27,8 @@ tests with the scripted kernel.
   {"delivered": [<subscribers reached by each publish>, ...]}.
 - `IPC_DELAY_MS` (default 0): sleep this long after every message handled, so a test can
   kill the kernel mid-exchange.
+- `IPC_COMBINED=1`: the client sends each request and receives in one call
+  (`send_recv`), and the server answers a request and receives the next in one call.
 """
 
 from __future__ import annotations
@@ -57,34 +59,42 @@ def main() -> int:
     count = env_int("IPC_COUNT", 5)
     delay_s = env_int("IPC_DELAY_MS", 0) / 1000
     peer = os.environ.get("IPC_PEER", "")
+    combined = os.environ.get("IPC_COMBINED") == "1"
+    timeout = env_int("IPC_RECV_TIMEOUT_MS", 1000)
     output: dict[str, Any]
     with keel.connect() as k:
         if role == "server":
             received = []
+            message = recv(k)
             while True:
-                message = recv(k)
                 received.append(message["message"])
                 print(f"ipc_agent: got {json.dumps(message)}", file=sys.stderr, flush=True)
                 if message["message"] == "stop":
                     break
                 if message.get("correlation_id") and message.get("from"):
-                    k.send(
-                        message["from"],
-                        {"echo": message["message"]},
-                        correlation_id=message["correlation_id"],
-                    )
+                    answer = ({"echo": message["message"]}, message["correlation_id"])
+                    if combined:
+                        time.sleep(delay_s)
+                        message = k.send_recv(
+                            message["from"], answer[0], correlation_id=answer[1], timeout_ms=timeout
+                        ) or recv(k)
+                        continue
+                    k.send(message["from"], answer[0], correlation_id=answer[1])
                 time.sleep(delay_s)
+                message = recv(k)
             output = {"received": received}
         elif role == "client":
             replies = []
             for n in range(count):
                 correlation_id = f"req-{n}"
-                k.send(peer, {"n": n}, correlation_id=correlation_id)
-                while True:
+                if combined:
+                    reply = k.send_recv(peer, {"n": n}, correlation_id=correlation_id, timeout_ms=timeout)
+                else:
+                    k.send(peer, {"n": n}, correlation_id=correlation_id)
+                    reply = None
+                while reply is None or reply.get("correlation_id") != correlation_id:
                     reply = recv(k)
-                    if reply.get("correlation_id") == correlation_id:
-                        replies.append(reply["message"])
-                        break
+                replies.append(reply["message"])
                 print(f"ipc_agent: reply {n}", file=sys.stderr, flush=True)
                 time.sleep(delay_s)
             k.send(peer, "stop")

@@ -160,10 +160,21 @@ fn a_full_mailbox_refuses_or_holds_the_sender_until_the_receiver_drains() {
 
 #[test]
 fn sigkill_mid_exchange_delivers_every_message_exactly_once() {
+    sigkill_mid_exchange("IPC_COMBINED=0");
+}
+
+/// The same with each side's send and next receive made as one call (`send_recv`): a kill
+/// between the two halves of a call replays the send and makes the receive live.
+#[test]
+fn sigkill_mid_exchange_of_send_recv_calls_delivers_every_message_exactly_once() {
+    sigkill_mid_exchange("IPC_COMBINED=1");
+}
+
+fn sigkill_mid_exchange(combined: &str) {
     const COUNT: u64 = 8;
     let mut keel = Keel::new();
     keel.start_daemon();
-    let server = ipc_agent(&keel, &["IPC_ROLE=server", "IPC_DELAY_MS=100"]);
+    let server = ipc_agent(&keel, &["IPC_ROLE=server", "IPC_DELAY_MS=100", combined]);
     let client = ipc_agent(
         &keel,
         &[
@@ -171,6 +182,7 @@ fn sigkill_mid_exchange_delivers_every_message_exactly_once() {
             &format!("IPC_COUNT={COUNT}"),
             "IPC_DELAY_MS=150",
             &format!("IPC_PEER={server}"),
+            combined,
         ],
     );
     for kill_at in [4usize, 10] {

@@ -227,6 +227,7 @@ impl Kernel {
             inflight: Default::default(),
             waiting_calls: Default::default(),
             receives_wait: AtomicBool::new(true),
+            held_answers: Default::default(),
             swapping: AtomicBool::new(false),
             lost: AtomicBool::new(false),
             _egress: egress,

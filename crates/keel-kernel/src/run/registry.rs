@@ -83,6 +83,9 @@ pub(crate) struct LiveRun {
     /// Whether the run's last `ipc.recv` found its mailbox empty: the next one offers
     /// itself to senders before it looks (see `syscall/ipc.rs`).
     pub(crate) receives_wait: AtomicBool,
+    /// Answers to the run's sends' claims, held back while its `ipc.send` with `recv`
+    /// has yet to offer its receive (see `syscall/ipc.rs`).
+    pub(crate) held_answers: crate::mailboxes::HeldAnswers,
     /// Set when the kernel stops the agent to swap the run out.
     pub(crate) swapping: AtomicBool,
     /// Set when another node took the run over (see `run/cluster.rs`): the agent is

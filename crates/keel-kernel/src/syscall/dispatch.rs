@@ -261,6 +261,10 @@ impl Kernel {
             std::future::pending::<()>().await;
         }
         let _busy = crate::swap::Busy::new(&live.inflight);
+        if method == "ipc.send" && params.get("recv").is_some() {
+            // Two calls in one request, each journaled as itself.
+            return self.send_then_recv(live, params).await;
+        }
         let _timer = self.inner.metrics.syscall(method);
         if live.exited.load(Ordering::SeqCst) {
             return Err(SyscallError::new(

@@ -22,6 +22,7 @@
 
 use keel_protocol::EventKind;
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use keel_protocol::rpc::{
@@ -35,6 +36,7 @@ use serde_json::{Value, json};
 use crate::Kernel;
 use crate::mailboxes::MailboxWait;
 use crate::now_ms;
+use crate::run::LiveRun;
 use crate::syscall::{InStore, Reply, SyscallError, internal, parse};
 
 mod recv;
@@ -145,6 +147,11 @@ pub fn check(method: &str, params: &Value) -> Result<IpcCall, SyscallError> {
                 return Err(bad(format!(
                     "{method}: `correlation_id` must be 1 to {MAX_CORRELATION_ID_BYTES} bytes without control characters"
                 )));
+            }
+            if p.recv.is_some() {
+                // A run's own send with `recv` is split before it is checked
+                // (`Kernel::send_then_recv`); an operator has no mailbox to receive from.
+                return Err(bad(format!("{method}: `recv` is for a run's own send (to receive its answer)")));
             }
             let wait = p.wait.unwrap_or(true);
             match (to, named) {
@@ -474,6 +481,48 @@ impl Kernel {
         let call = check("ipc.send", &params)?;
         let call = self.resolve_send(tenant, call).await?;
         self.mailbox_send(tenant, None, call, None, None, || true).await
+    }
+}
+
+impl Kernel {
+    /// `ipc.send` with `recv`: the send, then the receive, each checked, journaled and
+    /// replayed as the call it is (`ipc.send` without `recv`, then `ipc.recv` with its
+    /// params), so neither the journal nor a replay can tell them from two requests made
+    /// one after the other. Made in one request, the receive is on offer to senders
+    /// (`crate::mailboxes`) as soon as the send is durable, before the peer the send woke
+    /// can answer: the answer completes it in its own commit, and a request/reply round
+    /// trip is two commits, however quick the peer: the send's answer to the peer's own
+    /// receive is held back until this receive is on offer. Two requests race the peer
+    /// instead (the agent's `ipc.recv` must reach the kernel before the answer does), and
+    /// a lost race costs the receive a commit of its own.
+    ///
+    /// Nothing is sent unless both params are valid; a send refused receives nothing; a
+    /// receive that fails after the send names the send's seq (`data.sent_seq`).
+    pub(crate) async fn send_then_recv(&self, live: &Arc<LiveRun>, mut params: Value) -> Reply {
+        let recv = params.as_object_mut().and_then(|params| params.remove("recv")).unwrap_or(Value::Null);
+        if !recv.is_object() {
+            return Err(bad(
+                "ipc.send: `recv` must be an object, {} or {\"timeout_ms\":1000,\"max\":100}".to_owned()
+            ));
+        }
+        check("ipc.send", &params)?;
+        check("ipc.recv", &recv)?;
+        // The peer the send wakes hears of it once the receive is on offer (or the call
+        // ends).
+        let _holding = live.held_answers.hold();
+        let sent = Box::pin(self.syscall(live, "ipc.send", params)).await?;
+        let seq = sent.get("seq").cloned().unwrap_or(Value::Null);
+        match Box::pin(self.syscall(live, "ipc.recv", recv)).await {
+            Ok(Value::Object(mut received)) => {
+                received.insert("seq".to_owned(), seq);
+                Ok(Value::Object(received))
+            }
+            Ok(other) => Err(internal(format!("ipc.recv answered {other}"))),
+            Err(mut err) => {
+                err.message = format!("{} (the message was sent first: seq {seq})", err.message);
+                Err(err.with("sent_seq", seq))
+            }
+        }
     }
 }
 

@@ -443,7 +443,7 @@ impl Kernel {
 /// receiver must hear back once the commit is made, whoever stops waiting for it.
 async fn send_to_receiver(
     store: Arc<dyn keel_store::Store>,
-    run: keel_types::RunId,
+    sender: Arc<LiveRun>,
     entry: NewEntry,
     op: MailboxOp,
     claim: Claim,
@@ -451,14 +451,15 @@ async fn send_to_receiver(
 ) -> keel_store::Result<Option<(Seq, MailboxDone)>> {
     let task = tokio::spawn(async move {
         let receive_result = claim.offered().result_of;
-        let written = store.journal_mailbox(&run, entry, op, result_of).await;
-        claim.settle(match &written {
+        let written = store.journal_mailbox(&sender.id, entry, op, result_of).await;
+        let handed = match &written {
             Ok(Some((_, MailboxDone::SentAndTaken { receive_seq, message, .. }))) => {
                 Handed::Taken(*receive_seq, receive_result(&MailboxDone::Received(vec![message.clone()])))
             }
             Err(keel_store::Error::OutcomeUnknown { .. }) => Handed::Unknown,
             _ => Handed::NotTaken,
-        });
+        };
+        sender.held_answers.settle(claim, handed);
         written
     });
     task.await.unwrap_or_else(|failed| {
@@ -548,8 +549,8 @@ impl InStore<'_> {
             let written = kernel
                 .while_current(live, || {
                     let store = kernel.store().clone();
-                    let (run, entry, op, claim) =
-                        (live.id.clone(), entry.clone(), op.clone(), crate::lock(&claim).take());
+                    let (sender, entry, op, claim) =
+                        (live.clone(), entry.clone(), op.clone(), crate::lock(&claim).take());
                     async move {
                         match (claim, op) {
                             (Some(claim), MailboxOp::Send { to, message, .. }) => {
@@ -559,9 +560,9 @@ impl InStore<'_> {
                                     result_of: offered.result_of,
                                 }));
                                 let op = MailboxOp::Send { to, message, receive };
-                                send_to_receiver(store, run, entry, op, claim, result_of).await
+                                send_to_receiver(store, sender, entry, op, claim, result_of).await
                             }
-                            (_, op) => store.journal_mailbox(&run, entry, op, result_of).await,
+                            (_, op) => store.journal_mailbox(&sender.id, entry, op, result_of).await,
                         }
                     }
                 })

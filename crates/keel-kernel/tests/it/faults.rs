@@ -5,7 +5,8 @@
 //! the write ("landed") or without making it ("lost"). The kernel must come out the same
 //! either way: every call answered, every entry journaled once, the run ended with its
 //! output (see `syscall/journal.rs`). Before this, only a Postgres restart under load
-//! reached these paths, by chance.
+//! reached these paths, by chance. The plan can also slow a receive's commit down, to open
+//! a race wide enough to lose every time.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -52,6 +53,9 @@ pub struct Faults {
     /// How many of the next `get_run` calls answer that the run does not exist (a read
     /// that lost a race with the run's creation).
     hidden_runs: Mutex<usize>,
+    /// How long the next receives' own takes (`journal_mailbox` with a receive) wait
+    /// before they are made, one each: a slow commit, for the races it opens.
+    slow_receives: Mutex<VecDeque<std::time::Duration>>,
 }
 
 impl Faults {
@@ -70,6 +74,16 @@ impl Faults {
         let hide = *hidden > 0;
         *hidden = hidden.saturating_sub(1);
         hide
+    }
+
+    /// The next receive's own take waits `delay` before it is made.
+    pub fn slow_next_receive(&self, delay: std::time::Duration) {
+        self.slow_receives.lock().unwrap().push_back(delay);
+    }
+
+    /// How many planned slow receives no receive has met yet.
+    pub fn slow_receives_left(&self) -> usize {
+        self.slow_receives.lock().unwrap().len()
     }
 
     /// How many planned cuts no call has met yet.
@@ -137,7 +151,16 @@ faulty_store! {
         }
         async fn journal_mailbox(&self, run: &RunId, entry: NewEntry, op: MailboxOp,
             result_of: MailboxResult) -> Result<Option<(Seq, MailboxDone)>> {
+            if matches!(op, MailboxOp::Receive { .. }) {
+                let delay = self.faults.slow_receives.lock().unwrap().pop_front();
+                if let Some(delay) = delay {
+                    tokio::time::sleep(delay).await;
+                }
+            }
             self.write(Write::JournalMailbox, self.inner.journal_mailbox(run, entry, op, result_of)).await
+        }
+        fn completes_waiting_receives(&self) -> bool {
+            self.inner.completes_waiting_receives()
         }
         async fn get_run(&self, id: &RunId) -> Result<Option<RunRecord>> {
             if self.faults.hides_run() {

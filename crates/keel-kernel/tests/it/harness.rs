@@ -150,6 +150,11 @@ impl TestKernel {
         self.kernel = Some(KernelThread { kernel, handle, stop, thread });
     }
 
+    /// The running kernel, for its synchronous probes (callable from any thread).
+    pub fn kernel(&self) -> Kernel {
+        self.kernel.as_ref().expect("a running kernel").kernel.clone()
+    }
+
     /// Runs `f` on the kernel's runtime (so whatever it spawns belongs to this kernel
     /// and dies with it) and waits for its result.
     pub fn on_kernel<T, F>(&self, f: impl FnOnce(Kernel) -> F) -> T

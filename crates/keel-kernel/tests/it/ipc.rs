@@ -83,6 +83,103 @@ fn a_send_completes_the_receive_waiting_for_it_in_its_own_commit() {
     assert_eq!(receiver_agent.recv(Some(0)).unwrap(), None, "nothing is left in the mailbox");
 }
 
+/// `ipc.send` with `recv`: the peer hears of the send only once the sender's receive is
+/// on offer, so even an instant reply completes that receive in the reply's own commit (a
+/// round trip of two commits, however quick the peer). The journal holds the two calls
+/// as if they had been made one after the other, and after a crash they are answered from
+/// it, combined or not.
+#[test]
+fn a_send_with_recv_is_on_offer_before_its_peer_hears_of_the_send() {
+    const ROUNDS: i64 = 20;
+    let faults = std::sync::Arc::new(crate::faults::Faults::default());
+    let plan = faults.clone();
+    let mut test =
+        TestKernel::start_with(|_| crate::harness::Setup { faults: Some(plan), ..Default::default() });
+    let asker = test.create_run(json!({}));
+    let answerer = test.create_run(json!({}));
+    let mut asker_agent = test.agent(&asker);
+    let mut answerer_agent = test.agent(&answerer);
+    let to = answerer.as_str();
+    for (recv, says) in [
+        (json!({"max": 0}), "`max` must be 1 to 1000"),
+        (json!(5), "`recv` must be an object"),
+        (json!({"timeout": 1}), "unknown field"),
+    ] {
+        let (kind, _, message) = refusal(
+            asker_agent.call::<serde_json::Value>("ipc.send", json!({"to": to, "message": 1, "recv": recv})),
+        );
+        assert_eq!(kind, "invalid_params", "{message}");
+        assert!(message.contains(says), "{message}");
+    }
+    let (kind, _, _) =
+        refusal(asker_agent.send_recv("run_00000000000000000000000001", &json!(1), None, Some(0)));
+    assert_eq!(kind, "not_found");
+    assert!(test.journal(&asker).is_empty(), "nothing sent, nothing received");
+
+    // A receive that last found a message takes before it offers itself: the first
+    // round's take is slowed down, so an answer not held back would arrive before the
+    // offer, every time.
+    send_as_operator(&test, &asker, json!("first"));
+    assert_eq!(asker_agent.recv(Some(0)).unwrap().expect("a message").message, json!("first"));
+    faults.slow_next_receive(std::time::Duration::from_millis(300));
+    let (kernel, asker_id) = (test.kernel(), asker.clone());
+    let answering = in_background(move || {
+        let mut request = answerer_agent.recv(None).unwrap().expect("a request");
+        let mut offered = Vec::new();
+        for round in 1..=ROUNDS {
+            // The asker's receive waits on offer from before its request arrives here.
+            offered.push(kernel.receive_on_offer(&asker_id));
+            let to = request.from.clone().expect("sent by a run");
+            let reply = json!({"answer": request.message["q"].as_i64().unwrap() * 2});
+            let id = request.correlation_id.clone();
+            if round < ROUNDS {
+                request =
+                    answerer_agent.send_recv(&to, &reply, id.as_deref(), None).unwrap().expect("a request");
+            } else {
+                answerer_agent.send(&to, &reply, id.as_deref(), true).unwrap();
+            }
+        }
+        offered
+    });
+    wait_until_offered(&test, &answerer);
+    let ask = |agent: &mut keel_sdk::Client, q: i64| {
+        let reply =
+            agent.send_recv(to, &json!({"q": q}), Some(&format!("r{q}")), None).unwrap().expect("a reply");
+        assert_eq!((reply.message, reply.correlation_id), (json!({"answer": q * 2}), Some(format!("r{q}"))));
+    };
+    for q in 0..ROUNDS {
+        ask(&mut asker_agent, q);
+    }
+    assert_eq!(answering.join().unwrap(), vec![true; ROUNDS as usize]);
+    let journal = test.journal(&asker);
+    let pairs = (0..ROUNDS).flat_map(|_| [("ipc.send", EntryStatus::Ok), ("ipc.recv", EntryStatus::Ok)]);
+    assert_eq!(methods(&journal[1..]), pairs.collect::<Vec<_>>());
+    assert_eq!(journal[1].params, json!({"to": to, "message": {"q": 0}, "correlation_id": "r0"}));
+    assert_eq!(journal[2].params, json!({}));
+    assert_eq!(faults.left() + faults.slow_receives_left(), 0, "the slow take was made");
+    let answered = test.journal(&answerer);
+    let answers = methods(&answered);
+    assert_eq!(answers.len() as i64, 2 * ROUNDS);
+    assert_eq!(answers[..2], [("ipc.recv", EntryStatus::Ok), ("ipc.send", EntryStatus::Ok)]);
+
+    test.crash_and_restart();
+    test.wait_run(&asker, "relaunched", |r| r.attempt == 2 && r.pid.is_some());
+    let mut asker_agent = test.agent(&asker);
+    assert_eq!(asker_agent.recv(Some(0)).unwrap().expect("replayed").message, json!("first"));
+    for q in 0..ROUNDS / 2 {
+        ask(&mut asker_agent, q);
+    }
+    // The same entries answer the two calls made apart.
+    for q in ROUNDS / 2..ROUNDS {
+        let message = json!({"q": q});
+        let seq = asker_agent.send(to, &message, Some(&format!("r{q}")), true).unwrap();
+        assert_eq!(seq as i64, q + 1);
+        let reply = asker_agent.recv(None).unwrap().expect("a reply");
+        assert_eq!(reply.message, json!({"answer": q * 2}));
+    }
+    assert_eq!(test.journal(&asker).len() as i64, 1 + 2 * ROUNDS, "answered from the journal");
+}
+
 /// Set for the child process that runs `a_full_mailbox_refuses_a_send_that_will_not_wait`
 /// with a small mailbox: the capacity is read from the environment at kernel start.
 const SMALL_MAILBOX_CHILD: &str = "KEEL_KERNEL_IT_SMALL_MAILBOX";

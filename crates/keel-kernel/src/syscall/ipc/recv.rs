@@ -83,7 +83,11 @@ impl Kernel {
             // without the offer, wakes `notified`.
             let offer = || {
                 let entry = journaled?.entry();
-                mailbox.offer(entry.clone(), result_of, self.receiver_hold(live)).map(|offer| (entry, offer))
+                let offered = mailbox.offer(entry.clone(), result_of, self.receiver_hold(live));
+                // Answers held back for this receive (`ipc.send` with `recv`) go out now
+                // that a reply can complete it.
+                live.held_answers.release();
+                offered.map(|offer| (entry, offer))
             };
             let mut offered = None;
             let mut received = None;
@@ -105,6 +109,9 @@ impl Kernel {
                 }
             }
             live.receives_wait.store(received.is_none(), Ordering::Relaxed);
+            // Nor are they held while this receive waits without an offer (another receive
+            // of the run's is on offer) or once it has a message.
+            live.held_answers.release();
             if received.is_none() && long && !parked && tokio::time::Instant::now() >= park_after {
                 self.park_run(live, keel_types::WaitReason::Message).await;
                 parked = true;
