@@ -79,13 +79,7 @@ pub fn fill_random(buf: &mut [u8]) {
 pub fn random_token() -> String {
     let mut bytes = [0u8; 32];
     fill_random(&mut bytes);
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(64);
-    for b in bytes {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0xf)]));
-    }
-    out
+    hex::encode(bytes)
 }
 
 macro_rules! string_enum {

@@ -505,7 +505,7 @@ impl Kernel {
                 "ipc.send: `recv` must be an object, {} or {\"timeout_ms\":1000,\"max\":100}".to_owned()
             ));
         }
-        check("ipc.send", &params)?;
+        // The send's params are checked by its own call, before it sends anything.
         check("ipc.recv", &recv)?;
         // The peer the send wakes hears of it once the receive is on offer (or the call
         // ends).

@@ -440,7 +440,9 @@ impl Kernel {
 
 /// A send (`op`) that completes the receive it claimed in its own commit (the op's
 /// `receive`), then tells the receiver what it took. Spawned: the
-/// receiver must hear back once the commit is made, whoever stops waiting for it.
+/// receiver must hear back once the commit is made, whoever stops waiting for it. The
+/// answer goes through the sender's `held_answers`, which keep it back while the sender's
+/// `ipc.send` with `recv` has yet to offer its own receive.
 async fn send_to_receiver(
     store: Arc<dyn keel_store::Store>,
     sender: Arc<LiveRun>,
