@@ -11,7 +11,8 @@
 //! BENCH_CLIENTS (concurrent API clients creating runs and sending messages, default 8),
 //! BENCH_AGENT (`python`, the default: `bench_parked.py` on the SDK; or `perl`:
 //! `bench_parked.pl`, the same calls written by hand, whose start costs a few milliseconds,
-//! so 100,000 runs take minutes, not hours). The floor is the same agent's interpreter.
+//! so 100,000 runs take minutes, not hours). The floor is the same agent's interpreter,
+//! started bare, measured right before each phase (creating, resuming).
 
 #[path = "api.rs"]
 mod api;
@@ -220,7 +221,9 @@ const SETTLE: Duration = Duration::from_secs(6);
 /// The floor: the same agent's interpreter started bare, `n` times on `clients` threads,
 /// each waited for: fork+exec of `python3` importing the SDK (or of perl with `strict`),
 /// which is all the agent does before its first call to the kernel, with the
-/// interpreter and environment a sandboxed agent gets. Returns the time for all `n`.
+/// interpreter and environment a sandboxed agent gets. It writes no bytecode: the SDK's
+/// directory is the kernel's, and a cache written there would be one that only this
+/// benchmark's agents had. Returns the time for all `n`.
 fn bare_agents(agent: &Agent, n: usize, clients: usize, sdk: &std::path::Path) -> Duration {
     let started = Instant::now();
     parallel(n, clients, |_| {
@@ -228,6 +231,7 @@ fn bare_agents(agent: &Agent, n: usize, clients: usize, sdk: &std::path::Path) -
             .args(&agent.floor_args)
             .env_clear()
             .envs([("PATH", "/usr/local/bin:/usr/bin:/bin"), ("LANG", "C.UTF-8"), ("PYTHONUNBUFFERED", "1")])
+            .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("HOME", std::env::temp_dir())
             .env("PYTHONPATH", sdk)
             .stdin(std::process::Stdio::null())
@@ -261,8 +265,12 @@ fn main() {
     // readings are of what it holds, not of what a moment ago's work left in the allocator.
     std::thread::sleep(SETTLE);
     let (idle_kernel, idle_all, idle_procs) = tree_memory();
+    // The floor is measured before each of the two phases, and each phase is compared
+    // with the floor of its own minutes: this machine's speed drifts by more than the
+    // difference being measured.
     let floor_n = n.min(1000);
-    let floor = bare_agents(&agent, floor_n, clients, &daemon.data.path().join("sdk/python"));
+    let sdk = daemon.data.path().join("sdk/python");
+    let floor = bare_agents(&agent, floor_n, clients, &sdk);
     let floor_rate = floor_n as f64 / floor.as_secs_f64();
     std::thread::sleep(Duration::from_secs(1));
 
@@ -307,6 +315,9 @@ fn main() {
         eprintln!("holding {hold} s with every run swapped out; daemon pid {daemon_pid}");
         std::thread::sleep(Duration::from_secs(hold));
     }
+    let resume_floor = bare_agents(&agent, floor_n, clients, &sdk);
+    let resume_floor_rate = floor_n as f64 / resume_floor.as_secs_f64();
+    std::thread::sleep(Duration::from_secs(1));
     let started = Instant::now();
     parallel(n, clients, |i| {
         let id = ids[i].lock().expect("ids lock").clone();
@@ -339,13 +350,15 @@ fn main() {
     println!("| phase | runs | total s | runs/s | vs the floor's rate |");
     println!("|---|---:|---:|---:|---:|");
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
-    println!(
-        "| floor: bare fork+exec of the agent's interpreter (`{}`, {clients} clients) | {} | {:.1} | {floor_rate:.0} | 1.00x |",
-        agent.label,
-        floor_n,
-        floor.as_secs_f64()
-    );
-    let row = |phase: String, d: Duration| {
+    let floor_row = |when: &str, d: Duration| {
+        println!(
+            "| floor, {when}: bare fork+exec of the agent's interpreter (`{}`, {clients} clients) | {floor_n} | {:.1} | {:.0} | 1.00x |",
+            agent.label,
+            d.as_secs_f64(),
+            floor_n as f64 / d.as_secs_f64()
+        );
+    };
+    let row = |phase: String, d: Duration, floor_rate: f64| {
         println!(
             "| {phase} | {n} | {:.1} | {:.0} | {:.2}x |",
             d.as_secs_f64(),
@@ -353,10 +366,12 @@ fn main() {
             rate(d) / floor_rate
         );
     };
-    row(format!("create (POST /v1/runs, {clients} clients)"), created);
-    row("create to all swapped out".into(), swapped);
-    row(format!("send one message to each ({clients} clients)"), sent);
-    row("first send to all resumed and succeeded".into(), resumed);
+    floor_row("before creating", floor);
+    row(format!("create (POST /v1/runs, {clients} clients)"), created, floor_rate);
+    row("create to all swapped out".into(), swapped, floor_rate);
+    floor_row("before resuming", resume_floor);
+    row(format!("send one message to each ({clients} clients)"), sent, resume_floor_rate);
+    row("first send to all resumed and succeeded".into(), resumed, resume_floor_rate);
     println!();
     println!("| memory, KiB | processes | RSS | PSS | anonymous |");
     println!("|---|---:|---:|---:|---:|");

@@ -200,7 +200,7 @@ impl Kernel {
     pub async fn start(options: KernelOptions) -> Result<Kernel> {
         let dir = options.data_dir.dir().clone();
         let dir_error = |source| Error::DataDir { dir: dir.root().display().to_string(), source };
-        crate::sdk::unpack(&dir).map_err(dir_error)?;
+        crate::sdk::unpack(&dir).await.map_err(dir_error)?;
         let store = options.store;
         let events = EventLog::start(store.clone());
         let (stop_trees, mut stop_requests) = tokio::sync::mpsc::unbounded_channel();

@@ -49,6 +49,29 @@ fn the_agent_sees_its_working_directory_a_workspace_and_keels_paths() {
     assert!(logs.contains(r#""sandbox":"process""#), "{logs}");
 }
 
+/// The SDK's bytecode is compiled when the kernel unpacks it: a sandboxed agent, which sees
+/// the SDK read-only, loads it instead of compiling the source at each start. What the
+/// interpreter checks before it uses the file: its magic number, and the source hash it
+/// records (a `checked-hash` file) against the source the agent sees.
+#[test]
+fn a_sandboxed_python_agent_loads_the_sdk_from_compiled_bytecode() {
+    let keel = Keel::new();
+    let script = "import importlib.util, json, keel._client as c; pyc = open(c.__cached__, 'rb').read(); \
+                  src = open(c.__file__, 'rb').read(); print(json.dumps({'cached': c.__cached__, \
+                  'magic': pyc[:4] == importlib.util.MAGIC_NUMBER, 'flags': int.from_bytes(pyc[4:8], 'little'), \
+                  'hash': pyc[8:16] == importlib.util.source_hash(src)}))";
+    let out = keel.run(&["run", "--quiet", "--", "python3", "-c", script]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        seen["cached"].as_str().unwrap().starts_with("/run/keel/sdk/keel/__pycache__/_client."),
+        "{seen}"
+    );
+    assert_eq!(seen["magic"], true, "written by the interpreter the agent runs: {seen}");
+    assert_eq!(seen["flags"], 3, "checked against the source's hash at each import: {seen}");
+    assert_eq!(seen["hash"], true, "compiled from the source the agent sees: {seen}");
+}
+
 #[test]
 fn stop_kills_every_process_of_a_sandbox() {
     let mut keel = Keel::new();
