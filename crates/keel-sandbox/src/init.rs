@@ -87,9 +87,13 @@ fn init(
         return Err("the zygote did not finish setting up the sandbox".into());
     }
     drop(sync);
+    // Still one thread: join the v1 groups by moving ourselves (see `join_files`).
+    for tasks in &request.cgroup_tasks {
+        at(&format!("join the cgroup {}", tasks.display()), std::fs::write(tasks, "0"))?;
+    }
     at("start a session", sys::setsid())?;
-    // The cgroup namespace is made now that the zygote has moved us into our group, so
-    // the sandbox sees that group as its root.
+    // The cgroup namespace is made now that we are in our group, so the sandbox sees
+    // that group as its root.
     at("unshare the cgroup namespace", sys::unshare(libc::CLONE_NEWCGROUP))?;
     at("become non-dumpable", sys::set_dumpable(false))?;
     at("redirect stdout", sys::dup2(stdout.as_raw_fd(), 1))?;

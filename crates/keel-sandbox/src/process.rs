@@ -268,6 +268,7 @@ impl Shared {
             uid: self.facts.uid,
             gid: self.facts.gid,
             cgroup_procs: Vec::new(),
+            cgroup_tasks: Vec::new(),
             bridges: spec
                 .bridges
                 .iter()
@@ -353,7 +354,7 @@ impl Shared {
     ) -> Result<Built> {
         let cgroup = self.cgroup(limits)?;
         if let Some(group) = &cgroup {
-            request.cgroup_procs = group.procs_files();
+            (request.cgroup_procs, request.cgroup_tasks) = group.join_files();
         }
         let bytes =
             serde_json::to_vec(&request).map_err(|e| Error::Setup(format!("encode the request: {e}")))?;

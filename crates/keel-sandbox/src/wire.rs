@@ -29,6 +29,9 @@ pub struct SpawnRequest {
     pub gid: u32,
     /// `cgroup.procs` files the zygote writes the sandbox's pid to before it starts.
     pub cgroup_procs: Vec<PathBuf>,
+    /// `tasks` files (cgroup v1) the sandbox's init writes `0` to, joining the group
+    /// itself before anything else (see `RunCgroup::join_files`).
+    pub cgroup_tasks: Vec<PathBuf>,
     /// Loopback TCP port → socket path inside (see `plan::inside::bridge_socket`).
     pub bridges: Vec<(u16, PathBuf)>,
     /// Allow IPv4/IPv6 stream sockets (to reach bridges); see `seccomp`.
