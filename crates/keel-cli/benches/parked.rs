@@ -271,7 +271,6 @@ fn main() {
     let floor_n = n.min(1000);
     let sdk = daemon.data.path().join("sdk/python");
     let floor = bare_agents(&agent, floor_n, clients, &sdk);
-    let floor_rate = floor_n as f64 / floor.as_secs_f64();
     std::thread::sleep(Duration::from_secs(1));
 
     let ids: Vec<std::sync::Mutex<String>> = (0..n).map(|_| std::sync::Mutex::new(String::new())).collect();
@@ -316,7 +315,6 @@ fn main() {
         std::thread::sleep(Duration::from_secs(hold));
     }
     let resume_floor = bare_agents(&agent, floor_n, clients, &sdk);
-    let resume_floor_rate = floor_n as f64 / resume_floor.as_secs_f64();
     std::thread::sleep(Duration::from_secs(1));
     let started = Instant::now();
     parallel(n, clients, |i| {
@@ -349,29 +347,29 @@ fn main() {
     );
     println!("| phase | runs | total s | runs/s | vs the floor's rate |");
     println!("|---|---:|---:|---:|---:|");
-    let rate = |d: Duration| n as f64 / d.as_secs_f64();
+    let rate = |runs: usize, d: Duration| runs as f64 / d.as_secs_f64();
     let floor_row = |when: &str, d: Duration| {
         println!(
             "| floor, {when}: bare fork+exec of the agent's interpreter (`{}`, {clients} clients) | {floor_n} | {:.1} | {:.0} | 1.00x |",
             agent.label,
             d.as_secs_f64(),
-            floor_n as f64 / d.as_secs_f64()
+            rate(floor_n, d)
         );
     };
-    let row = |phase: String, d: Duration, floor_rate: f64| {
+    let row = |phase: String, d: Duration, floor: Duration| {
         println!(
             "| {phase} | {n} | {:.1} | {:.0} | {:.2}x |",
             d.as_secs_f64(),
-            rate(d),
-            rate(d) / floor_rate
+            rate(n, d),
+            rate(n, d) / rate(floor_n, floor)
         );
     };
     floor_row("before creating", floor);
-    row(format!("create (POST /v1/runs, {clients} clients)"), created, floor_rate);
-    row("create to all swapped out".into(), swapped, floor_rate);
+    row(format!("create (POST /v1/runs, {clients} clients)"), created, floor);
+    row("create to all swapped out".into(), swapped, floor);
     floor_row("before resuming", resume_floor);
-    row(format!("send one message to each ({clients} clients)"), sent, resume_floor_rate);
-    row("first send to all resumed and succeeded".into(), resumed, resume_floor_rate);
+    row(format!("send one message to each ({clients} clients)"), sent, resume_floor);
+    row("first send to all resumed and succeeded".into(), resumed, resume_floor);
     println!();
     println!("| memory, KiB | processes | RSS | PSS | anonymous |");
     println!("|---|---:|---:|---:|---:|");

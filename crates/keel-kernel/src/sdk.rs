@@ -60,9 +60,10 @@ async fn compile_python(dir: &Path) {
     match tokio::time::timeout(COMPILE_TIMEOUT, command.output()).await {
         Ok(Ok(out)) if out.status.success() => {}
         Ok(Ok(out)) => tracing::warn!(
-            "python3 could not compile the Python SDK's bytecode ({}): Python agents compile it at each start; {}",
+            "python3 could not compile the Python SDK's bytecode ({}): Python agents compile it at each start; {} {}",
             out.status,
-            String::from_utf8_lossy(&out.stdout).trim()
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
         ),
         Ok(Err(err)) if err.kind() == std::io::ErrorKind::NotFound => {
             tracing::debug!("no python3 to compile the Python SDK's bytecode with")

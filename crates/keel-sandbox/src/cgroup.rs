@@ -82,9 +82,8 @@ fn writable(mount: &Path) -> bool {
 /// One sandbox's cgroup(s): one directory per distinct hierarchy.
 #[derive(Debug)]
 pub struct RunCgroup {
-    /// (version, directory) of each hierarchy's group.
-    dirs: Vec<(u8, PathBuf)>,
-    /// (version, directory) of the memory and pids controllers, when used.
+    /// (version, directory) of the memory and pids controllers, when used (the same
+    /// directory for both on v2).
     memory: Option<(u8, PathBuf)>,
     pids: Option<(u8, PathBuf)>,
 }
@@ -137,7 +136,7 @@ impl RunCgroup {
             return Ok(None);
         }
         let name = format!("sandbox-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        let mut group = RunCgroup { dirs: Vec::new(), memory: None, pids: None };
+        let mut group = RunCgroup { memory: None, pids: None };
         for (controller, kind) in wanted {
             let base = controller.mount.join(KEEL_DIR);
             let dir = base.join(&name);
@@ -148,13 +147,12 @@ impl RunCgroup {
             } else {
                 std::fs::create_dir_all(&base)?;
             }
-            if !group.dirs.iter().any(|(_, d)| d == &dir) {
+            if group.dirs().all(|(_, made)| made != &dir) {
                 match std::fs::create_dir(&dir) {
                     Ok(()) => {}
                     Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
                     Err(err) => return Err(err),
                 }
-                group.dirs.push((controller.version, dir.clone()));
             }
             let slot = Some((controller.version, dir));
             if kind == "memory" {
@@ -164,6 +162,13 @@ impl RunCgroup {
             }
         }
         Ok(Some(group))
+    }
+
+    /// Each hierarchy's group once: the memory controller's, then the pids controller's
+    /// when it is another directory.
+    fn dirs(&self) -> impl Iterator<Item = &(u8, PathBuf)> {
+        let pids = self.pids.as_ref().filter(|pids| self.memory.as_ref() != Some(*pids));
+        self.memory.iter().chain(pids)
     }
 
     /// Whether the group uses the memory and the pids controller.
@@ -206,7 +211,7 @@ impl RunCgroup {
     /// 0.2 ms). On v2 a thread cannot move alone into another domain group, so the pid
     /// is written for it.
     pub fn join_files(&self) -> (Vec<PathBuf>, Vec<PathBuf>) {
-        let (v1, v2): (Vec<_>, Vec<_>) = self.dirs.iter().partition(|(version, _)| *version == 1);
+        let (v1, v2): (Vec<_>, Vec<_>) = self.dirs().partition(|(version, _)| *version == 1);
         (
             v2.into_iter().map(|(_, d)| d.join("cgroup.procs")).collect(),
             v1.into_iter().map(|(_, d)| d.join("tasks")).collect(),
@@ -237,7 +242,7 @@ impl RunCgroup {
     /// Removes the group's directories; false while processes remain (retry later).
     pub fn remove(&self) -> bool {
         let mut all = true;
-        for (_, dir) in &self.dirs {
+        for (_, dir) in self.dirs() {
             match std::fs::remove_dir(dir) {
                 Ok(()) => {}
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
@@ -325,19 +330,18 @@ mod tests {
 
     #[test]
     fn a_sandbox_joins_v1_groups_itself_and_is_put_into_v2_groups() {
-        let group = |dirs: &[(u8, &str)]| RunCgroup {
-            dirs: dirs.iter().map(|(v, d)| (*v, PathBuf::from(d))).collect(),
-            memory: None,
-            pids: None,
+        let group = |memory: (u8, &str), pids: (u8, &str)| RunCgroup {
+            memory: Some((memory.0, PathBuf::from(memory.1))),
+            pids: Some((pids.0, PathBuf::from(pids.1))),
         };
-        let v1 = group(&[(1, "/cg/memory/keel/s"), (1, "/cg/pids/keel/s")]);
+        let v1 = group((1, "/cg/memory/keel/s"), (1, "/cg/pids/keel/s"));
         assert_eq!(
             v1.join_files(),
             (vec![], vec![PathBuf::from("/cg/memory/keel/s/tasks"), PathBuf::from("/cg/pids/keel/s/tasks")])
         );
-        let v2 = group(&[(2, "/cg/keel/s")]);
+        let v2 = group((2, "/cg/keel/s"), (2, "/cg/keel/s"));
         assert_eq!(v2.join_files(), (vec![PathBuf::from("/cg/keel/s/cgroup.procs")], vec![]));
-        let mixed = group(&[(2, "/cg/keel/s"), (1, "/cg/pids/keel/s")]);
+        let mixed = group((2, "/cg/keel/s"), (1, "/cg/pids/keel/s"));
         assert_eq!(
             mixed.join_files(),
             (vec![PathBuf::from("/cg/keel/s/cgroup.procs")], vec![PathBuf::from("/cg/pids/keel/s/tasks")])
