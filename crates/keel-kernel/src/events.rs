@@ -146,6 +146,11 @@ pub struct EventStream {
     head: watch::Receiver<Seq>,
     buffered: std::collections::VecDeque<EventRecord>,
     done: bool,
+    /// The last read of a follower found every event stored then: wait for the next.
+    caught_up: bool,
+    /// The next read that finds nothing new also reads the run, to see whether it ended
+    /// without its final state event (set at first, and after a quiet while).
+    check_run: bool,
     /// When the follower first found the run ended with its final state event not yet
     /// delivered (see `LAST_EVENTS_GRACE`).
     ended_seen: Option<tokio::time::Instant>,
@@ -159,6 +164,9 @@ pub struct EventStream {
 /// stream ends after this.
 const LAST_EVENTS_GRACE: Duration = Duration::from_secs(2);
 
+/// The most events a follower reads at once.
+const PAGE: usize = 512;
+
 impl EventStream {
     pub(crate) fn new(store: Arc<dyn Store>, log: &EventLog, run: RunId, after: Seq, follow: bool) -> Self {
         let head = log.head(&run);
@@ -170,6 +178,8 @@ impl EventStream {
             head,
             buffered: Default::default(),
             done: false,
+            caught_up: false,
+            check_run: true,
             ended_seen: None,
         }
     }
@@ -190,17 +200,38 @@ impl EventStream {
             if self.done {
                 return Ok(None);
             }
+            if self.caught_up {
+                // The last read found every event stored then. Wait on a new event, or
+                // re-check now and then in case the run ended without a further event
+                // (e.g. it was ended by another kernel).
+                self.caught_up = false;
+                let woken = tokio::time::timeout(Duration::from_secs(2), self.head.changed()).await;
+                self.check_run = woken.is_err();
+                continue;
+            }
             // Mark the head as seen before reading, so a write that lands after the read
             // still wakes us.
             self.head.borrow_and_update();
-            let page = self.store.events(&self.run, self.after, 512).await?;
+            let page = self.store.events(&self.run, self.after, PAGE).await?;
+            let full = page.len() == PAGE;
             if !page.is_empty() {
                 self.buffered.extend(page);
+                // A short page had every event there was: once it is delivered, wait for
+                // the next rather than read an empty page to find that out.
+                self.caught_up = self.follow && !full && !self.check_run;
                 continue;
             }
             if !self.follow {
                 return Ok(None);
             }
+            // Whether the run is still going: read only when this follower has not looked
+            // yet, or has heard nothing for a while. A run that ends emits its final state
+            // event, which ends the stream without this read.
+            if !self.check_run {
+                self.caught_up = true;
+                continue;
+            }
+            self.check_run = false;
             let run = self.store.get_run(&self.run).await?;
             if run.is_none_or(|r| r.state.is_terminal()) {
                 // Ended, but its final state event has not come (else `done`): it and the
@@ -211,11 +242,11 @@ impl EventStream {
                     return Ok(None);
                 }
                 let _ = tokio::time::timeout(left, self.head.changed()).await;
+                // Until the grace ends, each read that finds nothing looks at the run again.
+                self.check_run = true;
                 continue;
             }
-            // Wake on a new event, or re-check now and then in case the run ended
-            // without a further event (e.g. it was ended by another kernel).
-            let _ = tokio::time::timeout(Duration::from_secs(2), self.head.changed()).await;
+            self.caught_up = true;
         }
     }
 }

@@ -56,6 +56,15 @@ pub struct Faults {
     /// How long the next receives' own takes (`journal_mailbox` with a receive) wait
     /// before they are made, one each: a slow commit, for the races it opens.
     slow_receives: Mutex<VecDeque<std::time::Duration>>,
+    /// How many `events` and `get_run` reads the store has answered.
+    reads: Mutex<Reads>,
+}
+
+/// The reads a follower of a run's events makes, counted.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Reads {
+    pub events: usize,
+    pub get_run: usize,
 }
 
 impl Faults {
@@ -74,6 +83,11 @@ impl Faults {
         let hide = *hidden > 0;
         *hidden = hidden.saturating_sub(1);
         hide
+    }
+
+    /// The `events` and `get_run` reads answered so far.
+    pub fn reads(&self) -> Reads {
+        *self.reads.lock().unwrap()
     }
 
     /// The next receive's own take waits `delay` before it is made.
@@ -159,10 +173,15 @@ faulty_store! {
             }
             self.write(Write::JournalMailbox, self.inner.journal_mailbox(run, entry, op, result_of)).await
         }
+        async fn events(&self, run: &RunId, after: Seq, limit: usize) -> Result<Vec<EventRecord>> {
+            self.faults.reads.lock().unwrap().events += 1;
+            self.inner.events(run, after, limit).await
+        }
         fn completes_waiting_receives(&self) -> bool {
             self.inner.completes_waiting_receives()
         }
         async fn get_run(&self, id: &RunId) -> Result<Option<RunRecord>> {
+            self.faults.reads.lock().unwrap().get_run += 1;
             if self.faults.hides_run() {
                 return Ok(None);
             }
@@ -180,7 +199,6 @@ faulty_store! {
         fn journal(&self, run: &RunId, after: Seq) -> Result<Vec<JournalEntry>>;
         fn latest_entry(&self, run: &RunId, method: &str) -> Result<Option<JournalEntry>>;
         fn append_events(&self, run: &RunId, events: &[NewEvent]) -> Result<Seq>;
-        fn events(&self, run: &RunId, after: Seq, limit: usize) -> Result<Vec<EventRecord>>;
         fn kv_get(&self, scope: &str, key: &str) -> Result<Option<Value>>;
         fn kv_get_many(&self, keys: &[(String, String)]) -> Result<Vec<Option<Value>>>;
         fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()>;
@@ -380,4 +398,46 @@ fn run_exit_and_the_end_of_the_run_cut_off_still_end_it_succeeded() {
         assert_eq!(faults.left(), 0, "{cut:?}: both updates were cut off");
         assert_eq!(journaled(&test, &run), [("run.exit".into(), EntryStatus::Ok)], "{cut:?}");
     }
+}
+
+/// A follower of a run's events (`keel run`, `keel logs -f`, the console) reads each batch
+/// of new events once, without an empty read after it, and reads the run only when it
+/// starts and after a quiet while, not after every batch; it still gets every event and
+/// ends with the run.
+#[test]
+fn a_follower_reads_each_batch_of_events_once_and_the_run_only_now_and_then() {
+    const CALLS: usize = 20;
+    let (test, faults, run, mut agent) = faulty_run();
+    let pid = test.get(&run).pid.expect("the agent's pid");
+    let before = faults.reads();
+    let calls = std::thread::spawn(move || {
+        for _ in 0..CALLS {
+            agent.now_ms().expect("sys.now answers");
+            // Longer than the event log's gathering, so each call's event is a batch.
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        agent.exit(&json!({"calls": CALLS})).expect("run.exit is answered");
+        std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    });
+    let followed = run.clone();
+    let kinds: Vec<(String, Value)> = test.on_kernel(|kernel| async move {
+        let mut stream = kernel.events(&followed, 0, true).await.expect("follow");
+        let mut kinds = Vec::new();
+        while let Some(event) = stream.next().await.expect("the next event") {
+            kinds.push((event.kind.clone(), event.data.clone()));
+        }
+        kinds
+    });
+    calls.join().expect("the agent's calls");
+    let reads = faults.reads();
+    let (events, get_run) = (reads.events - before.events, reads.get_run - before.get_run);
+    let syscalls =
+        kinds.iter().filter(|(kind, data)| kind == "syscall" && data["method"] == "sys.now").count();
+    assert_eq!(syscalls, CALLS, "{kinds:?}");
+    assert_eq!(kinds.last().map(|(_, data)| data["state"].clone()), Some(json!("succeeded")), "{kinds:?}");
+    // One read per batch (about one per call, and a few for the run's start and end);
+    // an empty read after each batch would make it two.
+    assert!(events <= CALLS + 8, "{events} reads of events for {CALLS} batches ({get_run} of the run)");
+    // At the start, and once per two quiet seconds; the run's whole life is well under.
+    assert!(get_run <= 6, "{get_run} reads of the run while following it ({events} of events)");
 }
