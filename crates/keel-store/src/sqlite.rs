@@ -291,16 +291,17 @@ impl ReadPool {
         // A poisoned lock only means another reader panicked while pushing or popping;
         // the vector of connections is still valid.
         let reused = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
-        let mut connection = match reused {
+        let connection = match reused {
             Some(connection) => connection,
             None => self.open()?,
         };
-        let transaction =
-            connection.transaction().map_err(writer::sql_error("beginning a read transaction"))?;
-        let result = read(&transaction);
+        // BEGIN and ROLLBACK through the connection's statement cache: rusqlite's
+        // `transaction()` parses both anew on every read.
+        writer::run_sql(&connection, "beginning a read transaction", "BEGIN", [])?;
+        let result = read(&connection);
         // Nothing was written, so ending with a rollback is the cheapest correct end. A
         // connection that cannot even do that is not returned to the pool.
-        if transaction.rollback().is_ok() {
+        if writer::run_sql(&connection, "ending a read transaction", "ROLLBACK", []).is_ok() {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
             if idle.len() < MAX_IDLE_READERS {
                 idle.push(connection);

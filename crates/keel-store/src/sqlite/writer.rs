@@ -217,8 +217,10 @@ impl Writer {
         let flush = batch.iter().any(WriteCommand::needs_flush);
         if flush != self.flushing {
             let pragma = if flush { "PRAGMA synchronous = FULL" } else { "PRAGMA synchronous = NORMAL" };
-            match self.connection.execute_batch(pragma) {
-                Ok(()) => self.flushing = flush,
+            // Through the statement cache: a busy kernel switches back and forth
+            // between the two with every batch of run events.
+            match run_sql(&self.connection, "switching synchronous", pragma, []) {
+                Ok(_) => self.flushing = flush,
                 Err(error) => tracing::error!(%error, "keel-store could not run {pragma}"),
             }
         }
