@@ -85,12 +85,14 @@ pub trait Provider: Send + Sync {
         let _ = served;
     }
 
-    /// The most this call can cost in USD, for budget reservations: `input_tokens` plus
-    /// `max_output_tokens` at this provider's price for the request's model (the most
-    /// expensive model of the fallback chain, for the router). A provider that knows no
-    /// price for the model returns 0 (token and call limits still hold).
-    fn worst_case_cost_usd(&self, request: &LlmChatParams, input_tokens: u64, max_output_tokens: u64) -> f64 {
-        let _ = (request, input_tokens, max_output_tokens);
+    /// The most a call asking for `model` (a request's `model`) can cost in USD, for
+    /// budget reservations: `input_tokens` plus `max_output_tokens` at this provider's
+    /// price for the model (the most expensive model of the fallback chain, for the
+    /// router). A provider that knows no price for the model returns 0 (token and call
+    /// limits still hold). It takes the model alone so that nobody copies a request's
+    /// messages to ask.
+    fn worst_case_cost_usd(&self, model: Option<&str>, input_tokens: u64, max_output_tokens: u64) -> f64 {
+        let _ = (model, input_tokens, max_output_tokens);
         0.0
     }
 

@@ -30,7 +30,23 @@ pub struct WindowInfo {
 impl RateLimitInfo {
     /// Reads the rate-limit headers of either dialect (both may appear; OpenAI's win).
     pub fn from_headers(headers: &HeaderMap, wall_now: SystemTime) -> RateLimitInfo {
-        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+        // The rate-limit headers, found in one pass over the answer's: looking each of
+        // the fifteen names up would hash and compare every one, on every call.
+        let limits: Vec<(&str, &str)> = headers
+            .iter()
+            .filter(|(name, _)| {
+                name.as_str().starts_with("x-ratelimit-") || name.as_str().starts_with("anthropic-ratelimit-")
+            })
+            .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?.trim())))
+            .collect();
+        if limits.is_empty() {
+            return RateLimitInfo {
+                retry_after: parse_retry_after(headers, wall_now),
+                ..RateLimitInfo::default()
+            };
+        }
+        // The first value of a repeated header, as `HeaderMap::get` answers.
+        let text = |name: &str| limits.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
         let number = |name: &str| {
             text(name).and_then(|v| v.parse::<f64>().ok()).filter(|n| n.is_finite() && *n >= 0.0)
         };

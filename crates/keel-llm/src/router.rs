@@ -195,8 +195,13 @@ impl Router {
 
     /// The models a call tries, in order: its own (or the default), then the fallbacks.
     pub fn chain(&self, request: &LlmChatParams) -> Vec<String> {
+        self.chain_of(request.model.as_deref())
+    }
+
+    /// [`Router::chain`] of a request asking for `model`.
+    fn chain_of(&self, model: Option<&str>) -> Vec<String> {
         let mut chain: Vec<String> = Vec::new();
-        let first = request.model.clone().filter(|m| !m.is_empty()).or_else(|| self.default_model.clone());
+        let first = model.filter(|m| !m.is_empty()).map(str::to_owned).or_else(|| self.default_model.clone());
         for model in first.into_iter().chain(self.fallback.iter().cloned()) {
             if !chain.contains(&model) {
                 chain.push(model);
@@ -503,17 +508,16 @@ impl Provider for Router {
 
     /// The worst case over the call's whole chain: a fallback may be pricier than the
     /// model asked for.
-    fn worst_case_cost_usd(&self, request: &LlmChatParams, input_tokens: u64, max_output_tokens: u64) -> f64 {
+    fn worst_case_cost_usd(&self, model: Option<&str>, input_tokens: u64, max_output_tokens: u64) -> f64 {
         if let Some(script) = &self.script {
-            return script.worst_case_cost_usd(request, input_tokens, max_output_tokens);
+            return script.worst_case_cost_usd(model, input_tokens, max_output_tokens);
         }
-        self.chain(request)
+        self.chain_of(model)
             .iter()
             .filter_map(|model| {
                 let route = self.resolve(model).ok()?;
                 let provider = self.provider(&route).ok()?;
-                let routed = LlmChatParams { model: Some(route.model.clone()), ..request.clone() };
-                Some(provider.worst_case_cost_usd(&routed, input_tokens, max_output_tokens))
+                Some(provider.worst_case_cost_usd(Some(&route.model), input_tokens, max_output_tokens))
             })
             .fold(0.0, f64::max)
     }

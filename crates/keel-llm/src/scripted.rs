@@ -220,12 +220,7 @@ impl Provider for ScriptedProvider {
         })
     }
 
-    fn worst_case_cost_usd(
-        &self,
-        _request: &LlmChatParams,
-        input_tokens: u64,
-        max_output_tokens: u64,
-    ) -> f64 {
+    fn worst_case_cost_usd(&self, _model: Option<&str>, input_tokens: u64, max_output_tokens: u64) -> f64 {
         self.script.price.map_or(0.0, |p| {
             (input_tokens as f64 * p.input_per_mtok + max_output_tokens as f64 * p.output_per_mtok)
                 / 1_000_000.0

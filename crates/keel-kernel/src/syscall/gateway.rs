@@ -53,8 +53,12 @@ impl Kernel {
         // connection): when the agent is gone, the call is dropped and its upstream
         // stream closed, like a syscall on the socket.
         let mut ended = run.0.ended.subscribe();
+        // Boxed: the syscall's future holds every syscall's state (kilobytes), and each
+        // future wrapping it (the trace scope, this select, the HTTP handler's) would
+        // otherwise copy it whole when it is moved.
+        let call = Box::pin(self.syscall_streaming(&run.0, "llm.chat", params, listener));
         let result = tokio::select! {
-            result = crate::telemetry::with_traceparent(&run.0.id, run.1.as_deref(), self.syscall_streaming(&run.0, "llm.chat", params, listener)) => result?,
+            result = crate::telemetry::with_traceparent(&run.0.id, run.1.as_deref(), call) => result?,
             _ = ended.wait_for(|ended| *ended) => {
                 return Err(SyscallError::new(ErrorKind::Cancelled, "llm.chat: the run's agent is gone; the call was dropped"));
             }

@@ -68,14 +68,16 @@ impl Kernel {
             output_tokens: max_output,
             llm_calls: 1,
             tool_calls: 0,
-            cost_micro_usd: (provider.worst_case_cost_usd(&request, input, max_output) * 1_000_000.0).ceil()
-                as u64,
+            cost_micro_usd: (provider.worst_case_cost_usd(request.model.as_deref(), input, max_output)
+                * 1_000_000.0)
+                .ceil() as u64,
         };
         // A prompt bigger than the whole budget would park the run for good: refuse it now,
         // saying why, before anything is journaled.
         let input_only = Usage {
             input_tokens: input,
-            cost_micro_usd: (provider.worst_case_cost_usd(&request, input, 0) * 1_000_000.0).ceil() as u64,
+            cost_micro_usd: (provider.worst_case_cost_usd(request.model.as_deref(), input, 0) * 1_000_000.0)
+                .ceil() as u64,
             ..Usage::default()
         };
         let limits = lock(&live.budget.account).limits();

@@ -337,8 +337,8 @@ impl Provider for OpenAiProvider {
         Ok(served)
     }
 
-    fn worst_case_cost_usd(&self, request: &LlmChatParams, input_tokens: u64, max_output_tokens: u64) -> f64 {
-        request.model.as_deref().map_or(0.0, |m| {
+    fn worst_case_cost_usd(&self, model: Option<&str>, input_tokens: u64, max_output_tokens: u64) -> f64 {
+        model.map_or(0.0, |m| {
             self.prices.worst_case_cost(&format!("{}/{m}", self.name()), input_tokens, max_output_tokens)
         })
     }

@@ -840,11 +840,11 @@ fn the_worst_case_covers_the_whole_chain() {
                 [llm.providers.openai]\n[llm.providers.anthropic]\n[llm.prices.\"gpt-4o-mini\"]\ninput_per_mtok = 1.0\noutput_per_mtok = 1.0\n";
     let router = router(toml);
     // claude-sonnet-4-5 at $3 / $15 is the priciest model the call may end up on.
-    let worst = router.worst_case_cost_usd(&ask("hi"), 1000, 1000);
+    let worst = router.worst_case_cost_usd(ask("hi").model.as_deref(), 1000, 1000);
     assert!((worst - 0.018).abs() < 1e-12, "{worst}");
     let cheap_only = router.for_run(None, None, vec!["openai/gpt-4o-mini".into()]);
     assert!(
-        (cheap_only.worst_case_cost_usd(&ask("hi"), 1000, 1000) - 0.002).abs() < 1e-12,
+        (cheap_only.worst_case_cost_usd(ask("hi").model.as_deref(), 1000, 1000) - 0.002).abs() < 1e-12,
         "the price override applies"
     );
 }
