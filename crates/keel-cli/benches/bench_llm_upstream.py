@@ -1,5 +1,6 @@
-"""A fast OpenAI-compatible upstream for `cargo bench -p keel-cli --bench llmsched`: answers
-every chat completion at once (the kernel's rate limiter is what the benchmark measures).
+"""A fast OpenAI-compatible upstream for `cargo bench -p keel-cli --bench llmsched` and
+`scripts/bench-gateway-instructions`: answers every chat completion at once (the kernel's
+rate limiter, or the gateway's own work, is what they measure).
 Usage: bench_llm_upstream.py PORT_FILE"""
 
 import json
@@ -20,11 +21,10 @@ class Handler(BaseHTTPRequestHandler):
                          "message": {"role": "assistant", "content": "ok"}}],
             "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11},
         }).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        # Headers and body in one write: written apart (as send_response and end_headers
+        # do), the body waits for the client's delayed ACK of the headers, 40 ms a call.
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        self.wfile.write(head + body)
 
     def log_message(self, *args):
         pass

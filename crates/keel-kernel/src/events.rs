@@ -164,6 +164,9 @@ pub struct EventStream {
 /// stream ends after this.
 const LAST_EVENTS_GRACE: Duration = Duration::from_secs(2);
 
+/// How long a follower waits for a new event before it looks at the run's row again.
+const QUIET: Duration = Duration::from_secs(2);
+
 /// The most events a follower reads at once.
 const PAGE: usize = 512;
 
@@ -202,10 +205,10 @@ impl EventStream {
             }
             if self.caught_up {
                 // The last read found every event stored then. Wait on a new event, or
-                // re-check now and then in case the run ended without a further event
-                // (e.g. it was ended by another kernel).
+                // look at the run after a quiet while in case it ended without a further
+                // event (e.g. it was ended by another kernel).
                 self.caught_up = false;
-                let woken = tokio::time::timeout(Duration::from_secs(2), self.head.changed()).await;
+                let woken = tokio::time::timeout(QUIET, self.head.changed()).await;
                 self.check_run = woken.is_err();
                 continue;
             }
@@ -227,24 +230,22 @@ impl EventStream {
             // Whether the run is still going: read only when this follower has not looked
             // yet, or has heard nothing for a while. A run that ends emits its final state
             // event, which ends the stream without this read.
-            if !self.check_run {
-                self.caught_up = true;
-                continue;
-            }
-            self.check_run = false;
-            let run = self.store.get_run(&self.run).await?;
-            if run.is_none_or(|r| r.state.is_terminal()) {
-                // Ended, but its final state event has not come (else `done`): it and the
-                // events just before it may still be on their way to the store.
-                let first = *self.ended_seen.get_or_insert_with(tokio::time::Instant::now);
-                let left = LAST_EVENTS_GRACE.saturating_sub(first.elapsed());
-                if left.is_zero() {
-                    return Ok(None);
+            if self.check_run {
+                self.check_run = false;
+                let run = self.store.get_run(&self.run).await?;
+                if run.is_none_or(|r| r.state.is_terminal()) {
+                    // Ended, but its final state event has not come (else `done`): it and
+                    // the events just before it may still be on their way to the store.
+                    let first = *self.ended_seen.get_or_insert_with(tokio::time::Instant::now);
+                    let left = LAST_EVENTS_GRACE.saturating_sub(first.elapsed());
+                    if left.is_zero() {
+                        return Ok(None);
+                    }
+                    let _ = tokio::time::timeout(left, self.head.changed()).await;
+                    // Until the grace ends, each read that finds nothing looks again.
+                    self.check_run = true;
+                    continue;
                 }
-                let _ = tokio::time::timeout(left, self.head.changed()).await;
-                // Until the grace ends, each read that finds nothing looks at the run again.
-                self.check_run = true;
-                continue;
             }
             self.caught_up = true;
         }

@@ -62,22 +62,21 @@ impl Kernel {
             self.check_loop(live, &journal.hash).await?;
         }
         let input = keel_llm::estimate_input_tokens(&request);
+        let model = request.model.as_deref();
         let max_output = request.max_tokens.map_or(keel_llm::DEFAULT_MAX_OUTPUT_TOKENS, u64::from);
         let worst = Usage {
             input_tokens: input,
             output_tokens: max_output,
             llm_calls: 1,
             tool_calls: 0,
-            cost_micro_usd: (provider.worst_case_cost_usd(request.model.as_deref(), input, max_output)
-                * 1_000_000.0)
-                .ceil() as u64,
+            cost_micro_usd: (provider.worst_case_cost_usd(model, input, max_output) * 1_000_000.0).ceil()
+                as u64,
         };
         // A prompt bigger than the whole budget would park the run for good: refuse it now,
         // saying why, before anything is journaled.
         let input_only = Usage {
             input_tokens: input,
-            cost_micro_usd: (provider.worst_case_cost_usd(request.model.as_deref(), input, 0) * 1_000_000.0)
-                .ceil() as u64,
+            cost_micro_usd: (provider.worst_case_cost_usd(model, input, 0) * 1_000_000.0).ceil() as u64,
             ..Usage::default()
         };
         let limits = lock(&live.budget.account).limits();
