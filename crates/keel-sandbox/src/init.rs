@@ -154,6 +154,11 @@ fn init(
                 report(status, &Status::Exit(raw));
                 // The run is its whole tree: whatever the agent left behind goes too.
                 sys::kill(-1, libc::SIGKILL);
+                // The kernel hears the sandbox has ended when this pipe closes. Closed
+                // here, not by the exit: Linux tears down an exiting process's memory
+                // before its files, and this one's is a copy of the zygote's (the whole
+                // `keel` image), so the run's end would otherwise wait on that teardown.
+                sys::close_before_exit(status.as_raw_fd());
                 sys::exit_now(0);
             }
         }

@@ -75,6 +75,14 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// close(2) of a descriptor borrowed from its owner, for a process about to
+/// [`exit_now`]: the owner never uses it again, as it never runs again.
+pub fn close_before_exit(fd: RawFd) {
+    // SAFETY: closing a number touches no memory; the caller exits before anything
+    // could use, or reuse, that number.
+    unsafe { libc::close(fd) };
+}
+
 /// open_tree(2) with OPEN_TREE_CLONE: a detached copy of the mount (and with `recursive`,
 /// its submounts) at `path`, ready to be attached elsewhere with [`move_mount`].
 pub fn open_tree_clone(path: &CStr, recursive: bool) -> io::Result<OwnedFd> {

@@ -92,6 +92,30 @@ fn stop_kills_every_process_of_a_sandbox() {
     assert!(!crate::harness::alive(init));
 }
 
+/// An agent that exits leaving a process behind (in a session of its own, so nothing of
+/// it would die with the agent's group) ends its run, and the process goes with the
+/// sandbox. The init reports the end once it has sent every process of the sandbox
+/// SIGKILL, before its own exit.
+#[test]
+fn a_process_the_agent_leaves_behind_dies_with_its_sandbox() {
+    let mut keel = Keel::new();
+    keel.start_daemon_with(&["--sandbox-pool", "0"]);
+    let marker = unique("left-behind");
+    let script = "import subprocess, sys\n\
+        child = subprocess.Popen([sys.executable, '-c', 'import time; print(\"up\", flush=True); time.sleep(600)', \
+        sys.argv[1]], stdout=subprocess.PIPE, start_new_session=True)\n\
+        assert child.stdout.readline() == b'up\\n'\n\
+        print('left', child.pid, flush=True)\n";
+    let run = keel.detach(&["--", "python3", "-c", script, &marker]);
+    let done = keel.wait_state(&run, &["failed", "succeeded"]);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert!(keel.ok(&["logs", &run]).contains("left "), "the agent started its child");
+    wait_for("the process left behind to die", || processes_with(&marker).is_empty().then_some(()));
+    if let Some(init) = done["pid"].as_u64() {
+        wait_for("the sandbox's init to be gone", || (!crate::harness::alive(init as u32)).then_some(()));
+    }
+}
+
 #[test]
 fn sandboxes_die_with_a_sigkilled_daemon_and_come_back_with_the_next() {
     let mut keel = Keel::new();
