@@ -30,7 +30,7 @@ pub fn params_hash(method: &str, params: &Value) -> String {
     hasher.update(method.as_bytes());
     hasher.update(b"\n");
     write_canonical(&mut hasher, params);
-    hex::encode(hasher.finalize())
+    keel_types::hex(&hasher.finalize())
 }
 
 /// Where canonical JSON text goes: a string for `canonical_json`, a hasher for

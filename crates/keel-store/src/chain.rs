@@ -29,9 +29,10 @@ pub struct Blob {
 impl Blob {
     /// The compact JSON of `value` and its hash.
     pub fn of(value: &Value) -> Blob {
-        // `Value`'s Display is its compact JSON form and cannot fail.
-        let bytes = value.to_string().into_bytes();
-        let hash = hex::encode(Sha256::digest(&bytes));
+        // Serializing a `Value` cannot fail: its keys are strings. (Its Display is the
+        // same compact JSON, through a formatter.)
+        let bytes = serde_json::to_vec(value).unwrap_or_default();
+        let hash = keel_types::hex(&Sha256::digest(&bytes));
         Blob { hash, bytes }
     }
 }
@@ -63,7 +64,7 @@ pub fn node_hash(prev: Option<&str>, message_hash: &str) -> String {
     hasher.update(prev.unwrap_or("").as_bytes());
     hasher.update(b":");
     hasher.update(message_hash.as_bytes());
-    hex::encode(hasher.finalize())
+    keel_types::hex(&hasher.finalize())
 }
 
 /// Encodes journal params: params without a non-empty `messages` array are one blob as
@@ -78,11 +79,15 @@ pub fn split_params(params: &Value) -> (Blob, Vec<ChainLink>) {
     if messages.is_none_or(|messages| messages.is_empty()) && !escaped {
         return (Blob::of(params), Vec::new());
     }
-    let mut fields = object.clone();
+    // The other fields (a conversation's messages are most of the params: not copied).
+    let fields: Map<String, Value> = object
+        .iter()
+        .filter(|(key, _)| messages.is_none_or(|messages| messages.is_empty()) || *key != "messages")
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect();
     let mut links = Vec::new();
     let mut prev: Option<String> = None;
     if let Some(messages) = messages.filter(|messages| !messages.is_empty()) {
-        fields.remove("messages");
         for message in messages {
             let message = Blob::of(message);
             let hash = node_hash(prev.as_deref(), &message.hash);

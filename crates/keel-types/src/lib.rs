@@ -79,7 +79,19 @@ pub fn fill_random(buf: &mut [u8]) {
 pub fn random_token() -> String {
     let mut bytes = [0u8; 32];
     fill_random(&mut bytes);
-    hex::encode(bytes)
+    hex(&bytes)
+}
+
+/// Lower-case hex of `bytes`, the form of every hash and token Keel stores. (The `hex`
+/// crate's `encode` collects an iterator of chars; this runs on every journal write.)
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    text
 }
 
 macro_rules! string_enum {
@@ -192,6 +204,15 @@ impl Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_is_the_hex_crates_lower_case_for_every_byte() {
+        let every: Vec<u8> = (0..=255).collect();
+        assert_eq!(hex(&every), ::hex::encode(&every));
+        assert_eq!(hex(&[]), "");
+        assert_eq!(hex(&[0x0f, 0xa0]), "0fa0");
+        assert_eq!(random_token().len(), 64);
+    }
 
     #[test]
     fn run_ids_round_trip_and_sort_by_time() {

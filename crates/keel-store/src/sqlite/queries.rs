@@ -296,17 +296,16 @@ pub(super) fn events(
     after: Seq,
     limit: usize,
 ) -> Result<Vec<EventRecord>> {
-    require_run(connection, run)?;
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    query_all(
+    let events = query_all(
         connection,
         "reading events",
         "SELECT seq, ts_ms, kind, data FROM events WHERE run_id = ?1 AND seq > ?2 \
          ORDER BY seq LIMIT ?3",
         params![run.as_str(), seq_param(after), limit],
         |row| {
-            let seq: Seq = column(row, "seq", &format!("an event of run {run}"))?;
-            let place = format!("event {seq} of run {run}");
+            let seq: Seq = column(row, "seq", &Lazy(|| format!("an event of run {run}")))?;
+            let place = Lazy(|| format!("event {seq} of run {run}"));
             Ok(EventRecord {
                 seq,
                 ts_ms: column(row, "ts_ms", &place)?,
@@ -314,7 +313,13 @@ pub(super) fn events(
                 data: json_column(row, "data", &place)?,
             })
         },
-    )
+    )?;
+    // A run's events exist only while the run does: no event, and only then, may mean no
+    // run (a follower reads this after every batch).
+    if events.is_empty() {
+        require_run(connection, run)?;
+    }
+    Ok(events)
 }
 
 pub(super) fn kv_get(connection: &Connection, scope: &str, key: &str) -> Result<Option<Value>> {
@@ -511,23 +516,23 @@ pub(super) fn stats(connection: &Connection) -> Result<StoreStats> {
 
 /// The last journal seq of a run (0 for an empty journal).
 pub(super) fn last_journal_seq(connection: &Connection, run: &RunId) -> Result<Seq> {
-    last_seq(connection, "finding the last journal seq", "journal", run)
+    last_seq(connection, "finding the last journal seq", LAST_JOURNAL_SEQ, "journal", run)
 }
 
 /// The last event seq of a run (0 for an empty log).
 pub(super) fn last_event_seq(connection: &Connection, run: &RunId) -> Result<Seq> {
-    last_seq(connection, "finding the last event seq", "events", run)
+    last_seq(connection, "finding the last event seq", LAST_EVENT_SEQ, "events", run)
 }
 
-fn last_seq(connection: &Connection, step: &'static str, table: &str, run: &RunId) -> Result<Seq> {
-    // MAX over the (run_id, seq) primary key is one index seek.
-    let last = query_first(
-        connection,
-        step,
-        &format!("SELECT COALESCE(MAX(seq), 0) AS last FROM {table} WHERE run_id = ?1"),
-        params![run.as_str()],
-        |row| column(row, "last", &format!("the {table} of run {run}")),
-    )?;
+/// `last_seq`'s statement for each table: MAX over the (run_id, seq) primary key is one
+/// index seek.
+const LAST_JOURNAL_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) AS last FROM journal WHERE run_id = ?1";
+const LAST_EVENT_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) AS last FROM events WHERE run_id = ?1";
+
+fn last_seq(connection: &Connection, step: &'static str, sql: &str, table: &str, run: &RunId) -> Result<Seq> {
+    let last = query_first(connection, step, sql, params![run.as_str()], |row| {
+        column(row, "last", &Lazy(|| format!("the {table} of run {run}")))
+    })?;
     Ok(last.unwrap_or(0))
 }
 
@@ -654,11 +659,38 @@ fn usage_columns(row: &Row<'_>, place: &str) -> Result<Usage> {
 
 /// Reads a column, reporting a value of the wrong type or range as corrupt data at
 /// `place` rather than as a backend failure.
-pub(super) fn column<T: FromSql>(row: &Row<'_>, name: &str, place: &str) -> Result<T> {
+/// Where a column is read, for the `Corrupt` error of a bad value: text, or [`Lazy`]
+/// text made only when a read fails (most rows are read fine, many on hot paths).
+pub(super) trait Place {
+    fn text(&self) -> String;
+}
+
+impl Place for str {
+    fn text(&self) -> String {
+        self.to_owned()
+    }
+}
+
+impl Place for String {
+    fn text(&self) -> String {
+        self.clone()
+    }
+}
+
+/// A [`Place`] formatted only when it is needed.
+pub(super) struct Lazy<F>(pub(super) F);
+
+impl<F: Fn() -> String> Place for Lazy<F> {
+    fn text(&self) -> String {
+        (self.0)()
+    }
+}
+
+pub(super) fn column<T: FromSql>(row: &Row<'_>, name: &str, place: &(impl Place + ?Sized)) -> Result<T> {
     row.get(name).map_err(|error| match error {
         rusqlite::Error::FromSqlConversionFailure(..)
         | rusqlite::Error::InvalidColumnType(..)
-        | rusqlite::Error::IntegralValueOutOfRange(..) => corrupt(name, place, error),
+        | rusqlite::Error::IntegralValueOutOfRange(..) => corrupt(name, &place.text(), error),
         other => Error::Backend { step: "reading a column", source: Box::new(other) },
     })
 }
@@ -687,9 +719,9 @@ fn spec_column(row: &Row<'_>, place: &str) -> Result<SpecJson> {
     SpecJson::parse(text).map_err(|error| corrupt("spec", place, error))
 }
 
-pub(super) fn json_column(row: &Row<'_>, name: &str, place: &str) -> Result<Value> {
+pub(super) fn json_column(row: &Row<'_>, name: &str, place: &(impl Place + ?Sized)) -> Result<Value> {
     let text: String = column(row, name, place)?;
-    serde_json::from_str(&text).map_err(|error| corrupt(name, place, error))
+    serde_json::from_str(&text).map_err(|error| corrupt(name, &place.text(), error))
 }
 
 fn optional_json_column(row: &Row<'_>, name: &str, place: &str) -> Result<Option<Value>> {
