@@ -657,8 +657,6 @@ fn usage_columns(row: &Row<'_>, place: &str) -> Result<Usage> {
     })
 }
 
-/// Reads a column, reporting a value of the wrong type or range as corrupt data at
-/// `place` rather than as a backend failure.
 /// Where a column is read, for the `Corrupt` error of a bad value: text, or [`Lazy`]
 /// text made only when a read fails (most rows are read fine, many on hot paths).
 pub(super) trait Place {
@@ -686,6 +684,8 @@ impl<F: Fn() -> String> Place for Lazy<F> {
     }
 }
 
+/// Reads a column, reporting a value of the wrong type or range as corrupt data at
+/// `place` rather than as a backend failure.
 pub(super) fn column<T: FromSql>(row: &Row<'_>, name: &str, place: &(impl Place + ?Sized)) -> Result<T> {
     row.get(name).map_err(|error| match error {
         rusqlite::Error::FromSqlConversionFailure(..)
