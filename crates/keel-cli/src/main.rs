@@ -171,6 +171,22 @@ enum Command {
     Migrate(migrate::MigrateArgs),
 }
 
+/// The async runtime: one worker thread fewer than the machine has cores (at least one),
+/// unless `TOKIO_WORKER_THREADS` says otherwise. The kernel's other busy threads (the
+/// SQLite writer, the blocking pool's reads) and the agents themselves need a core too;
+/// with a worker on every core, each call also woke idle workers to look for work. On a
+/// 2-core machine one worker took a gateway call from 13 context switches to 8 and the
+/// daemon's CPU per call down by a sixth or more, at the same throughput (BENCHMARKS.md,
+/// "one worker thread fewer than cores").
+fn runtime_builder() -> tokio::runtime::Builder {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        builder.worker_threads(cores.saturating_sub(1).max(1));
+    }
+    builder
+}
+
 fn main() -> ExitCode {
     // A sandbox zygote is this binary started with a hidden argument; it must take over
     // before any thread or runtime exists.
@@ -183,7 +199,7 @@ fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match runtime_builder().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("keel: could not start the async runtime: {err}");
