@@ -74,25 +74,24 @@ pub fn split_params(params: &Value) -> (Blob, Vec<ChainLink>) {
     let Some(object) = params.as_object() else {
         return (Blob::of(params), Vec::new());
     };
-    let messages = object.get("messages").and_then(Value::as_array);
+    // The conversation to chain, if there is one (an empty `messages` stays a field).
+    let messages = object.get("messages").and_then(Value::as_array).filter(|messages| !messages.is_empty());
     let escaped = object.len() == 1 && object.contains_key(SPLIT_KEY);
-    if messages.is_none_or(|messages| messages.is_empty()) && !escaped {
+    if messages.is_none() && !escaped {
         return (Blob::of(params), Vec::new());
     }
     // The other fields (a conversation's messages are most of the params: not copied).
     let fields: Map<String, Value> = object
         .iter()
-        .filter(|(key, _)| messages.is_none_or(|messages| messages.is_empty()) || *key != "messages")
+        .filter(|(key, _)| messages.is_none() || *key != "messages")
         .map(|(key, value)| (key.clone(), value.clone()))
         .collect();
     let mut links = Vec::new();
     let mut prev: Option<String> = None;
-    if let Some(messages) = messages.filter(|messages| !messages.is_empty()) {
-        for message in messages {
-            let message = Blob::of(message);
-            let hash = node_hash(prev.as_deref(), &message.hash);
-            links.push(ChainLink { hash: hash.clone(), prev: prev.replace(hash), message });
-        }
+    for message in messages.into_iter().flatten() {
+        let message = Blob::of(message);
+        let hash = node_hash(prev.as_deref(), &message.hash);
+        links.push(ChainLink { hash: hash.clone(), prev: prev.replace(hash), message });
     }
     let manifest = serde_json::json!({ SPLIT_KEY: { "fields": fields, "chain": prev } });
     (Blob::of(&manifest), links)
