@@ -291,7 +291,7 @@ fn default_node_id(dir: &DataDir) -> String {
         .collect();
     let digest = sha2::Sha256::digest(dir.root().as_os_str().as_encoded_bytes());
     let host = if host.is_empty() { "keel".to_owned() } else { host };
-    format!("{host}-{}", hex::encode(&digest[..4]))
+    format!("{host}-{}", keel_types::hex(&digest[..4]))
 }
 
 /// The address other nodes forward requests to: `--advertise`, else the address the API

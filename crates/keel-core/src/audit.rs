@@ -28,7 +28,7 @@ pub fn entry_hash(prev_hash: &str, seq: u64, record_json_canonical: &str) -> Str
     hasher.update(b"\n");
     hasher.update(record_json_canonical.as_bytes());
     hasher.update(b"\n");
-    hex::encode(hasher.finalize())
+    keel_types::hex(&hasher.finalize())
 }
 
 #[cfg(test)]

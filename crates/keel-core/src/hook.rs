@@ -212,7 +212,7 @@ pub fn sign(secret: &[u8], parts: &[&[u8]]) -> String {
     for part in parts {
         mac.update(part);
     }
-    hex::encode(mac.finalize().into_bytes())
+    keel_types::hex(&mac.finalize().into_bytes())
 }
 
 /// The id that names a delivery, if the sender gave one: `X-GitHub-Delivery` for

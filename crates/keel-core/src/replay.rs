@@ -364,7 +364,7 @@ mod tests {
         let params = json!({"b": 1, "a": [true]});
         let mut hasher = Sha256::new();
         hasher.update(b"llm.chat\n{\"a\":[true],\"b\":1}");
-        assert_eq!(params_hash("llm.chat", &params), hex::encode(hasher.finalize()));
+        assert_eq!(params_hash("llm.chat", &params), keel_types::hex(&hasher.finalize()));
         assert_eq!(params_hash("llm.chat", &params).len(), 64);
         assert_ne!(params_hash("llm.chat", &params), params_hash("tool.call", &params));
     }

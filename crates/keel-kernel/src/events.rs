@@ -1,9 +1,11 @@
 //! Run events (agent output, state changes, syscalls, emitted events): one writer task
-//! batches them into the store off the syscall path, and followers read them back from
-//! the store, woken by a per-run watch of the newest seq, so a follower never misses or
-//! repeats an event however it interleaves with the writer. Every stored batch that is
-//! more than agent output also announces its run on a broadcast of changed runs, which
-//! the console's live list of runs follows.
+//! batches them into the store off the syscall path, and followers are woken by a per-run
+//! watch of the newest stored events. A follower that has every event before the ones the
+//! watch holds takes them from there; one that fell behind (or came late) reads the
+//! store. Either way it goes by seq, so it never misses or repeats an event however it
+//! interleaves with the writer. Every stored batch that is more than agent output also
+//! announces its run on a broadcast of changed runs, which the console's live list of
+//! runs follows.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,11 +22,26 @@ enum Message {
     Flush(oneshot::Sender<()>),
 }
 
+/// What a run's followers are woken with: the events of the newest write of the run's
+/// events, with their seqs (a write's events take consecutive seqs ending at the one the
+/// store returns). `None` until the first write after the first follower came.
+type Head = Option<Arc<[EventRecord]>>;
+
+/// The watches of the runs someone follows. A watch nobody holds any more is dropped at
+/// the run's next write of events, or by the sweep when the map has doubled.
+struct Heads {
+    runs: HashMap<RunId, watch::Sender<Head>>,
+    sweep_at: usize,
+}
+
+/// The fewest watches before `EventLog::head` sweeps away those nobody holds.
+const SWEEP_AT_LEAST: usize = 64;
+
 /// Handle to the event writer. Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct EventLog {
     tx: mpsc::UnboundedSender<Message>,
-    heads: Arc<Mutex<HashMap<RunId, watch::Sender<Seq>>>>,
+    heads: Arc<Mutex<Heads>>,
     /// Runs whose state, usage or waits may have changed: announced once their events are
     /// in the store, so a reader that hears of one reads the change.
     changes: broadcast::Sender<RunId>,
@@ -40,7 +57,7 @@ impl EventLog {
     /// Starts the event writer and the audit writer (`crate::audit`).
     pub(crate) fn start(store: Arc<dyn Store>) -> EventLog {
         let (tx, rx) = mpsc::unbounded_channel();
-        let heads: Arc<Mutex<HashMap<RunId, watch::Sender<Seq>>>> = Arc::default();
+        let heads = Arc::new(Mutex::new(Heads { runs: HashMap::new(), sweep_at: SWEEP_AT_LEAST }));
         let audit = crate::audit::AuditLog::start(store.clone());
         let (changes, _) = broadcast::channel(CHANGES_CAPACITY);
         tokio::spawn(write_loop(store, rx, heads.clone(), changes.clone()));
@@ -68,16 +85,21 @@ impl EventLog {
         }
     }
 
-    fn head(&self, run: &RunId) -> watch::Receiver<Seq> {
+    fn head(&self, run: &RunId) -> watch::Receiver<Head> {
         let mut heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
-        heads.entry(run.clone()).or_insert_with(|| watch::channel(0).0).subscribe()
+        if heads.runs.len() >= heads.sweep_at {
+            // Receivers are only made under this lock, so a watch with none stays so.
+            heads.runs.retain(|_, head| head.receiver_count() > 0);
+            heads.sweep_at = (heads.runs.len() * 2).max(SWEEP_AT_LEAST);
+        }
+        heads.runs.entry(run.clone()).or_insert_with(|| watch::channel(None).0).subscribe()
     }
 }
 
 async fn write_loop(
     store: Arc<dyn Store>,
     mut rx: mpsc::UnboundedReceiver<Message>,
-    heads: Arc<Mutex<HashMap<RunId, watch::Sender<Seq>>>>,
+    heads: Arc<Mutex<Heads>>,
     changes: broadcast::Sender<RunId>,
 ) {
     let mut batch: Vec<Message> = Vec::new();
@@ -117,9 +139,13 @@ async fn write_loop(
             });
             match appended {
                 Ok(last) => {
-                    let heads = heads.lock().unwrap_or_else(|p| p.into_inner());
-                    if let Some(head) = heads.get(&run) {
-                        head.send_replace(last);
+                    let mut heads = heads.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(head) = heads.runs.get(&run) {
+                        if head.receiver_count() == 0 {
+                            heads.runs.remove(&run);
+                        } else {
+                            head.send_replace(stored(events, last));
+                        }
                     }
                     drop(heads);
                     if !output_only {
@@ -136,6 +162,19 @@ async fn write_loop(
     }
 }
 
+/// The records of `events`, just written with `last` the seq of the last one; `None` if
+/// the store's seq cannot be theirs.
+fn stored(events: Vec<NewEvent>, last: Seq) -> Head {
+    let first = (last + 1).checked_sub(events.len() as Seq).filter(|first| *first > 0)?;
+    let records = events.into_iter().zip(first..).map(|(event, seq)| EventRecord {
+        seq,
+        ts_ms: event.ts_ms,
+        kind: event.kind,
+        data: event.data,
+    });
+    Some(records.collect())
+}
+
 /// Reads a run's events from `after` on. With `follow`, waits for new ones until the run
 /// has ended and its final state event was delivered.
 pub struct EventStream {
@@ -143,7 +182,7 @@ pub struct EventStream {
     run: RunId,
     after: Seq,
     follow: bool,
-    head: watch::Receiver<Seq>,
+    head: watch::Receiver<Head>,
     buffered: std::collections::VecDeque<EventRecord>,
     done: bool,
     /// The last read of a follower found every event stored then: wait for the next.
@@ -198,7 +237,7 @@ impl EventStream {
                 {
                     self.done = true;
                 }
-                return Ok(Some(crate::views::event(&event)));
+                return Ok(Some(crate::views::event(event)));
             }
             if self.done {
                 return Ok(None);
@@ -214,7 +253,21 @@ impl EventStream {
             }
             // Mark the head as seen before reading, so a write that lands after the read
             // still wakes us.
-            self.head.borrow_and_update();
+            let newest = self.head.borrow_and_update().clone();
+            if self.follow
+                && let Some(newest) = newest
+                && let Some(next) = newest.first().filter(|first| first.seq <= self.after + 1)
+            {
+                // The newest write follows on from what this follower has: its events
+                // need no read (the store holds them; they were written before the
+                // watch was told). Only the unseen ones, in case a read got some first.
+                let seen = usize::try_from(self.after + 1 - next.seq).unwrap_or(usize::MAX);
+                if let Some(unseen) = newest.get(seen..).filter(|unseen| !unseen.is_empty()) {
+                    self.buffered.extend(unseen.iter().cloned());
+                    self.caught_up = !self.check_run;
+                    continue;
+                }
+            }
             let page = self.store.events(&self.run, self.after, PAGE).await?;
             let full = page.len() == PAGE;
             if !page.is_empty() {
@@ -284,6 +337,93 @@ mod tests {
             RunPatch { state: Some(RunState::Succeeded), ended_at_ms: Some(Some(2)), ..RunPatch::default() };
         store.update_run(&id, None, ended).await.unwrap();
         (store, log, id)
+    }
+
+    /// A store (in `dir`) with an event log, and a running run.
+    async fn a_running_run(dir: &tempfile::TempDir) -> (Arc<dyn Store>, EventLog, NewRun) {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("keel.db")).unwrap());
+        let log = EventLog::start(store.clone());
+        let run = NewRun {
+            id: RunId::generate(1),
+            tenant: "t".into(),
+            spec: json!({}),
+            state: RunState::Running,
+            created_at_ms: 1,
+        };
+        store.create_run(run.clone()).await.unwrap();
+        (store, log, run)
+    }
+
+    /// Emits `n` syscall events numbered from `from` and waits until they are stored.
+    async fn emit_stored(log: &EventLog, run: &RunId, from: u64, n: u64) {
+        for i in from..from + n {
+            log.emit(run, EventKind::Syscall, json!({"i": i}));
+        }
+        log.flush().await;
+    }
+
+    async fn next_seqs(stream: &mut EventStream, n: usize) -> Vec<Seq> {
+        let mut seqs = Vec::new();
+        for _ in 0..n {
+            let event = tokio::time::timeout(Duration::from_secs(10), stream.next()).await;
+            seqs.push(event.expect("an event in time").unwrap().expect("an event").seq);
+        }
+        seqs
+    }
+
+    /// A follower that has every event before a write takes the write's events from the
+    /// watch: its store here is another database, holding the run but none of its events.
+    #[tokio::test]
+    async fn a_caught_up_follower_takes_a_write_from_the_watch() {
+        let (dir, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (_store, log, run) = a_running_run(&dir).await;
+        let empty: Arc<dyn Store> = Arc::new(SqliteStore::open(&elsewhere.path().join("keel.db")).unwrap());
+        empty.create_run(run.clone()).await.unwrap();
+        let mut stream = EventStream::new(empty, &log, run.id.clone(), 0, true);
+        let writer = log.clone();
+        let id = run.id.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            emit_stored(&writer, &id, 0, 3).await;
+            writer.emit(&id, EventKind::State, json!({"state": "succeeded", "from": "running"}));
+        });
+        assert_eq!(next_seqs(&mut stream, 4).await, [1, 2, 3, 4]);
+        assert!(stream.next().await.unwrap().is_none(), "the stream ends after the final state");
+    }
+
+    /// Followers that missed writes, or start part-way into one, read what they miss
+    /// from the store and still get every event once, in order.
+    #[tokio::test]
+    async fn a_follower_behind_the_watch_gets_every_event_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, log, run) = a_running_run(&dir).await;
+        let mut behind = EventStream::new(store.clone(), &log, run.id.clone(), 0, true);
+        // Three writes before the follower looks: the watch holds only the last.
+        for write in 0..3 {
+            emit_stored(&log, &run.id, write * 2, 2).await;
+        }
+        assert_eq!(next_seqs(&mut behind, 6).await, [1, 2, 3, 4, 5, 6]);
+        // One that starts inside the newest write gets the rest of it.
+        emit_stored(&log, &run.id, 6, 3).await;
+        let mut inside = EventStream::new(store, &log, run.id.clone(), 8, true);
+        assert_eq!(next_seqs(&mut inside, 1).await, [9]);
+        assert_eq!(next_seqs(&mut behind, 3).await, [7, 8, 9]);
+        log.emit(&run.id, EventKind::State, json!({"state": "succeeded", "from": "running"}));
+        for stream in [&mut behind, &mut inside] {
+            assert_eq!(next_seqs(stream, 1).await, [10]);
+            assert!(stream.next().await.unwrap().is_none());
+        }
+    }
+
+    /// The watch of a run nobody follows any more goes at the run's next write.
+    #[tokio::test]
+    async fn a_watch_nobody_holds_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, log, run) = a_running_run(&dir).await;
+        drop(EventStream::new(store, &log, run.id.clone(), 0, true));
+        assert_eq!(log.heads.lock().unwrap().runs.len(), 1);
+        emit_stored(&log, &run.id, 0, 1).await;
+        assert!(log.heads.lock().unwrap().runs.is_empty());
     }
 
     /// The run's row says it ended before its final state event is stored (the order in

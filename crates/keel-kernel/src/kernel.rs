@@ -514,7 +514,7 @@ impl Kernel {
         let record = self.get(run).await?;
         let events = self.inner.store.events(run, after, limit).await?;
         let complete = record.state.is_terminal() && events.len() < limit;
-        Ok(EventsPage { events: events.iter().map(views::event).collect(), complete })
+        Ok(EventsPage { events: events.into_iter().map(views::event).collect(), complete })
     }
 
     /// Audit entries in seq order, within what `principal` may see.

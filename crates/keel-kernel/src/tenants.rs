@@ -123,7 +123,7 @@ pub(crate) fn validate_quota(quota: &QuotaParams) -> Result<()> {
 
 /// The stored form of a token: hex sha256 of its bytes.
 pub fn token_hash(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
+    keel_types::hex(&Sha256::digest(token.as_bytes()))
 }
 
 /// A new token and its public prefix: `kt_<8 hex>_<64 hex>`, the prefix being
@@ -132,7 +132,7 @@ pub fn token_hash(token: &str) -> String {
 pub(crate) fn mint_token() -> (String, String) {
     let mut id = [0u8; 4];
     keel_types::fill_random(&mut id);
-    let prefix = format!("kt_{}", hex::encode(id));
+    let prefix = format!("kt_{}", keel_types::hex(&id));
     let token = format!("{prefix}_{}", keel_types::random_token());
     (token, prefix)
 }

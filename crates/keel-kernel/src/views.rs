@@ -66,8 +66,8 @@ pub fn journal_entry(entry: &JournalEntry) -> JournalEntryView {
     }
 }
 
-pub fn event(record: &EventRecord) -> EventView {
-    EventView { seq: record.seq, ts: record.ts_ms, kind: record.kind.clone(), data: record.data.clone() }
+pub fn event(record: EventRecord) -> EventView {
+    EventView { seq: record.seq, ts: record.ts_ms, kind: record.kind, data: record.data }
 }
 
 pub fn audit_entry(entry: &keel_store::AuditEntry) -> keel_protocol::api::AuditEntryView {

@@ -246,7 +246,9 @@ pub trait Store: Send + Sync + 'static {
     async fn latest_entry(&self, run: &RunId, method: &str) -> Result<Option<JournalEntry>>;
 
     /// Appends events to the run's log in order; returns the seq of the last one (with
-    /// no events, the current last seq: 0 for an empty log). Committed on return, and
+    /// no events, the current last seq: 0 for an empty log). A run's seqs are dense from
+    /// 1, so the events take the seqs that end at the one returned (the kernel hands them
+    /// to the run's followers with those seqs, unread). Committed on return, and
     /// kept if the process is killed, but not flushed on their own: events are a record
     /// of what the journal and the run already hold durably, so a store may let the next
     /// durable write (which makes everything committed before it durable too) or its next

@@ -68,11 +68,11 @@ impl Drop for Collector {
 
 /// The trace of a run as the kernel derives it: the first 16 bytes of SHA-256.
 fn trace_id(run: &str) -> String {
-    hex::encode(&Sha256::digest(format!("keel trace {run}"))[..16])
+    keel_types::hex(&Sha256::digest(format!("keel trace {run}"))[..16])
 }
 
 fn run_span_id(run: &str) -> String {
-    hex::encode(&Sha256::digest(format!("keel run span {run}"))[..8])
+    keel_types::hex(&Sha256::digest(format!("keel run span {run}"))[..8])
 }
 
 /// A daemon exporting to `collector` quickly (short batch delay and metric interval).

@@ -211,7 +211,7 @@ fn input_scope(tenant: &str) -> String {
 
 fn input_hash(value: &Value) -> String {
     use sha2::Digest;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(value.to_string().as_bytes())))
+    format!("sha256:{}", keel_types::hex(&sha2::Sha256::digest(value.to_string().as_bytes())))
 }
 
 impl Kernel {

@@ -30,7 +30,7 @@ fn audit_args(args: &Value) -> Value {
         return args.clone();
     }
     use sha2::Digest;
-    json!({ "sha256": hex::encode(sha2::Sha256::digest(text.as_bytes())), "bytes": text.len() })
+    json!({ "sha256": keel_types::hex(&sha2::Sha256::digest(text.as_bytes())), "bytes": text.len() })
 }
 
 fn tool_error(name: &str, err: String) -> SyscallError {

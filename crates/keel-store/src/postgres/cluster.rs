@@ -128,7 +128,7 @@ impl PgStore {
 /// anyone join as that node.
 fn key_hash(key: &str) -> String {
     use sha2::Digest as _;
-    hex::encode(sha2::Sha256::digest(key.as_bytes()))
+    keel_types::hex(&sha2::Sha256::digest(key.as_bytes()))
 }
 
 /// Why a node whose clock is `skew_ms` off the database's may not join, if it may not.
