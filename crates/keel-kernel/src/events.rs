@@ -320,25 +320,6 @@ mod tests {
 
     use super::*;
 
-    /// A store (in `dir`) with an event log, and a run whose row says it ended but none
-    /// of whose events are stored.
-    async fn an_ended_run(dir: &tempfile::TempDir) -> (Arc<dyn Store>, EventLog, RunId) {
-        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("keel.db")).unwrap());
-        let log = EventLog::start(store.clone());
-        let run = NewRun {
-            id: RunId::generate(1),
-            tenant: "t".into(),
-            spec: json!({}),
-            state: RunState::Running,
-            created_at_ms: 1,
-        };
-        let id = store.create_run(run).await.unwrap().id;
-        let ended =
-            RunPatch { state: Some(RunState::Succeeded), ended_at_ms: Some(Some(2)), ..RunPatch::default() };
-        store.update_run(&id, None, ended).await.unwrap();
-        (store, log, id)
-    }
-
     /// A store (in `dir`) with an event log, and a running run.
     async fn a_running_run(dir: &tempfile::TempDir) -> (Arc<dyn Store>, EventLog, NewRun) {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("keel.db")).unwrap());
@@ -352,6 +333,15 @@ mod tests {
         };
         store.create_run(run.clone()).await.unwrap();
         (store, log, run)
+    }
+
+    /// The same, but the run's row says it ended, and none of its events are stored.
+    async fn an_ended_run(dir: &tempfile::TempDir) -> (Arc<dyn Store>, EventLog, RunId) {
+        let (store, log, run) = a_running_run(dir).await;
+        let ended =
+            RunPatch { state: Some(RunState::Succeeded), ended_at_ms: Some(Some(2)), ..RunPatch::default() };
+        store.update_run(&run.id, None, ended).await.unwrap();
+        (store, log, run.id)
     }
 
     /// Emits `n` syscall events numbered from `from` and waits until they are stored.
