@@ -163,8 +163,12 @@ async fn write_loop(
 }
 
 /// The records of `events`, just written with `last` the seq of the last one; `None` if
-/// the store's seq cannot be theirs.
+/// the store's seq cannot be theirs, or if they are more than a follower reads at once
+/// (they are kept until the run's next write: a burst of output is read from the store).
 fn stored(events: Vec<NewEvent>, last: Seq) -> Head {
+    if events.len() > PAGE {
+        return None;
+    }
     let first = (last + 1).checked_sub(events.len() as Seq).filter(|first| *first > 0)?;
     let records = events.into_iter().zip(first..).map(|(event, seq)| EventRecord {
         seq,
@@ -342,6 +346,20 @@ mod tests {
             RunPatch { state: Some(RunState::Succeeded), ended_at_ms: Some(Some(2)), ..RunPatch::default() };
         store.update_run(&run.id, None, ended).await.unwrap();
         (store, log, run.id)
+    }
+
+    /// A write of more events than a follower reads at once is not kept in the watch;
+    /// a follower reads it from the store, in pages, all the same.
+    #[tokio::test]
+    async fn a_burst_is_read_from_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, log, run) = a_running_run(&dir).await;
+        let mut stream = EventStream::new(store, &log, run.id.clone(), 0, true);
+        let burst = PAGE as u64 + 1;
+        emit_stored(&log, &run.id, 0, burst).await;
+        assert!(log.heads.lock().unwrap().runs[&run.id].borrow().is_none());
+        let seqs = next_seqs(&mut stream, PAGE + 1).await;
+        assert_eq!(seqs, (1..=burst).collect::<Vec<_>>());
     }
 
     /// Emits `n` syscall events numbered from `from` and waits until they are stored.
