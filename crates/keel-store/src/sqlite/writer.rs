@@ -600,10 +600,15 @@ fn update_run(
 }
 
 fn append_entry(connection: &Connection, run: RunId, entry: EncodedEntry) -> Result<Seq> {
-    queries::require_run(connection, &run)?;
     // Only this thread writes, so last + 1 cannot race: concurrent appends to one run get
     // dense seqs in the order they reached the writer.
-    let seq = queries::last_journal_seq(connection, &run)? + 1;
+    let last = queries::last_journal_seq(connection, &run)?;
+    if last == 0 {
+        // Entries exist only with their run (a foreign key): only an empty journal needs
+        // the run looked up.
+        queries::require_run(connection, &run)?;
+    }
+    let seq = last + 1;
     insert_entry(connection, &run, seq, &entry)?;
     if matches!(entry.status, EntryStatus::Ok | EntryStatus::Error) {
         add_usage(connection, &run, &entry.usage, false)?;
@@ -664,7 +669,6 @@ fn complete_entry(
     if !matches!(completion.status, EntryStatus::Ok | EntryStatus::Error) {
         return Err(Error::completion_not_final(&run, seq, completion.status));
     }
-    queries::require_run(connection, &run)?;
     let status = queries::query_first(
         connection,
         "reading the status of a journal entry",
@@ -673,7 +677,12 @@ fn complete_entry(
         |row| row.get::<_, String>(0).map_err(sql_error("reading the status of a journal entry")),
     )?;
     match status {
-        None => return Err(Error::EntryNotFound { run, seq }),
+        // An entry exists only with its run (a foreign key): the run is looked up only to
+        // say which of the two is missing.
+        None => {
+            queries::require_run(connection, &run)?;
+            return Err(Error::EntryNotFound { run, seq });
+        }
         Some(status) if status != EntryStatus::Pending.as_str() => {
             return Err(Error::entry_not_pending(&run, seq, &status));
         }
@@ -779,8 +788,11 @@ fn abandon_entries(connection: &Connection, run: RunId, seqs: &[Seq]) -> Result<
 }
 
 fn append_events(connection: &Connection, run: RunId, events: Vec<EncodedEvent>) -> Result<Seq> {
-    queries::require_run(connection, &run)?;
     let mut seq = queries::last_event_seq(connection, &run)?;
+    if seq == 0 {
+        // As for journal entries: events exist only with their run.
+        queries::require_run(connection, &run)?;
+    }
     for event in events {
         seq += 1;
         run_sql(
