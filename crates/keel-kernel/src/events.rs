@@ -260,14 +260,13 @@ impl EventStream {
             let newest = self.head.borrow_and_update().clone();
             if self.follow
                 && let Some(newest) = newest
-                && let Some(next) = newest.first().filter(|first| first.seq <= self.after + 1)
+                && newest.first().is_some_and(|first| first.seq <= self.after + 1)
             {
                 // The newest write follows on from what this follower has: its events
                 // need no read (the store holds them; they were written before the
                 // watch was told). Only the unseen ones, in case a read got some first.
-                let seen = usize::try_from(self.after + 1 - next.seq).unwrap_or(usize::MAX);
-                if let Some(unseen) = newest.get(seen..).filter(|unseen| !unseen.is_empty()) {
-                    self.buffered.extend(unseen.iter().cloned());
+                self.buffered.extend(newest.iter().filter(|event| event.seq > self.after).cloned());
+                if !self.buffered.is_empty() {
                     self.caught_up = !self.check_run;
                     continue;
                 }

@@ -514,12 +514,13 @@ pub(super) fn stats(connection: &Connection) -> Result<StoreStats> {
     Ok(stats.unwrap_or_default())
 }
 
-/// The last journal seq of a run (0 for an empty journal).
+/// The last journal seq of a run (0 for an empty journal); `RunNotFound` if there is no
+/// such run.
 pub(super) fn last_journal_seq(connection: &Connection, run: &RunId) -> Result<Seq> {
     last_seq(connection, "finding the last journal seq", LAST_JOURNAL_SEQ, "journal", run)
 }
 
-/// The last event seq of a run (0 for an empty log).
+/// The last event seq of a run (0 for an empty log); `RunNotFound` if there is no such run.
 pub(super) fn last_event_seq(connection: &Connection, run: &RunId) -> Result<Seq> {
     last_seq(connection, "finding the last event seq", LAST_EVENT_SEQ, "events", run)
 }
@@ -532,8 +533,14 @@ const LAST_EVENT_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) AS last FROM events W
 fn last_seq(connection: &Connection, step: &'static str, sql: &str, table: &str, run: &RunId) -> Result<Seq> {
     let last = query_first(connection, step, sql, params![run.as_str()], |row| {
         column(row, "last", &Lazy(|| format!("the {table} of run {run}")))
-    })?;
-    Ok(last.unwrap_or(0))
+    })?
+    .unwrap_or(0);
+    // Entries and events exist only with their run (a foreign key): only an empty log
+    // needs the run looked up.
+    if last == 0 {
+        require_run(connection, run)?;
+    }
+    Ok(last)
 }
 
 /// Runs a cached statement and decodes the first row, if any.

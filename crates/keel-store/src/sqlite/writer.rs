@@ -602,13 +602,7 @@ fn update_run(
 fn append_entry(connection: &Connection, run: RunId, entry: EncodedEntry) -> Result<Seq> {
     // Only this thread writes, so last + 1 cannot race: concurrent appends to one run get
     // dense seqs in the order they reached the writer.
-    let last = queries::last_journal_seq(connection, &run)?;
-    if last == 0 {
-        // Entries exist only with their run (a foreign key): only an empty journal needs
-        // the run looked up.
-        queries::require_run(connection, &run)?;
-    }
-    let seq = last + 1;
+    let seq = queries::last_journal_seq(connection, &run)? + 1;
     insert_entry(connection, &run, seq, &entry)?;
     if matches!(entry.status, EntryStatus::Ok | EntryStatus::Error) {
         add_usage(connection, &run, &entry.usage, false)?;
@@ -789,10 +783,6 @@ fn abandon_entries(connection: &Connection, run: RunId, seqs: &[Seq]) -> Result<
 
 fn append_events(connection: &Connection, run: RunId, events: Vec<EncodedEvent>) -> Result<Seq> {
     let mut seq = queries::last_event_seq(connection, &run)?;
-    if seq == 0 {
-        // As for journal entries: events exist only with their run.
-        queries::require_run(connection, &run)?;
-    }
     for event in events {
         seq += 1;
         run_sql(
