@@ -246,6 +246,17 @@ impl Kernel {
         self.syscall_streaming(live, method, params, Listener::default()).await
     }
 
+    /// Puts `run.exit`'s output on the run, after the call is journaled (live, or answered
+    /// from the journal on replay). Written while the agent waits for the reply, so a store
+    /// outage delays the exit rather than lose the output.
+    async fn keep_exit_output(&self, live: &Arc<LiveRun>, output: Value) -> Result<(), SyscallError> {
+        let patch = RunPatch { output: Some(Some(output)), ..RunPatch::default() };
+        self.while_current_idempotent(live, || self.store().update_run(&live.id, None, patch.clone()))
+            .await
+            .map_err(internal)?;
+        Ok(())
+    }
+
     /// A syscall whose caller hears more than its result (see [`Listener`]). A replayed
     /// call sends no deltas: the caller renders the journaled result instead.
     pub(crate) async fn syscall_streaming(
@@ -300,8 +311,11 @@ impl Kernel {
         match decision {
             Decision::Replay { seq } => {
                 let entry = recorded.ok_or_else(|| internal(format!("journal entry {seq} vanished")))?;
-                if method == "run.exit" {
+                if let Call::Exit(output) = &call {
                     live.exited.store(true, Ordering::SeqCst);
+                    // A crash after `run.exit` was journaled and before its output was on
+                    // the run leaves the run without it: written again, the same value.
+                    self.keep_exit_output(live, output.clone()).await?;
                 }
                 self.emit(&live.id, EventKind::Syscall, json!({ "seq": seq, "method": method, "status": entry.status.as_str(), "replayed": true }));
                 self.inner.telemetry.replayed(
@@ -406,14 +420,7 @@ impl Kernel {
             Call::Exit(output) => {
                 self.journaled(journal, how, |_| async { Effect::reply(Ok(json!({}))) }).await.reply?;
                 live.exited.store(true, Ordering::SeqCst);
-                let patch = RunPatch { output: Some(Some(output)), ..RunPatch::default() };
-                // Written while the agent waits for the reply, so a store outage now must
-                // delay the exit, not lose the run's output.
-                self.while_current_idempotent(live, || {
-                    self.store().update_run(&live.id, None, patch.clone())
-                })
-                .await
-                .map_err(internal)?;
+                self.keep_exit_output(live, output).await?;
                 Ok(json!({}))
             }
             Call::Checkpoint => {

@@ -56,6 +56,32 @@ fn a_relaunched_agent_is_answered_from_the_journal_and_pays_nothing_twice() {
     test.wait_event(&run, "syscall", json!({"method": "llm.chat", "replayed": true}));
 }
 
+/// Regression: a crash after `run.exit` was journaled and before its output was on the
+/// run (a node killed in the cluster test) left the relaunched run to end `succeeded`
+/// without output: the replayed call was answered from the journal and wrote nothing.
+#[test]
+fn a_run_exit_replayed_after_a_crash_puts_its_output_on_the_run() {
+    let mut test = TestKernel::start();
+    let run = test.create_run(json!({}));
+    let output = json!({"answer": 42});
+    test.agent(&run).exit(&output).unwrap();
+    assert_eq!(test.get(&run).output, Some(output.clone()));
+    // The crash window: the journal holds `run.exit`; the run does not hold its output yet.
+    let (store, id) = (test.store(), run.clone());
+    let cleared = keel_store::RunPatch { output: Some(None), ..keel_store::RunPatch::default() };
+    test.on_kernel(|_| async move { store.update_run(&id, None, cleared).await }).unwrap();
+    test.crash_and_restart();
+    test.wait_run(&run, "relaunched by replay", |r| r.attempt == 2 && r.pid.is_some());
+
+    let before = test.journal(&run);
+    test.agent(&run).exit(&output).unwrap();
+    assert_eq!(test.journal(&run), before, "answered from the journal");
+    assert_eq!(test.get(&run).output, Some(output.clone()), "and the output is on the run again");
+    let pid = test.get(&run).pid.expect("the agent's pid");
+    std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    assert_eq!(test.wait_state(&run, RunState::Succeeded).output, Some(output));
+}
+
 #[test]
 fn after_a_divergent_call_the_unasked_tail_is_abandoned_at_the_next_checkpoint() {
     let mut test = TestKernel::start();
