@@ -16,14 +16,15 @@ import sqlite3
 import sys
 
 log, database, calls = sys.argv[1], sys.argv[2], int(sys.argv[3])
-write = re.compile(r'pwrite64\((\d+), "((?:\\x[0-9a-f]{2})*)"(?:\.\.\.)?, (\d+), \d+\)')
+# A call another thread interrupted is split: its arguments on the `<unfinished ...>` line.
+write = re.compile(r'pwrite64\((\d+), "((?:\\x[0-9a-f]{2})*)"(?:\.\.\.)?, (\d+), \d+(?:\)| <unfinished)')
 flush = re.compile(r'(?:fdatasync|fsync)\((\d+)')
 pages = collections.Counter()
 frames_by_fd = collections.Counter()
 flushes_by_fd = collections.Counter()
 for line in open(log):
     if "resumed>" in line:
-        continue  # the second half of a call strace split: counted at its start
+        continue  # the second half of a split call: counted at its start
     if m := write.search(line):
         if m.group(3) == "24":
             header = bytes.fromhex(m.group(2).replace("\\x", ""))

@@ -51,8 +51,7 @@ fn recorded_fires_without_their_run_are_started_once_by_the_next_firing_kernel()
     let mut agent = test.agent(&publisher);
     agent.publish("news", &json!({"headline": "hello"}), true).expect("the publish");
     agent.exit(&json!({"done": true})).expect("the exit");
-    let pid = test.get(&publisher).pid.expect("the agent's pid");
-    std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    test.kill_agent(&publisher);
     test.wait_state(&publisher, RunState::Succeeded);
     let store = test.store();
     let fires = test.on_kernel(|_| async move { store.trigger_fires("event", "on-news", 10).await }).unwrap();

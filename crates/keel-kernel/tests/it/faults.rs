@@ -260,8 +260,7 @@ fn faulty_run() -> (TestKernel, Arc<Faults>, RunId, keel_sdk::Client) {
 /// `output`, announced by its `state` event.
 fn finish(test: &TestKernel, run: &RunId, agent: &mut keel_sdk::Client, output: Value) {
     agent.exit(&output).expect("run.exit is answered");
-    let pid = test.get(run).pid.expect("the agent's pid");
-    std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    test.kill_agent(run);
     let ended = test.wait_state(run, RunState::Succeeded);
     assert_eq!(ended.output, Some(output));
     test.wait_event(run, "state", json!({"state": "succeeded"}));

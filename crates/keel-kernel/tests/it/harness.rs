@@ -276,6 +276,13 @@ impl TestKernel {
         wait_for(&format!("run {run}: {what}"), || Some(self.get(run)).filter(|r| check(r)))
     }
 
+    /// SIGKILLs the run's agent process (a puppet waits to be told; after `run.exit`, this
+    /// is how it ends).
+    pub fn kill_agent(&self, run: &RunId) {
+        let pid = self.get(run).pid.expect("the agent's pid");
+        std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    }
+
     pub fn wait_state(&self, run: &RunId, state: RunState) -> RunRecord {
         self.wait_run(run, &format!("state {state}"), |r| r.state == state)
     }

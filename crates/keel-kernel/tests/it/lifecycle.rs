@@ -105,8 +105,7 @@ fn a_forged_or_stale_token_is_refused() {
     // A real token stops working when its run ends.
     let mut agent = test.agent(&run);
     agent.exit(&json!({"done": true})).unwrap();
-    let pid = test.get(&run).pid.unwrap();
-    std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    test.kill_agent(&run);
     assert_eq!(test.wait_state(&run, RunState::Succeeded).output, Some(json!({"done": true})));
     let tokens = std::fs::read_to_string(test.token_file(&run)).unwrap();
     let stale = tokens.lines().next().unwrap();

@@ -77,8 +77,7 @@ fn a_run_exit_replayed_after_a_crash_puts_its_output_on_the_run() {
     test.agent(&run).exit(&output).unwrap();
     assert_eq!(test.journal(&run), before, "answered from the journal");
     assert_eq!(test.get(&run).output, Some(output.clone()), "and the output is on the run again");
-    let pid = test.get(&run).pid.expect("the agent's pid");
-    std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    test.kill_agent(&run);
     assert_eq!(test.wait_state(&run, RunState::Succeeded).output, Some(output));
 }
 
