@@ -268,6 +268,15 @@ pub trait Store: Send + Sync + 'static {
     /// Durable on return.
     async fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()>;
 
+    /// [`Store::kv_put`] for a value the kernel writes again whenever it is lost: committed
+    /// (and seen by every reader) on return, kept if the process is killed, but not
+    /// flushed on its own, like [`Store::append_events`]. The next durable write, which
+    /// makes everything committed before it durable too, or the store's next checkpoint
+    /// flushes it; a power cut before then can lose it. A Responses API response the
+    /// gateway keeps is one: the journal holds the call durably, and its replay keeps
+    /// the response again.
+    async fn kv_put_unflushed(&self, scope: &str, key: &str, value: Value) -> Result<()>;
+
     /// Appends a message to a tenant's thread (created on first append) and returns its
     /// index (0 for the first). The message is stored as a content-addressed blob, like a
     /// journal payload. With an `idempotency_key`, appending again with the same key to the

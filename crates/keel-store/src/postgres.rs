@@ -462,6 +462,11 @@ impl Store for PgStore {
         writes::kv_put(&client, scope, key, &value.to_string()).await.map_err(outcome_unknown)
     }
 
+    async fn kv_put_unflushed(&self, scope: &str, key: &str, value: Value) -> Result<()> {
+        let client = self.client("writing a kv value").await?;
+        writes::kv_put_unflushed(&client, scope, key, &value.to_string()).await.map_err(outcome_unknown)
+    }
+
     async fn thread_append(
         &self,
         tenant: &str,

@@ -439,7 +439,14 @@ impl Store for SqliteStore {
         let scope = scope.to_owned();
         let key = key.to_owned();
         let value = value.to_string();
-        self.write(|reply| WriteCommand::KvPut { scope, key, value, reply }).await
+        self.write(|reply| WriteCommand::KvPut { scope, key, value, flush: true, reply }).await
+    }
+
+    async fn kv_put_unflushed(&self, scope: &str, key: &str, value: Value) -> Result<()> {
+        let scope = scope.to_owned();
+        let key = key.to_owned();
+        let value = value.to_string();
+        self.write(|reply| WriteCommand::KvPut { scope, key, value, flush: false, reply }).await
     }
 
     async fn thread_append(

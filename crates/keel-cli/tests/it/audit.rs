@@ -3,11 +3,9 @@
 //! JSON lines, and after the database file is tampered with (triggers dropped, a detail
 //! changed, as an attacker with the file would) `keel audit verify` names the entry.
 
-use std::process::Command;
-
 use serde_json::Value;
 
-use crate::harness::{Keel, agents};
+use crate::harness::{Keel, agents, sql};
 
 /// Serves an echo on a loopback port (a host the allowlist can name).
 fn echo_server() -> u16 {
@@ -95,13 +93,11 @@ fn egress_decisions_are_audited_verified_exported_and_tampering_is_caught() {
     // them first, then soften the denial's detail.
     keel.kill_daemon();
     let db = keel.data.path().join("keel.db");
-    let script = "import sqlite3, sys\n\
-        c = sqlite3.connect(sys.argv[1])\n\
-        c.executescript('DROP TRIGGER audit_no_update; DROP TRIGGER audit_no_delete;')\n\
-        c.execute(\"UPDATE audit SET detail = '{\\\"allowed\\\": true}' WHERE seq = 2\")\n\
-        c.commit()\n";
-    let status = Command::new("python3").args(["-c", script, db.to_str().unwrap()]).status().unwrap();
-    assert!(status.success(), "tampering with {} failed", db.display());
+    sql(
+        &db,
+        "DROP TRIGGER audit_no_update; DROP TRIGGER audit_no_delete; \
+         UPDATE audit SET detail = '{\"allowed\": true}' WHERE seq = 2;",
+    );
 
     let out = keel.run(&["audit", "verify"]);
     let stdout = String::from_utf8_lossy(&out.stdout);

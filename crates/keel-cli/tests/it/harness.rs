@@ -222,7 +222,15 @@ impl Drop for Keel {
     }
 }
 
-/// True while `pid` exists and is not a zombie.
+/// Runs an SQL script on a stopped kernel's database file through Python's sqlite3: the
+/// tests' stand-in for someone editing the file, or for a power cut that lost a write.
+pub fn sql(db: &Path, script: &str) {
+    let program =
+        "import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nc.executescript(sys.argv[2])\nc.close()";
+    let status = Command::new("python3").args(["-c", program]).arg(db).arg(script).status().unwrap();
+    assert!(status.success(), "python3 sqlite3 on {}", db.display());
+}
+
 /// How many `llm.chat` calls of a run's view (`keel inspect --json`) have a journaled
 /// result.
 pub fn journaled_llm_calls(view: &Value) -> usize {
@@ -234,6 +242,7 @@ pub fn journaled_llm_calls(view: &Value) -> usize {
         .count()
 }
 
+/// True while `pid` exists and is not a zombie.
 pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {

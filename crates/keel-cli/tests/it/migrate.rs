@@ -3,12 +3,9 @@
 //! holds data, a source a kernel is using, an unverified copy and bad arguments are
 //! refused with what to do.
 
-use std::path::Path;
-use std::process::Command;
-
 use serde_json::Value;
 
-use crate::harness::Keel;
+use crate::harness::{Keel, sql};
 
 /// Runs the quickstart offline in `keel`'s data directory; its run id.
 fn quickstart(keel: &Keel) -> String {
@@ -35,14 +32,6 @@ fn refused(keel: &Keel, args: &[&str]) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "keel {full:?} succeeded:\n{}", String::from_utf8_lossy(&out.stdout));
     stderr
-}
-
-/// Runs SQL on a database file through Python's sqlite3 (the test's stand-in for someone
-/// editing the file).
-fn sql(path: &Path, statement: &str) {
-    let script = "import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nc.execute(sys.argv[2])\nc.commit()";
-    let status = Command::new("python3").args(["-c", script]).arg(path).arg(statement).status().unwrap();
-    assert!(status.success(), "python3 sqlite3 on {}", path.display());
 }
 
 /// What a run looks like through the CLI, without what depends on the clock.

@@ -56,10 +56,13 @@ impl Kernel {
         self.kept_response(run, id).await.map_err(Into::into)
     }
 
-    /// Keeps a Responses API response for `run`'s tenant under `id`, durably before it
+    /// Keeps a Responses API response for `run`'s tenant under `id`, committed before it
     /// returns, so a later request of any run of the tenant can continue it
-    /// (`previous_response_id`) or read it. Writing the same id again replaces it (a
-    /// call answered from the journal writes what it wrote the first time).
+    /// (`previous_response_id`) or read it. It is not flushed on its own: the next
+    /// durable write flushes it with everything before it, and a power cut before then,
+    /// which loses it, leaves the run to be relaunched, whose replay of the call keeps it
+    /// again (a kill of the kernel loses nothing). Writing the same id again replaces it
+    /// (a call answered from the journal writes it again).
     pub async fn keep_response(
         &self,
         run: &RunHandle,

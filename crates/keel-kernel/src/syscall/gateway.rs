@@ -77,15 +77,18 @@ impl Kernel {
         self.store().kv_get(&responses_scope(&run.0.tenant), id).await.map_err(crate::syscall::internal)
     }
 
-    /// Keeps a response for the run's tenant, durably, under `id`.
+    /// Keeps a response for the run's tenant under `id`: every reader sees it on return,
+    /// and the next durable write flushes it (`Store::kv_put_unflushed`).
     pub(crate) async fn keep_response_record(
         &self,
         run: &RunHandle,
         id: &str,
         record: Value,
     ) -> Result<(), SyscallError> {
+        // Unflushed: the journal holds the call durably, and a power cut that loses the
+        // record leaves the run to be relaunched, whose replay of the call keeps it again.
         self.store()
-            .kv_put(&responses_scope(&run.0.tenant), id, record)
+            .kv_put_unflushed(&responses_scope(&run.0.tenant), id, record)
             .await
             .map_err(crate::syscall::internal)
     }

@@ -198,6 +198,41 @@ pub async fn kv_put_get_and_scopes(store: &dyn Store) {
     );
 }
 
+/// `kv_put_unflushed` is a `kv_put` in all a reader sees: read back at once, by one read
+/// or many, overwriting and overwritten by flushed puts, in its scope only, and written
+/// many at once beside flushed writes (which share commits with it on SQLite).
+pub async fn kv_put_unflushed_reads_back_like_kv_put(store: &dyn Store) {
+    let unique = RunId::generate(now_ms());
+    let scope = format!("conformance/{unique}/unflushed");
+    store.kv_put_unflushed(&scope, "k", json!({"v": 1})).await.must("kv_put_unflushed");
+    assert_eq!(store.kv_get(&scope, "k").await.must("kv_get"), Some(json!({"v": 1})), "seen on return");
+    store.kv_put(&scope, "k", json!("flushed")).await.must("kv_put");
+    store.kv_put_unflushed(&scope, "k", json!("unflushed")).await.must("kv_put_unflushed");
+    assert_eq!(store.kv_get(&scope, "k").await.must("kv_get"), Some(json!("unflushed")), "it overwrites");
+    store.kv_put(&scope, "k", json!("flushed again")).await.must("kv_put");
+    assert_eq!(
+        store.kv_get(&scope, "k").await.must("kv_get"),
+        Some(json!("flushed again")),
+        "and is overwritten"
+    );
+    let other = format!("conformance/{unique}/unflushed-other");
+    assert_eq!(store.kv_get(&other, "k").await.must("kv_get"), None, "in its scope only");
+
+    let scope = scope.as_str();
+    let writes = (0..20).map(|i| async move {
+        let key = format!("many-{i}");
+        if i % 2 == 0 {
+            store.kv_put_unflushed(scope, &key, json!(i)).await.must("kv_put_unflushed");
+        } else {
+            store.kv_put(scope, &key, json!(i)).await.must("kv_put");
+        }
+    });
+    futures_util::future::join_all(writes).await;
+    let keys: Vec<_> = (0..20).map(|i| (scope.to_owned(), format!("many-{i}"))).collect();
+    let values = store.kv_get_many(&keys).await.must("kv_get_many");
+    assert_eq!(values, (0..20).map(|i| Some(json!(i))).collect::<Vec<_>>(), "every put, flushed or not");
+}
+
 /// `kv_get_many` answers every pair in the order asked: keys of several scopes, a missing
 /// key, a stored null and a pair asked twice; nothing asked, nothing answered.
 pub async fn kv_get_many_answers_each_pair_in_order(store: &dyn Store) {

@@ -342,6 +342,27 @@ pub(super) async fn kv_put(client: &impl GenericClient, scope: &str, key: &str, 
     Ok(())
 }
 
+/// `kv_put` committed without waiting for the flush, in one statement (one round trip):
+/// `set_config(..., true)` is `SET LOCAL`, and the statement is its own transaction, whose
+/// commit reads the setting.
+pub(super) async fn kv_put_unflushed(
+    client: &impl GenericClient,
+    scope: &str,
+    key: &str,
+    value: &str,
+) -> Result<()> {
+    execute(
+        client,
+        "writing a kv value without waiting for the flush",
+        "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) \
+         INSERT INTO kv (scope, key, value) SELECT $1, $2, $3 FROM unflushed \
+         ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value",
+        &[&scope, &key, &value],
+    )
+    .await?;
+    Ok(())
+}
+
 /// Appends to a thread under a transaction advisory lock of the thread (tenant and thread
 /// hashed: a collision only makes two threads wait for each other), since a thread has no
 /// row to lock until its first message: the next index and the idempotency key are read

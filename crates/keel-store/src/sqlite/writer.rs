@@ -77,6 +77,8 @@ pub(super) enum WriteCommand {
         key: String,
         /// JSON text.
         value: String,
+        /// False for `Store::kv_put_unflushed`.
+        flush: bool,
         reply: Reply<()>,
     },
     ThreadAppend {
@@ -175,10 +177,21 @@ pub(super) enum WriteCommand {
 }
 
 impl WriteCommand {
-    /// Whether the command's caller is promised a flushed commit. Run events and audit
-    /// records are not (see `Store::append_events` and `Store::audit_append`).
+    /// Whether the command's caller is promised a flushed commit. Run events, audit
+    /// records and unflushed kv values are not (see `Store::append_events`,
+    /// `Store::audit_append` and `Store::kv_put_unflushed`).
     fn needs_flush(&self) -> bool {
-        !matches!(self, WriteCommand::AppendEvents { .. } | WriteCommand::AuditAppend { .. })
+        match self {
+            WriteCommand::AppendEvents { .. } | WriteCommand::AuditAppend { .. } => false,
+            WriteCommand::KvPut { flush, .. } => *flush,
+            _ => true,
+        }
+    }
+
+    /// Whether the command is background work nobody waits on: run events and audit
+    /// records.
+    fn is_background(&self) -> bool {
+        matches!(self, WriteCommand::AppendEvents { .. } | WriteCommand::AuditAppend { .. })
     }
 }
 
@@ -211,9 +224,10 @@ impl Writer {
     /// Commits every command of `batch` (in one transaction, unless SQLite aborts one
     /// midway) and returns their answers, to be delivered once the writer is unlocked.
     pub(super) fn commit(&mut self, batch: &mut VecDeque<WriteCommand>) -> Vec<Box<dyn Answer>> {
-        // A batch of only run events and audit records commits without flushing the WAL:
-        // they are durable with the next commit that flushes, which covers every frame
-        // before it (see `Store::append_events`). Anything else in the batch flushes it all.
+        // A batch of only run events, audit records and unflushed kv values commits
+        // without flushing the WAL: they are durable with the next commit that flushes,
+        // which covers every frame before it (see `Store::append_events`). Anything else
+        // in the batch flushes it all.
         let flush = batch.iter().any(WriteCommand::needs_flush);
         if flush != self.flushing {
             let pragma = if flush { "PRAGMA synchronous = FULL" } else { "PRAGMA synchronous = NORMAL" };
@@ -233,12 +247,12 @@ impl Writer {
 }
 
 /// Whether a caller may commit `command` on its own thread rather than queue it: one
-/// whose caller waits for its flush. Run events and audit records are background work
-/// nobody waits on (on a runtime thread they delayed the tasks queued behind them: a
+/// whose caller waits for it. Run events and audit records are background work nobody
+/// waits on (on a runtime thread they delayed the tasks queued behind them: a
 /// `code.exec` job's in-kernel time grew by a quarter), and a dump's restore comes in
 /// batches big enough to hold a thread; those always go to the writer thread.
 pub(super) fn may_commit_inline(command: &WriteCommand) -> bool {
-    command.needs_flush() && !matches!(command, WriteCommand::Restore { .. })
+    !command.is_background() && !matches!(command, WriteCommand::Restore { .. })
 }
 
 /// Locks the writer; a caller that panicked holding it left no transaction the next
@@ -353,7 +367,7 @@ fn apply(connection: &Connection, command: WriteCommand) -> Box<dyn Answer> {
         WriteCommand::AppendEvents { run, events, reply } => {
             answer(reply, unguarded(connection, |c| append_events(c, run, events)))
         }
-        WriteCommand::KvPut { scope, key, value, reply } => {
+        WriteCommand::KvPut { scope, key, value, reply, .. } => {
             answer(reply, in_savepoint(connection, |c| kv_put(c, &scope, &key, &value)))
         }
         WriteCommand::ThreadAppend { tenant, thread, message, idempotency_key, appended_at_ms, reply } => {
