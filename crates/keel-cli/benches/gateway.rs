@@ -2,7 +2,10 @@
 //! upstream, through the kernel's `/v1/chat/completions` and through its `/v1/responses`
 //! (journaled, metered, budgeted; the Responses API converted to the same upstream chat
 //! call), in the same run. Added p50/p99 latency (non-streaming), time to first token
-//! (streaming), and requests/s with 64 requests in flight (chat).
+//! (streaming), and requests/s with 64 requests in flight (chat). And a conversation of
+//! `TURNS` turns on `/v1/responses`, continued with `previous_response_id` (the kernel
+//! reads the kept responses back) against the same conversation sent whole each turn with
+//! `store: false` (the client keeps it), in the same run.
 //!
 //! cargo bench -p keel-cli --bench gateway
 //!
@@ -26,6 +29,7 @@ const SEQUENTIAL: usize = 2000;
 const STREAMED: usize = 500;
 const IN_FLIGHT: usize = 64;
 const LOAD_SECS: u64 = 3;
+const TURNS: usize = 200;
 
 /// The mock upstream: a fixed completion, or a 5-chunk stream whose first chunk is sent
 /// at once.
@@ -170,6 +174,37 @@ async fn measure(
     })
 }
 
+/// A conversation of `TURNS` turns on `/v1/responses`: each turn a new user message,
+/// either continuing the last response (`previous_response_id`) or sending every item so
+/// far, the responses' output included, with `store: false`. Latencies of every turn and
+/// of the last quarter, where the conversation is longest.
+async fn conversation(http: &reqwest::Client, base: &str, key: &str, chained: bool) -> Value {
+    let url = format!("{base}/responses");
+    let (mut items, mut previous, mut latencies) = (Vec::new(), None::<String>, Vec::with_capacity(TURNS));
+    for turn in 0..TURNS {
+        let said = json!({"role": "user", "content": format!("turn {turn}: {}", "words ".repeat(30))});
+        let mut body = json!({"model": "gpt-4o-mini", "max_output_tokens": 16});
+        if chained {
+            body["input"] = json!([said]);
+            if let Some(previous) = &previous {
+                body["previous_response_id"] = json!(previous);
+            }
+        } else {
+            items.push(said);
+            body["input"] = json!(items);
+            body["store"] = json!(false);
+        }
+        let started = Instant::now();
+        let response = http.post(&url).bearer_auth(key).json(&body).send().await.expect("send");
+        assert!(response.status().is_success(), "{}", response.text().await.unwrap_or_default());
+        let answer: Value = response.json().await.expect("a response object");
+        latencies.push(started.elapsed().as_secs_f64() * 1e6);
+        previous = answer["id"].as_str().map(str::to_owned);
+        items.extend(answer["output"].as_array().into_iter().flatten().cloned());
+    }
+    json!({"all": stats(latencies.clone()), "last": stats(latencies.split_off(TURNS * 3 / 4))})
+}
+
 async fn agent() {
     let http =
         reqwest::Client::builder().no_proxy().pool_max_idle_per_host(IN_FLIGHT).build().expect("client");
@@ -180,7 +215,13 @@ async fn agent() {
     let kernel = measure(&http, &kernel_base, &token, 10_000_000, &CHAT, true).await;
     let responses = measure(&http, &kernel_base, &token, 20_000_000, &RESPONSES, false).await;
     let unstored = measure(&http, &kernel_base, &token, 30_000_000, &UNSTORED_RESPONSES, false).await;
-    println!("{}", json!({"direct": direct, "kernel": kernel, "responses": responses, "unstored": unstored}));
+    let chained = conversation(&http, &kernel_base, &token, true).await;
+    let whole = conversation(&http, &kernel_base, &token, false).await;
+    println!(
+        "{}",
+        json!({"direct": direct, "kernel": kernel, "responses": responses, "unstored": unstored,
+            "chained": chained, "whole": whole})
+    );
 }
 
 fn row(name: &str, direct: &Value, kernel: &Value) -> String {
@@ -278,4 +319,17 @@ async fn main() {
         "\n| throughput, {IN_FLIGHT} in flight for {LOAD_SECS} s | direct | through Keel |\n|---|---:|---:|\n| requests/s | {} | {} |",
         direct["rps"], kernel["rps"]
     );
+    let turns = |which: &str, part: &str, key: &str| result[which][part][key].as_f64().unwrap_or_default();
+    println!(
+        "\n| a {TURNS}-turn conversation on /v1/responses, through Keel (µs) | continued with previous_response_id | sent whole, store: false |\n|---|---:|---:|"
+    );
+    for (part, what) in [("all", "every turn"), ("last", "the last quarter of the turns")] {
+        println!(
+            "| {what}, p50 / p99 | {} / {} | {} / {} |",
+            turns("chained", part, "p50_us"),
+            turns("chained", part, "p99_us"),
+            turns("whole", part, "p50_us"),
+            turns("whole", part, "p99_us")
+        );
+    }
 }

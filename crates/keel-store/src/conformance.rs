@@ -81,6 +81,7 @@ pub async fn run_all(store: Arc<dyn Store>) {
     events_append_and_page(&*store).await;
     kv_put_get_and_scopes(&*store).await;
     kv_put_unflushed_reads_back_like_kv_put(&*store).await;
+    kv_chain_follows_links_in_one_scope(&*store).await;
     kv_get_many_answers_each_pair_in_order(&*store).await;
     unknown_runs_are_errors(&*store).await;
     threads_append_read_and_window(&*store).await;

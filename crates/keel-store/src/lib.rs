@@ -265,6 +265,15 @@ pub trait Store: Send + Sync + 'static {
     /// needs two of a run's values, reads them this way rather than a read apiece.
     async fn kv_get_many(&self, keys: &[(String, String)]) -> Result<Vec<Option<Value>>>;
 
+    /// The values of a chain in `scope`: the value of `key`, then of the key its `link` (a
+    /// path of object keys ending at a string) names, and so on, in that order, at most
+    /// `limit` of them. The chain ends at a value without a link, or before a key that is
+    /// missing: the caller tells the two apart by the last value's link. No value at
+    /// `key`, none. One read, where a walk of `kv_get`s is a read (on SQLite, a hop to a
+    /// blocking thread and back) per value: a Responses API conversation continued with
+    /// `previous_response_id` is such a chain, one value per turn.
+    async fn kv_chain(&self, scope: &str, key: &str, link: &[&str], limit: usize) -> Result<Vec<Value>>;
+
     /// Durable on return.
     async fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()>;
 
@@ -503,4 +512,10 @@ pub trait Store: Send + Sync + 'static {
     /// Whether the store holds nothing: no tenant, run, kv value, thread, memory record or
     /// audit entry.
     async fn is_empty(&self) -> Result<bool>;
+}
+
+/// The key a value of a `Store::kv_chain` links to: the string at `link` (a path of
+/// object keys) in `value`, if there is one.
+fn kv_link<'a>(value: &'a Value, link: &[String]) -> Option<&'a str> {
+    link.iter().try_fold(value, |value, name| value.get(name))?.as_str()
 }

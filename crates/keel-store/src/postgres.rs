@@ -452,6 +452,11 @@ impl Store for PgStore {
         queries::kv_get(&client, scope, key).await
     }
 
+    async fn kv_chain(&self, scope: &str, key: &str, link: &[&str], limit: usize) -> Result<Vec<Value>> {
+        let client = self.client("reading a chain of kv values").await?;
+        queries::kv_chain(&client, scope, key, link, limit).await
+    }
+
     async fn kv_get_many(&self, keys: &[(String, String)]) -> Result<Vec<Option<Value>>> {
         let client = self.client("reading kv values").await?;
         queries::kv_get_many(&client, keys).await

@@ -427,6 +427,25 @@ impl Store for SqliteStore {
         self.read(move |connection| queries::kv_get(connection, &scope, &key)).await
     }
 
+    async fn kv_chain(&self, scope: &str, key: &str, link: &[&str], limit: usize) -> Result<Vec<Value>> {
+        let scope = scope.to_owned();
+        let key = key.to_owned();
+        let link: Vec<String> = link.iter().map(|&name| name.to_owned()).collect();
+        self.read(move |connection| {
+            let mut chain = Vec::new();
+            let mut next = Some(key);
+            while let Some(key) = next.take()
+                && chain.len() < limit
+                && let Some(value) = queries::kv_get(connection, &scope, &key)?
+            {
+                next = crate::kv_link(&value, &link).map(str::to_owned);
+                chain.push(value);
+            }
+            Ok(chain)
+        })
+        .await
+    }
+
     async fn kv_get_many(&self, keys: &[(String, String)]) -> Result<Vec<Option<Value>>> {
         let keys = keys.to_vec();
         self.read(move |connection| {

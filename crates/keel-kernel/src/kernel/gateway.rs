@@ -56,6 +56,20 @@ impl Kernel {
         self.kept_response(run, id).await.map_err(Into::into)
     }
 
+    /// The kept Responses API responses of the conversation `id` ends, newest first, in
+    /// one read: each one's `previous_response_id` names the next. At most `limit`; the
+    /// chain stops early at a response that does not continue another, or before one
+    /// that is not kept (the last one's `previous_response_id` names it). None when `id`
+    /// itself is not kept.
+    pub async fn response_chain(
+        &self,
+        run: &RunHandle,
+        id: &str,
+        limit: usize,
+    ) -> Result<Vec<serde_json::Value>, keel_protocol::rpc::RpcError> {
+        self.kept_response_chain(run, id, limit).await.map_err(Into::into)
+    }
+
     /// Keeps a Responses API response for `run`'s tenant under `id`, committed before it
     /// returns, so a later request of any run of the tenant can continue it
     /// (`previous_response_id`) or read it. It is not flushed on its own: the next

@@ -77,6 +77,20 @@ impl Kernel {
         self.store().kv_get(&responses_scope(&run.0.tenant), id).await.map_err(crate::syscall::internal)
     }
 
+    /// The kept responses of the conversation `id` ends, newest first: each one's
+    /// `previous_response_id` names the next, at most `limit` (see `Store::kv_chain`).
+    pub(crate) async fn kept_response_chain(
+        &self,
+        run: &RunHandle,
+        id: &str,
+        limit: usize,
+    ) -> Result<Vec<Value>, SyscallError> {
+        self.store()
+            .kv_chain(&responses_scope(&run.0.tenant), id, &["response", "previous_response_id"], limit)
+            .await
+            .map_err(crate::syscall::internal)
+    }
+
     /// Keeps a response for the run's tenant under `id`: every reader sees it on return,
     /// and the next durable write flushes it (`Store::kv_put_unflushed`).
     pub(crate) async fn keep_response_record(

@@ -203,6 +203,7 @@ faulty_store! {
         fn kv_get_many(&self, keys: &[(String, String)]) -> Result<Vec<Option<Value>>>;
         fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()>;
         fn kv_put_unflushed(&self, scope: &str, key: &str, value: Value) -> Result<()>;
+        fn kv_chain(&self, scope: &str, key: &str, link: &[&str], limit: usize) -> Result<Vec<Value>>;
         fn thread_append(&self, tenant: &str, thread: &str, message: Value, idempotency_key: Option<&str>,
             appended_at_ms: u64) -> Result<u64>;
         fn thread_read(&self, tenant: &str, thread: &str, last: Option<usize>) -> Result<Vec<ThreadMessage>>;

@@ -91,6 +91,20 @@ fn kept_responses_belong_to_the_runs_tenant() {
         test.on_kernel(|kernel: Kernel| async move { kernel.response(&run, "resp_1").await }).expect("read")
     };
     assert_eq!(read(acme_too).unwrap()["response"]["id"], "resp_1", "another run of the tenant finds it");
-    assert_eq!(read(globex), None, "another tenant's run does not");
+    assert_eq!(read(globex.clone()), None, "another tenant's run does not");
     assert_eq!(read(acme.clone()).map(|r| r["input"].clone()), Some(json!([])));
+
+    // A conversation continued from it is read back whole, newest first, in its tenant only.
+    let next = json!({ "input": [], "response": { "id": "resp_2", "previous_response_id": "resp_1" } });
+    let kept = acme.clone();
+    test.on_kernel(|kernel: Kernel| async move { kernel.keep_response(&kept, "resp_2", next).await })
+        .expect("kept");
+    let chain = |run: RunHandle| {
+        let ids = test
+            .on_kernel(|kernel: Kernel| async move { kernel.response_chain(&run, "resp_2", 10).await })
+            .expect("read");
+        ids.iter().map(|record| record["response"]["id"].as_str().unwrap().to_owned()).collect::<Vec<_>>()
+    };
+    assert_eq!(chain(acme), ["resp_2", "resp_1"]);
+    assert_eq!(chain(globex), Vec::<String>::new(), "another tenant's run finds none of it");
 }

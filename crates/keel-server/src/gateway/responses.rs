@@ -174,29 +174,30 @@ async fn keep(
 /// The items of the conversation `id` ends, oldest first: each kept response's input
 /// items, then its output.
 async fn history(kernel: &Kernel, run: &RunHandle, id: &str) -> Result<Vec<Value>, GatewayError> {
-    let mut chain = Vec::new();
-    let mut next = Some(id.to_owned());
-    while let Some(id) = next {
-        if chain.len() == MAX_CHAIN {
-            return Err(refused(RequestError {
-                param: Some("previous_response_id".into()),
-                message: format!(
-                    "the conversation chains back through more than {MAX_CHAIN} responses; start a new one with the items you need as `input`"
-                ),
-            }));
-        }
-        let record = kernel
-            .response(run, &id)
-            .await
-            .map_err(kernel_error)?
-            .ok_or_else(|| not_found(&id, Some("previous_response_id")))?;
-        next = record.pointer("/response/previous_response_id").and_then(Value::as_str).map(str::to_owned);
-        chain.push(record);
+    // One read for the whole chain, one more than allowed to tell a chain too long.
+    let chain = kernel.response_chain(run, id, MAX_CHAIN + 1).await.map_err(kernel_error)?;
+    if chain.len() > MAX_CHAIN {
+        return Err(refused(RequestError {
+            param: Some("previous_response_id".into()),
+            message: format!(
+                "the conversation chains back through more than {MAX_CHAIN} responses; start a new one with the items you need as `input`"
+            ),
+        }));
     }
+    let Some(oldest) = chain.last() else {
+        return Err(not_found(id, Some("previous_response_id")));
+    };
+    // A chain that stops at a response continuing another stopped before one not kept.
+    if let Some(missing) = oldest.pointer("/response/previous_response_id").and_then(Value::as_str) {
+        return Err(not_found(missing, Some("previous_response_id")));
+    }
+    // Taken out of the records, not copied: a long conversation is most of the work.
     let mut items = Vec::new();
-    for record in chain.iter().rev() {
+    for mut record in chain.into_iter().rev() {
         for key in ["/input", "/response/output"] {
-            items.extend(record.pointer(key).and_then(Value::as_array).into_iter().flatten().cloned());
+            if let Some(Value::Array(part)) = record.pointer_mut(key).map(Value::take) {
+                items.extend(part);
+            }
         }
     }
     Ok(items)

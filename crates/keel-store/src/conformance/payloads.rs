@@ -233,6 +233,42 @@ pub async fn kv_put_unflushed_reads_back_like_kv_put(store: &dyn Store) {
     assert_eq!(values, (0..20).map(|i| Some(json!(i))).collect::<Vec<_>>(), "every put, flushed or not");
 }
 
+/// `kv_chain` follows each value's link to the next key of its scope, in order, up to its
+/// limit; it stops at a value without a link (or whose link is not a string), before a
+/// missing key, and never crosses into another scope.
+pub async fn kv_chain_follows_links_in_one_scope(store: &dyn Store) {
+    let unique = RunId::generate(now_ms());
+    let scope = format!("conformance/{unique}/chain");
+    let other = format!("conformance/{unique}/chain-other");
+    let link = ["response", "previous_response_id"];
+    let record =
+        |n: u32, previous: Option<&str>| json!({"n": n, "response": {"previous_response_id": previous}});
+    // r1 <- r2 <- r3 <- r4 <- r5, and r6 links to r0, which is missing.
+    store.kv_put(&scope, "r1", record(1, None)).await.must("kv_put");
+    for n in 2..=5 {
+        let previous = format!("r{}", n - 1);
+        store.kv_put(&scope, &format!("r{n}"), record(n, Some(&previous))).await.must("kv_put");
+    }
+    store.kv_put(&scope, "r6", record(6, Some("r0"))).await.must("kv_put");
+    // In another scope, the missing key exists; the chain must not find it there.
+    store.kv_put(&other, "r0", record(0, None)).await.must("kv_put");
+    store.kv_put(&scope, "odd", json!({"response": {"previous_response_id": 5}})).await.must("kv_put");
+
+    let numbers =
+        |chain: Vec<Value>| chain.iter().map(|value| value["n"].as_u64().unwrap()).collect::<Vec<_>>();
+    let chain = |key: &'static str, limit: usize| {
+        let scope = scope.clone();
+        async move { store.kv_chain(&scope, key, &link, limit).await.must("kv_chain") }
+    };
+    assert_eq!(numbers(chain("r5", 100).await), [5, 4, 3, 2, 1], "newest first, to the end of the chain");
+    assert_eq!(numbers(chain("r5", 3).await), [5, 4, 3], "at most the limit");
+    assert_eq!(chain("r5", 0).await, Vec::<Value>::new(), "a limit of none reads none");
+    assert_eq!(numbers(chain("r1", 100).await), [1], "a value without a link ends it");
+    assert_eq!(numbers(chain("r6", 100).await), [6], "it stops before a missing key, in its own scope");
+    assert_eq!(chain("odd", 100).await.len(), 1, "a link that is not a string ends it");
+    assert_eq!(chain("nothing", 100).await, Vec::<Value>::new(), "no value at the key, none");
+}
+
 /// `kv_get_many` answers every pair in the order asked: keys of several scopes, a missing
 /// key, a stored null and a pair asked twice; nothing asked, nothing answered.
 pub async fn kv_get_many_answers_each_pair_in_order(store: &dyn Store) {

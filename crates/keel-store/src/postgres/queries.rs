@@ -347,6 +347,37 @@ pub(super) async fn kv_get(client: &impl GenericClient, scope: &str, key: &str) 
     row.map(|row| json_column(&row, "value", &format!("kv key {key:?} in scope {scope:?}"))).transpose()
 }
 
+/// `Store::kv_chain` in one statement: a recursive query that follows each value's link
+/// (`#>>` at the path) to the next key, numbered so that the chain comes back in order.
+pub(super) async fn kv_chain(
+    client: &impl GenericClient,
+    scope: &str,
+    key: &str,
+    link: &[&str],
+    limit: usize,
+) -> Result<Vec<Value>> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = query_rows(
+        client,
+        "reading a chain of kv values",
+        "WITH RECURSIVE chain (n, key, value) AS ( \
+             SELECT 1::bigint, key, value FROM kv WHERE scope = $1 AND key = $2 AND $4::bigint > 0 \
+             UNION ALL \
+             SELECT chain.n + 1, kv.key, kv.value FROM chain \
+             JOIN kv ON kv.scope = $1 AND kv.key = (chain.value::jsonb #>> $3::text[]) \
+             WHERE chain.n < $4) \
+         SELECT key, value FROM chain ORDER BY n",
+        &[&scope, &key, &link, &limit],
+    )
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let key: &str = row.try_get("key").map_err(pg_error("reading a chain of kv values"))?;
+            json_column(row, "value", &format!("kv key {key:?} in scope {scope:?}"))
+        })
+        .collect()
+}
+
 /// Every pair's value in one statement: the pairs go as two arrays, numbered by
 /// `WITH ORDINALITY` so that each row finds its place in the answer.
 pub(super) async fn kv_get_many(
