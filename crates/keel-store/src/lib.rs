@@ -513,9 +513,3 @@ pub trait Store: Send + Sync + 'static {
     /// audit entry.
     async fn is_empty(&self) -> Result<bool>;
 }
-
-/// The key a value of a `Store::kv_chain` links to: the string at `link` (a path of
-/// object keys) in `value`, if there is one.
-fn kv_link<'a>(value: &'a Value, link: &[String]) -> Option<&'a str> {
-    link.iter().try_fold(value, |value, name| value.get(name))?.as_str()
-}

@@ -464,12 +464,12 @@ impl Store for PgStore {
 
     async fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()> {
         let client = self.client("writing a kv value").await?;
-        writes::kv_put(&client, scope, key, &value.to_string()).await.map_err(outcome_unknown)
+        writes::kv_put(&client, scope, key, &value.to_string(), true).await.map_err(outcome_unknown)
     }
 
     async fn kv_put_unflushed(&self, scope: &str, key: &str, value: Value) -> Result<()> {
         let client = self.client("writing a kv value").await?;
-        writes::kv_put_unflushed(&client, scope, key, &value.to_string()).await.map_err(outcome_unknown)
+        writes::kv_put(&client, scope, key, &value.to_string(), false).await.map_err(outcome_unknown)
     }
 
     async fn thread_append(

@@ -263,6 +263,12 @@ impl SqliteStore {
         None
     }
 
+    /// `kv_put`, and `kv_put_unflushed` without `flush`.
+    async fn put_kv(&self, scope: &str, key: &str, value: Value, flush: bool) -> Result<()> {
+        let (scope, key, value) = (scope.to_owned(), key.to_owned(), value.to_string());
+        self.write(|reply| WriteCommand::KvPut { scope, key, value, flush, reply }).await
+    }
+
     /// Runs `read` on the blocking pool inside one read transaction, so that it sees one
     /// consistent snapshot that includes every write already answered.
     async fn read<T: Send + 'static>(
@@ -438,7 +444,7 @@ impl Store for SqliteStore {
                 && chain.len() < limit
                 && let Some(value) = queries::kv_get(connection, &scope, &key)?
             {
-                next = crate::kv_link(&value, &link).map(str::to_owned);
+                next = kv_link(&value, &link).map(str::to_owned);
                 chain.push(value);
             }
             Ok(chain)
@@ -455,17 +461,11 @@ impl Store for SqliteStore {
     }
 
     async fn kv_put(&self, scope: &str, key: &str, value: Value) -> Result<()> {
-        let scope = scope.to_owned();
-        let key = key.to_owned();
-        let value = value.to_string();
-        self.write(|reply| WriteCommand::KvPut { scope, key, value, flush: true, reply }).await
+        self.put_kv(scope, key, value, true).await
     }
 
     async fn kv_put_unflushed(&self, scope: &str, key: &str, value: Value) -> Result<()> {
-        let scope = scope.to_owned();
-        let key = key.to_owned();
-        let value = value.to_string();
-        self.write(|reply| WriteCommand::KvPut { scope, key, value, flush: false, reply }).await
+        self.put_kv(scope, key, value, false).await
     }
 
     async fn thread_append(
@@ -790,6 +790,12 @@ impl Drop for Writing<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// The key a value of a `Store::kv_chain` links to: the string at `link` (a path of
+/// object keys) in `value`, if there is one.
+fn kv_link<'a>(value: &'a Value, link: &[String]) -> Option<&'a str> {
+    link.iter().try_fold(value, |value, name| value.get(name))?.as_str()
 }
 
 #[cfg(test)]

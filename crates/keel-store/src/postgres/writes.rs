@@ -330,36 +330,25 @@ pub(super) async fn append_events(
     count(&row, "events_last", &format!("the event log of run {run}"))
 }
 
-pub(super) async fn kv_put(client: &impl GenericClient, scope: &str, key: &str, value: &str) -> Result<()> {
-    execute(
-        client,
-        "writing a kv value",
-        "INSERT INTO kv (scope, key, value) VALUES ($1, $2, $3) \
-         ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value",
-        &[&scope, &key, &value],
-    )
-    .await?;
-    Ok(())
-}
-
-/// `kv_put` committed without waiting for the flush, in one statement (one round trip):
-/// `set_config(..., true)` is `SET LOCAL`, and the statement is its own transaction, whose
-/// commit reads the setting.
-pub(super) async fn kv_put_unflushed(
+/// Writes or overwrites a kv value. Without `flush`, committed without waiting for the
+/// flush, still in one statement (one round trip): `set_config(..., true)` is `SET LOCAL`,
+/// and the statement is its own transaction, whose commit reads the setting.
+pub(super) async fn kv_put(
     client: &impl GenericClient,
     scope: &str,
     key: &str,
     value: &str,
+    flush: bool,
 ) -> Result<()> {
-    execute(
-        client,
-        "writing a kv value without waiting for the flush",
+    let sql = if flush {
+        "INSERT INTO kv (scope, key, value) VALUES ($1, $2, $3) \
+         ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value"
+    } else {
         "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)) \
          INSERT INTO kv (scope, key, value) SELECT $1, $2, $3 FROM unflushed \
-         ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value",
-        &[&scope, &key, &value],
-    )
-    .await?;
+         ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value"
+    };
+    execute(client, "writing a kv value", sql, &[&scope, &key, &value]).await?;
     Ok(())
 }
 

@@ -182,9 +182,8 @@ impl WriteCommand {
     /// `Store::audit_append` and `Store::kv_put_unflushed`).
     fn needs_flush(&self) -> bool {
         match self {
-            WriteCommand::AppendEvents { .. } | WriteCommand::AuditAppend { .. } => false,
             WriteCommand::KvPut { flush, .. } => *flush,
-            _ => true,
+            _ => !self.is_background(),
         }
     }
 
