@@ -428,14 +428,15 @@ impl Store for PgStore {
     }
 
     async fn append_events(&self, run: &RunId, events: &[NewEvent]) -> Result<Seq> {
+        // Committed without waiting for the flush (see the trait and `writes::append_events`):
+        // the server writes the commit record in order, so a later durable commit covers
+        // these too.
         let mut client = self.client("appending events").await?;
+        if !self.fences.joined() {
+            // Nothing to check: the statement is its own transaction, one round trip.
+            return writes::append_events(&client, run, events).await.map_err(outcome_unknown);
+        }
         let transaction = begin(&mut client).await?;
-        // Committed without waiting for the flush (see the trait): the server writes the
-        // commit record in order, so a later durable commit covers these too.
-        transaction
-            .batch_execute("SET LOCAL synchronous_commit = off")
-            .await
-            .map_err(pg_error("committing events without waiting for the flush"))?;
         let last =
             self.fences.checked(&transaction, run, writes::append_events(&transaction, run, events)).await?;
         commit(transaction).await?;
@@ -692,11 +693,8 @@ impl Store for PgStore {
     async fn audit_append(&self, records: Vec<AuditRecord>) -> Result<Vec<Seq>> {
         let mut client = self.client("appending to the audit log").await?;
         let transaction = begin(&mut client).await?;
-        // Committed without waiting for the flush, as events are (see the trait).
-        transaction
-            .batch_execute("SET LOCAL synchronous_commit = off")
-            .await
-            .map_err(pg_error("committing audit records without waiting for the flush"))?;
+        // Committed without waiting for the flush, as events are (see the trait and
+        // `audit::append`).
         let seqs = audit::append(&transaction, &records).await?;
         commit(transaction).await?;
         Ok(seqs)

@@ -194,8 +194,8 @@ pub enum RunOrder {
 
 impl RunOrder {
     /// The SQL `ORDER BY` list for this order (the same text serves SQLite and Postgres;
-    /// `runs_by_creation` serves the orders by age, and the cost indexes those by cost:
-    /// on SQLite, of ended runs only, merged with the live runs).
+    /// `runs_by_creation` serves the orders by age, and the cost indexes those by cost: of
+    /// ended runs only, merged with the live runs).
     pub(crate) fn order_by(self) -> &'static str {
         match self {
             RunOrder::NewestFirst => "created_at_ms DESC, id DESC",

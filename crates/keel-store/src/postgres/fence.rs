@@ -82,7 +82,7 @@ impl Fences {
         lock: LeaseLock,
         write: impl Future<Output = Result<T>>,
     ) -> Result<T> {
-        if self.node.get().is_some() {
+        if self.joined() {
             prepare(tx, "reading the run's lease", lease_sql(lock)).await?;
         }
         let (fenced, written) = tokio::join!(self.check_locking(tx, run, lock), write);
@@ -112,6 +112,11 @@ impl Fences {
             .await
             .map_err(pg_error("ending the run's lease"))?;
         Ok(())
+    }
+
+    /// Whether this store joined a cluster, so that its writes for a run are checked.
+    pub(crate) fn joined(&self) -> bool {
+        self.node.get().is_some()
     }
 
     pub(crate) fn join(&self, node: &str) -> Result<()> {

@@ -17,7 +17,7 @@ use crate::chain::{self, ChainCache, ChainNode};
 use crate::search::{self, BestHits, CosineQuery};
 use crate::{
     CostBucket, CostFilter, Error, EventRecord, JournalEntry, MailboxMessage, MemoryHit, MemoryRecord,
-    MemorySearch, Result, RunCount, RunFilter, RunRecord, SearchMode, Seq, SpecJson, StoreStats,
+    MemorySearch, Result, RunCount, RunFilter, RunOrder, RunRecord, SearchMode, Seq, SpecJson, StoreStats,
     ThreadMessage,
 };
 
@@ -119,16 +119,42 @@ pub(super) async fn list_runs(client: &impl GenericClient, filter: &RunFilter) -
     let text = filter.text.as_deref().filter(|text| !text.is_empty());
     // `strpos`, not LIKE: the text is matched as typed, `%` and `_` included. `lower` of
     // both sides, as SQLite's (ASCII) `lower`; the spec is always a JSON text.
-    let sql = format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE ($1::text[] IS NULL OR state = ANY($1)) \
-         AND ($2::text IS NULL OR tenant = $2) \
+    let matching = "($1::text[] IS NULL OR state = ANY($1)) AND ($2::text IS NULL OR tenant = $2) \
          AND ($5::text IS NULL OR strpos(lower(id || ' ' || tenant || ' ' || \
-              COALESCE((spec::jsonb -> 'command')::text, '')), lower($5)) > 0) \
-         ORDER BY {} LIMIT $3 OFFSET $4",
-        filter.order.order_by()
+              COALESCE((spec::jsonb -> 'command')::text, '')), lower($5)) > 0)";
+    let order = filter.order.order_by();
+    if !matches!(filter.order, RunOrder::CostliestFirst | RunOrder::CheapestFirst) {
+        let sql =
+            format!("SELECT {RUN_COLUMNS} FROM runs WHERE {matching} ORDER BY {order} LIMIT $3 OFFSET $4");
+        let rows =
+            query_rows(client, "listing runs", &sql, &[&states, &filter.tenant, &limit, &offset, &text])
+                .await?;
+        return rows.iter().map(decode_run).collect();
+    }
+    // Only ended runs are indexed by cost (`ended_runs_by_cost`, `ended_runs_by_tenant_cost`,
+    // over `ended_cost_micro_usd`: schema version 8): a live run's cost changes with every
+    // paid call, and an indexed cost made each of those updates write an entry into every
+    // index of the run's row. So the ended runs come in cost order from the index, the
+    // live ones (`live_runs`) are sorted here, and the two meet in one order. Each side
+    // gives at most the rows the page could need from it (`$6`; NULL is no limit).
+    let ended_order = order.replace("cost_micro_usd", "ended_cost_micro_usd");
+    let each = limit.map(|limit| limit.saturating_add(offset));
+    let sql = format!(
+        "SELECT {RUN_COLUMNS} FROM \
+         ((SELECT {RUN_COLUMNS} FROM runs WHERE ended_at_ms IS NOT NULL AND {matching} \
+           ORDER BY {ended_order} LIMIT $6) \
+          UNION ALL \
+          (SELECT {RUN_COLUMNS} FROM runs WHERE ended_at_ms IS NULL AND {matching} \
+           ORDER BY {order} LIMIT $6)) AS both_sides \
+         ORDER BY {order} LIMIT $3 OFFSET $4"
     );
-    let rows =
-        query_rows(client, "listing runs", &sql, &[&states, &filter.tenant, &limit, &offset, &text]).await?;
+    let rows = query_rows(
+        client,
+        "listing runs by cost",
+        &sql,
+        &[&states, &filter.tenant, &limit, &offset, &text, &each],
+    )
+    .await?;
     rows.iter().map(decode_run).collect()
 }
 

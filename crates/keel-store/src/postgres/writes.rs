@@ -303,8 +303,11 @@ pub(super) async fn abandon_entries(transaction: &Transaction<'_>, run: &RunId, 
 /// Appends events in order, in one statement: bumping the run's row of `event_heads`
 /// (created at its first append) hands out the seqs and orders concurrent appends. The
 /// run's own row is not locked, so events do not wait behind its journal writes.
+/// Committed without waiting for the flush (`Store::append_events`): the statement sets
+/// `synchronous_commit` off for its transaction, whether that is the caller's or, outside
+/// one, the statement's own, so a lone append is one round trip.
 pub(super) async fn append_events(
-    transaction: &Transaction<'_>,
+    client: &impl GenericClient,
     run: &RunId,
     events: &[NewEvent],
 ) -> Result<Seq> {
@@ -313,11 +316,12 @@ pub(super) async fn append_events(
     let kinds: Vec<&str> = events.iter().map(|event| event.kind.as_str()).collect();
     let data: Vec<String> = events.iter().map(|event| event.data.to_string()).collect();
     let row = query_opt(
-        transaction,
+        client,
         "appending events",
-        "WITH head AS ( \
+        "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true)), \
+         head AS ( \
              INSERT INTO event_heads AS h (run_id, events_last) \
-             SELECT $1, $2 WHERE EXISTS (SELECT 1 FROM runs WHERE id = $1) \
+             SELECT $1, $2 FROM unflushed WHERE EXISTS (SELECT 1 FROM runs WHERE id = $1) \
              ON CONFLICT (run_id) DO UPDATE SET events_last = h.events_last + $2 RETURNING events_last), \
          added AS (INSERT INTO events (run_id, seq, ts_ms, kind, data) \
              SELECT $1, head.events_last - $2 + e.ord, e.ts_ms, e.kind, e.data \

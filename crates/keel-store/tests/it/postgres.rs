@@ -121,8 +121,9 @@ async fn migrating_to_version_7_keeps_event_seqs() {
     assert_eq!(store.append_events(&run, &[event(1), event(2), event(3)]).await.unwrap(), 3);
     drop(store);
     // Back to version 6, as that build left it.
-    raw(&db)
-        .await
+    let client = raw(&db).await;
+    client.batch_execute(BACK_TO_VERSION_7).await.unwrap();
+    client
         .batch_execute(
             "ALTER TABLE runs ADD COLUMN events_last BIGINT NOT NULL DEFAULT 0;
              UPDATE runs SET events_last = h.events_last FROM event_heads h WHERE h.run_id = runs.id;
@@ -137,6 +138,136 @@ async fn migrating_to_version_7_keeps_event_seqs() {
     assert_eq!(store.append_events(&quiet, &[event(1)]).await.unwrap(), 1);
     let seqs: Vec<u64> = store.events(&run, 0, 10).await.unwrap().iter().map(|e| e.seq).collect();
     assert_eq!(seqs, [1, 2, 3, 4]);
+}
+
+/// Paid calls of a live run: `calls` times an `llm.chat` intent appended, then completed
+/// with a cost, as the kernel journals one.
+async fn paid_calls(store: &PgStore, run: &keel_types::RunId, calls: u64) {
+    for i in 0..calls {
+        let seq = store
+            .append_entry(run, crate::pending_entry("llm.chat", json!({"i": i}), 1_000 + i))
+            .await
+            .unwrap();
+        let usage = keel_types::Usage { llm_calls: 1, cost_micro_usd: 7, ..keel_types::Usage::default() };
+        let completion = keel_store::Completion {
+            status: keel_types::EntryStatus::Ok,
+            result: Some(json!({"ok": i})),
+            error: None,
+            finished_at_ms: 2_000 + i,
+            usage,
+            provider_served: true,
+        };
+        store.complete_entry(run, seq, completion).await.unwrap();
+    }
+}
+
+/// A table's (updates, heap-only updates) once the server's statistics count at least
+/// `updates` (each backend reports its counts about a second after it goes idle).
+async fn updates_of(client: &impl GenericClient, table: &str, updates: i64) -> (i64, i64) {
+    let sql = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = $1";
+    for _ in 0..300 {
+        let row = client.query_one(sql, &[&table]).await.unwrap();
+        let (all, hot): (i64, i64) = (row.get(0), row.get(1));
+        if all >= updates {
+            return (all, hot);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("the server never counted {updates} updates of {table}");
+}
+
+/// Undoes version 8's migration.
+const BACK_TO_VERSION_7: &str = "
+    DROP INDEX ended_runs_by_cost; DROP INDEX ended_runs_by_tenant_cost; DROP INDEX live_runs;
+    DROP INDEX llm_calls_by_time;
+    ALTER TABLE runs DROP COLUMN ended_cost_micro_usd;
+    ALTER TABLE runs RESET (fillfactor); ALTER TABLE journal RESET (fillfactor);
+    CREATE INDEX runs_by_cost ON runs (cost_micro_usd, created_at_ms, id);
+    CREATE INDEX runs_by_tenant_cost ON runs (tenant, cost_micro_usd, created_at_ms, id);
+    CREATE INDEX journal_by_time ON journal (method, started_at_ms);
+    CREATE INDEX journal_by_method ON journal (run_id, method, seq);
+    DELETE FROM keel_schema_version WHERE version = 8;";
+
+/// Version 8: no index holds a live run's cost, so the updates a journaled step makes to
+/// the run's row are heap-only (HOT: no new index entry, no dead version for a lookup by
+/// id to walk past), and so are the completions of its entries. With the run's cost in
+/// `runs_by_cost` (version 7), every paid completion wrote a new entry into each of the
+/// run's seven indexes.
+#[tokio::test]
+async fn a_live_runs_row_and_its_entries_are_updated_in_place() {
+    let db = TestDatabase::create().await;
+    let store = connect(db.url()).await;
+    let run = store.create_run(new_run(1)).await.unwrap().id;
+    paid_calls(&store, &run, 40).await;
+    let client = raw(&db).await;
+    // 40 appends (the next seq) and 40 completions (the usage) of the run's row.
+    // Not all: an update finding its page full while another backend holds the page
+    // (which keeps the server from pruning it) goes to another page. With the cost indexed,
+    // 40 of the 80 were not heap-only.
+    let (all, hot) = updates_of(&client, "runs", 80).await;
+    assert!(hot * 10 >= all * 9, "the live run's row is updated in place: {hot} of {all} updates heap-only");
+    let (all, hot) = updates_of(&client, "journal", 40).await;
+    assert!(hot * 10 >= all * 9, "entries are completed in place: {hot} of {all} updates heap-only");
+}
+
+/// A version-7 database (the run's cost in `runs_by_cost` and `runs_by_tenant_cost`, both
+/// journal indexes) gains version 8's columns and indexes, and lists its runs by cost, the
+/// live ones merged with the ended ones.
+#[tokio::test]
+async fn migrating_to_version_8_keeps_listing_by_cost() {
+    use keel_store::{RunFilter, RunOrder};
+    let db = TestDatabase::create().await;
+    let store = connect(db.url()).await;
+    let (cheap, dear, live) = (
+        store.create_run(new_run(1)).await.unwrap().id,
+        store.create_run(new_run(2)).await.unwrap().id,
+        store.create_run(new_run(3)).await.unwrap().id,
+    );
+    paid_calls(&store, &cheap, 1).await;
+    paid_calls(&store, &dear, 3).await;
+    paid_calls(&store, &live, 2).await;
+    for run in [&cheap, &dear] {
+        let ended = RunPatch { ended_at_ms: Some(Some(10)), ..RunPatch::default() };
+        store.update_run(run, None, ended).await.unwrap();
+    }
+    drop(store);
+    // Back to version 7, as that build left it.
+    raw(&db).await.batch_execute(BACK_TO_VERSION_7).await.unwrap();
+
+    let store = connect(db.url()).await;
+    let listed = |order| {
+        let store = &store;
+        async move {
+            let filter = RunFilter { order, ..RunFilter::default() };
+            store.list_runs(&filter).await.unwrap().into_iter().map(|run| run.id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(listed(RunOrder::CostliestFirst).await, [dear.clone(), live.clone(), cheap.clone()]);
+    assert_eq!(listed(RunOrder::CheapestFirst).await, [cheap, live.clone(), dear]);
+    let page =
+        RunFilter { order: RunOrder::CostliestFirst, limit: Some(1), offset: 1, ..RunFilter::default() };
+    let page: Vec<_> = store.list_runs(&page).await.unwrap().into_iter().map(|run| run.id).collect();
+    assert_eq!(page, std::slice::from_ref(&live), "a page of the merged order");
+    let client = raw(&db).await;
+    let ended: Vec<Option<i64>> = client
+        .query("SELECT ended_cost_micro_usd FROM runs ORDER BY created_at_ms", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(ended, [Some(7), Some(21), None], "an ended run's cost, none for the live one");
+    let indexes: i64 = client
+        .query_one(
+            "SELECT COUNT(*) FROM pg_indexes WHERE indexname IN ('ended_runs_by_cost', \
+             'ended_runs_by_tenant_cost', 'live_runs', 'llm_calls_by_time', 'runs_by_cost', \
+             'runs_by_tenant_cost', 'journal_by_time', 'journal_by_method')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(indexes, 4, "version 8's four indexes, none of version 7's four");
 }
 
 /// A store that did not write a conversation's start (another node, or before a restart)

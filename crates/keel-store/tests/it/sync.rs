@@ -125,11 +125,22 @@ fn traced_child_puts_unflushed() {
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let store = open(Path::new(&path));
         store.create_run(new_run(10)).await.unwrap();
-        let checkpointer = std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .map(|task| task.unwrap().path())
-            .find(|task| std::fs::read_to_string(task.join("comm")).unwrap().starts_with("keel-store-chec"))
-            .expect("the store's checkpoint thread");
+        // A thread takes its name once it first runs, which on a busy machine (and under
+        // strace) can be after `open` returned.
+        let named = || {
+            std::fs::read_dir("/proc/self/task").unwrap().map(|task| task.unwrap().path()).find(|task| {
+                std::fs::read_to_string(task.join("comm")).unwrap().starts_with("keel-store-chec")
+            })
+        };
+        let mut checkpointer = named();
+        for _ in 0..500 {
+            if checkpointer.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            checkpointer = named();
+        }
+        let checkpointer = checkpointer.expect("the store's checkpoint thread");
         let tid = checkpointer.file_name().unwrap().to_str().unwrap();
         std::fs::create_dir(dir.join(format!("begin-{tid}"))).unwrap();
         for i in 0..10 {
