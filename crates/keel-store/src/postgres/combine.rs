@@ -19,6 +19,12 @@
 //! after the commit that made its write durable. The batch is written by a task of its
 //! own, so a caller that stops waiting leaves the others' writes alone (its own may still
 //! commit, as with any write).
+//!
+//! A batch of one write (a sequential agent's every write) outside a cluster is one
+//! statement instead, its blobs and chain nodes in it (`writes::append_entry_alone`,
+//! `complete_entry_alone`): its own transaction, so one round trip where `BEGIN`, the
+//! pipelined statements and `COMMIT` took three. In a cluster a write checks the run's
+//! lease in its transaction, so it keeps the transaction.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -27,7 +33,7 @@ use std::sync::{Mutex, PoisonError};
 use keel_types::RunId;
 use tokio::sync::oneshot;
 
-use super::{PgStore, begin, commit, writes};
+use super::{PgStore, begin, commit, outcome_unknown, writes};
 use crate::chain::{ChainLink, EncodedCompletion, EncodedEntry};
 use crate::{Error, Result, Seq};
 
@@ -43,6 +49,15 @@ pub(super) enum JournalOp {
 }
 
 impl JournalOp {
+    /// Whether the op is one statement when written alone: an append, or a completion
+    /// that appends nothing.
+    fn is_one_statement(&self) -> bool {
+        match self {
+            JournalOp::Append(_) => true,
+            JournalOp::Complete { entries, .. } => entries.is_empty(),
+        }
+    }
+
     fn entries(&self) -> &[EncodedEntry] {
         match self {
             JournalOp::Append(entry) => std::slice::from_ref(entry),
@@ -162,6 +177,12 @@ impl PgStore {
     /// Each of `ops`' answer: all of them in one transaction, or, if that did not commit,
     /// each in a transaction of its own.
     async fn write_batch(&self, run: &RunId, ops: &[JournalOp]) -> Vec<Result<JournalDone>> {
+        if let [op] = ops
+            && !self.fences.joined()
+            && op.is_one_statement()
+        {
+            return vec![self.write_alone(run, op).await];
+        }
         if ops.len() > 1 {
             match self.write_in_one_transaction(run, ops).await {
                 Ok(done) => return done.into_iter().map(Ok).collect(),
@@ -221,6 +242,31 @@ impl PgStore {
         for op in ops {
             self.remember_chains(op);
         }
+        Ok(done)
+    }
+
+    /// `op` as one statement, its own transaction: one round trip where a transaction
+    /// takes three (`BEGIN`, the pipelined statements, `COMMIT`). Only outside a cluster
+    /// (a fenced write checks the run's lease in its transaction).
+    async fn write_alone(&self, run: &RunId, op: &JournalOp) -> Result<JournalDone> {
+        let client = self.client("writing a run's journal").await?;
+        let done = match op {
+            JournalOp::Append(entry) => {
+                let unstored = self.chain_ends.unstored(&client, &entry.params_chain).await?;
+                vec![
+                    writes::append_entry_alone(&client, run, entry, unstored)
+                        .await
+                        .map_err(outcome_unknown)?,
+                ]
+            }
+            JournalOp::Complete { seq, completion, .. } => {
+                writes::complete_entry_alone(&client, run, *seq, completion)
+                    .await
+                    .map_err(outcome_unknown)?;
+                Vec::new()
+            }
+        };
+        self.remember_chains(op);
         Ok(done)
     }
 

@@ -10,11 +10,12 @@
 //! (append, events, mailbox) takes no existing journal row after it.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{LazyLock, Mutex, PoisonError};
 
 use deadpool_postgres::{GenericClient, Transaction};
 use keel_types::{EntryStatus, RunId, RunState, Usage, WaitReason};
 use serde_json::Value;
+use tokio_postgres::types::ToSql;
 
 use super::queries::{self, RUN_COLUMNS, count, execute, prepare, query_opt, query_rows};
 use super::{int, pg_error};
@@ -126,6 +127,130 @@ pub(super) async fn update_run(
     }
 }
 
+/// The `UPDATE` of the run's row an append makes, with its parameters (see `EntryValues`):
+/// the next seq, and an entry complete at once added to the usage totals.
+const APPEND_RUN: &str = "UPDATE runs SET journal_last = journal_last + 1, \
+     input_tokens = input_tokens + $11, output_tokens = output_tokens + $12, \
+     llm_calls = llm_calls + $13, tool_calls = tool_calls + $14, \
+     cost_micro_usd = cost_micro_usd + $15 \
+     WHERE id = $1";
+
+/// The `INSERT` of the entry, reading the seq from `run` (the `APPEND_RUN` above).
+const APPEND_INSERT: &str = "INSERT INTO journal (run_id, seq, method, params_hash, params_blob, status, \
+     result_blob, error_blob, attempt, started_at_ms, finished_at_ms, input_tokens, output_tokens, \
+     llm_calls, tool_calls, cost_micro_usd) \
+     SELECT $1, journal_last, $2, $3, $4, $5, $6, $7, $8, $9, $10, $16, $17, $18, $19, $20 FROM run \
+     RETURNING seq";
+
+/// An append in the caller's transaction, after its blobs and chain nodes.
+static APPEND_IN_TRANSACTION: LazyLock<String> =
+    LazyLock::new(|| format!("WITH run AS ({APPEND_RUN} RETURNING journal_last) {APPEND_INSERT}"));
+
+/// An append alone: its blobs (`$21`-`$23`) and chain nodes (`$24`-`$26`) in the same
+/// statement, stored only if the run exists (a refused append leaves nothing), and before
+/// the run's row is locked (the subqueries in its `WHERE` run first), the order every
+/// transaction takes them in.
+static APPEND_ALONE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH blobs_put AS ( \
+             INSERT INTO blobs (hash, size, bytes) \
+             SELECT * FROM unnest($21::text[], $22::bigint[], $23::bytea[]) \
+             WHERE EXISTS (SELECT 1 FROM runs WHERE id = $1) ORDER BY 1 \
+             ON CONFLICT (hash) DO NOTHING RETURNING 1), \
+         chain_put AS ( \
+             INSERT INTO message_chain (hash, prev, message_blob) \
+             SELECT * FROM unnest($24::text[], $25::text[], $26::text[]) \
+             WHERE EXISTS (SELECT 1 FROM runs WHERE id = $1) ORDER BY 1 \
+             ON CONFLICT (hash) DO NOTHING RETURNING 1), \
+         run AS ({APPEND_RUN} AND (SELECT count(*) FROM blobs_put) >= 0 \
+             AND (SELECT count(*) FROM chain_put) >= 0 RETURNING journal_last) \
+         {APPEND_INSERT}"
+    )
+});
+
+/// The values of an append's `$1`-`$20`.
+struct EntryValues<'a> {
+    run: &'a str,
+    entry: &'a EncodedEntry,
+    status: &'static str,
+    result: Option<&'a str>,
+    error: Option<&'a str>,
+    attempt: i64,
+    started: i64,
+    finished: Option<i64>,
+    /// What the entry adds to the run's totals (only an entry complete at once adds).
+    added: [i64; 5],
+    usage: [i64; 5],
+}
+
+impl<'a> EntryValues<'a> {
+    fn of(run: &'a RunId, entry: &'a EncodedEntry) -> EntryValues<'a> {
+        let usage = |usage: &Usage| {
+            [
+                int(usage.input_tokens),
+                int(usage.output_tokens),
+                int(usage.llm_calls),
+                int(usage.tool_calls),
+                int(usage.cost_micro_usd),
+            ]
+        };
+        let added = if matches!(entry.status, EntryStatus::Ok | EntryStatus::Error) {
+            usage(&entry.usage)
+        } else {
+            [0; 5]
+        };
+        EntryValues {
+            run: run.as_str(),
+            entry,
+            status: entry.status.as_str(),
+            result: entry.result.as_ref().map(|blob| blob.hash.as_str()),
+            error: entry.error.as_ref().map(|blob| blob.hash.as_str()),
+            attempt: i64::from(entry.attempt),
+            started: int(entry.started_at_ms),
+            finished: entry.finished_at_ms.map(int),
+            added,
+            usage: usage(&entry.usage),
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 20] {
+        let entry = self.entry;
+        let [a0, a1, a2, a3, a4] = &self.added;
+        let [u0, u1, u2, u3, u4] = &self.usage;
+        [
+            &self.run,
+            &entry.method,
+            &entry.params_hash,
+            &entry.params.hash,
+            &self.status,
+            &self.result,
+            &self.error,
+            &self.attempt,
+            &self.started,
+            &self.finished,
+            a0,
+            a1,
+            a2,
+            a3,
+            a4,
+            u0,
+            u1,
+            u2,
+            u3,
+            u4,
+        ]
+    }
+}
+
+/// The blobs an append stores: its params, the messages of the chain nodes it stores, its
+/// result or error.
+fn entry_blobs<'a>(entry: &'a EncodedEntry, unstored: &'a [ChainLink]) -> Vec<&'a Blob> {
+    let mut blobs: Vec<&Blob> = vec![&entry.params];
+    blobs.extend(unstored.iter().map(|link| &link.message));
+    blobs.extend(entry.result.iter().chain(&entry.error));
+    blobs
+}
+
 /// Appends under the run's row lock: the statement that inserts the entry is the one that
 /// bumps `runs.journal_last` (and adds an entry complete at once to the usage totals), so
 /// concurrent appends to one run take dense seqs in lock order. The blobs and the chain
@@ -137,30 +262,8 @@ pub(super) async fn append_entry(
     entry: &EncodedEntry,
     unstored: &[ChainLink],
 ) -> Result<Seq> {
-    let mut blobs: Vec<&Blob> = vec![&entry.params];
-    blobs.extend(unstored.iter().map(|link| &link.message));
-    blobs.extend(entry.result.iter().chain(&entry.error));
-    let added = if matches!(entry.status, EntryStatus::Ok | EntryStatus::Error) {
-        entry.usage
-    } else {
-        Usage::default()
-    };
-    let insert = prepare(
-        transaction,
-        "inserting a journal entry",
-        "WITH run AS ( \
-             UPDATE runs SET journal_last = journal_last + 1, \
-             input_tokens = input_tokens + $11, output_tokens = output_tokens + $12, \
-             llm_calls = llm_calls + $13, tool_calls = tool_calls + $14, \
-             cost_micro_usd = cost_micro_usd + $15 \
-             WHERE id = $1 RETURNING journal_last) \
-         INSERT INTO journal (run_id, seq, method, params_hash, params_blob, status, result_blob, \
-             error_blob, attempt, started_at_ms, finished_at_ms, input_tokens, output_tokens, \
-             llm_calls, tool_calls, cost_micro_usd) \
-         SELECT $1, journal_last, $2, $3, $4, $5, $6, $7, $8, $9, $10, $16, $17, $18, $19, $20 FROM run \
-         RETURNING seq",
-    )
-    .await?;
+    let blobs = entry_blobs(entry, unstored);
+    let insert = prepare(transaction, "inserting a journal entry", &APPEND_IN_TRANSACTION).await?;
     // The three statements are pipelined: sent at once, run by the server in the order
     // sent, which `try_join!` keeps (it polls them in order, and each sends its request on
     // its first poll because its statement is prepared already). So the blobs and chain
@@ -168,40 +271,113 @@ pub(super) async fn append_entry(
     prepare(transaction, "storing payload blobs", PUT_BLOBS).await?;
     prepare(transaction, "storing message chain nodes", PUT_CHAIN).await?;
     let (blobs_stored, chain_stored) = (put_blobs(transaction, &blobs), put_chain(transaction, unstored));
-    let usage = &entry.usage;
+    let values = EntryValues::of(run, entry);
     let inserted = async {
-        transaction
-            .query_opt(
-                &insert,
-                &[
-                    &run.as_str(),
-                    &entry.method,
-                    &entry.params_hash,
-                    &entry.params.hash,
-                    &entry.status.as_str(),
-                    &entry.result.as_ref().map(|blob| blob.hash.as_str()),
-                    &entry.error.as_ref().map(|blob| blob.hash.as_str()),
-                    &i64::from(entry.attempt),
-                    &int(entry.started_at_ms),
-                    &entry.finished_at_ms.map(int),
-                    &int(added.input_tokens),
-                    &int(added.output_tokens),
-                    &int(added.llm_calls),
-                    &int(added.tool_calls),
-                    &int(added.cost_micro_usd),
-                    &int(usage.input_tokens),
-                    &int(usage.output_tokens),
-                    &int(usage.llm_calls),
-                    &int(usage.tool_calls),
-                    &int(usage.cost_micro_usd),
-                ],
-            )
-            .await
-            .map_err(pg_error("inserting a journal entry"))
+        transaction.query_opt(&insert, &values.params()).await.map_err(pg_error("inserting a journal entry"))
     };
     let ((), (), row) = tokio::try_join!(blobs_stored, chain_stored, inserted)?;
     let row = row.ok_or_else(|| Error::RunNotFound(run.clone()))?;
     count(&row, "seq", "a new journal entry")
+}
+
+/// `append_entry` as one statement, its own transaction: one round trip, committed (and
+/// flushed) on return. For a lone write outside a cluster, where nothing else shares the
+/// transaction.
+pub(super) async fn append_entry_alone(
+    client: &impl GenericClient,
+    run: &RunId,
+    entry: &EncodedEntry,
+    unstored: &[ChainLink],
+) -> Result<Seq> {
+    let blobs = BlobColumns::of(&entry_blobs(entry, unstored));
+    let chain = ChainColumns::of(unstored);
+    let values = EntryValues::of(run, entry);
+    let mut params: Vec<&(dyn ToSql + Sync)> = values.params().to_vec();
+    params.extend_from_slice(&blobs.params());
+    params.extend_from_slice(&chain.params());
+    let row = query_opt(client, "inserting a journal entry", &APPEND_ALONE, &params).await?;
+    let row = row.ok_or_else(|| Error::RunNotFound(run.clone()))?;
+    count(&row, "seq", "a new journal entry")
+}
+
+/// The `UPDATE`s of a completion: the entry if it is still pending, then the run's totals,
+/// from the entry's row (`done`); `$1`-`$12`, see `CompletionValues`.
+const COMPLETE_ENTRY: &str = "UPDATE journal SET status = $3, result_blob = $4, error_blob = $5, \
+     finished_at_ms = $6, input_tokens = $7, output_tokens = $8, llm_calls = $9, tool_calls = $10, \
+     cost_micro_usd = $11 \
+     WHERE run_id = $1 AND seq = $2 AND status = 'pending'";
+const COMPLETE_RUN: &str = "UPDATE runs SET input_tokens = input_tokens + $7, output_tokens = output_tokens + $8, \
+     llm_calls = llm_calls + $9, tool_calls = tool_calls + $10, \
+     cost_micro_usd = cost_micro_usd + $11, provider_calls = provider_calls + $12 \
+     FROM done WHERE runs.id = done.run_id RETURNING runs.id";
+
+static COMPLETE_IN_TRANSACTION: LazyLock<String> =
+    LazyLock::new(|| format!("WITH done AS ({COMPLETE_ENTRY} RETURNING run_id) {COMPLETE_RUN}"));
+
+/// A completion alone: its blobs (`$13`-`$15`) stored in the same statement, only if the
+/// entry is pending, and before the entry's row is locked.
+static COMPLETE_ALONE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH blobs_put AS ( \
+             INSERT INTO blobs (hash, size, bytes) \
+             SELECT * FROM unnest($13::text[], $14::bigint[], $15::bytea[]) \
+             WHERE EXISTS (SELECT 1 FROM journal WHERE run_id = $1 AND seq = $2 AND status = 'pending') \
+             ORDER BY 1 ON CONFLICT (hash) DO NOTHING RETURNING 1), \
+         done AS ({COMPLETE_ENTRY} AND (SELECT count(*) FROM blobs_put) >= 0 RETURNING run_id) \
+         {COMPLETE_RUN}"
+    )
+});
+
+/// The values of a completion's `$1`-`$12`.
+struct CompletionValues<'a> {
+    run: &'a str,
+    seq: i64,
+    status: &'static str,
+    result: Option<&'a str>,
+    error: Option<&'a str>,
+    finished: i64,
+    usage: [i64; 5],
+    served: i64,
+}
+
+impl<'a> CompletionValues<'a> {
+    fn of(run: &'a RunId, seq: Seq, completion: &'a EncodedCompletion) -> CompletionValues<'a> {
+        let usage = &completion.usage;
+        CompletionValues {
+            run: run.as_str(),
+            seq: int(seq),
+            status: completion.status.as_str(),
+            result: completion.result.as_ref().map(|blob| blob.hash.as_str()),
+            error: completion.error.as_ref().map(|blob| blob.hash.as_str()),
+            finished: int(completion.finished_at_ms),
+            usage: [
+                int(usage.input_tokens),
+                int(usage.output_tokens),
+                int(usage.llm_calls),
+                int(usage.tool_calls),
+                int(usage.cost_micro_usd),
+            ],
+            served: i64::from(completion.provider_served),
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 12] {
+        let [u0, u1, u2, u3, u4] = &self.usage;
+        [
+            &self.run,
+            &self.seq,
+            &self.status,
+            &self.result,
+            &self.error,
+            &self.finished,
+            u0,
+            u1,
+            u2,
+            u3,
+            u4,
+            &self.served,
+        ]
+    }
 }
 
 /// Completes a pending entry: one statement updates the entry only if it is still pending
@@ -217,51 +393,48 @@ pub(super) async fn complete_entry(
         return Err(Error::completion_not_final(run, seq, completion.status));
     }
     let blobs: Vec<&Blob> = completion.result.iter().chain(&completion.error).collect();
-    let update = prepare(
-        transaction,
-        "completing a journal entry",
-        "WITH done AS ( \
-             UPDATE journal SET status = $3, result_blob = $4, error_blob = $5, finished_at_ms = $6, \
-             input_tokens = $7, output_tokens = $8, llm_calls = $9, tool_calls = $10, cost_micro_usd = $11 \
-             WHERE run_id = $1 AND seq = $2 AND status = 'pending' RETURNING run_id) \
-         UPDATE runs SET input_tokens = input_tokens + $7, output_tokens = output_tokens + $8, \
-             llm_calls = llm_calls + $9, tool_calls = tool_calls + $10, \
-             cost_micro_usd = cost_micro_usd + $11, provider_calls = provider_calls + $12 \
-         FROM done WHERE runs.id = done.run_id RETURNING runs.id",
-    )
-    .await?;
+    let update = prepare(transaction, "completing a journal entry", &COMPLETE_IN_TRANSACTION).await?;
     // Pipelined like `append_entry`'s statements: blobs first.
     prepare(transaction, "storing payload blobs", PUT_BLOBS).await?;
-    let usage = &completion.usage;
+    let values = CompletionValues::of(run, seq, completion);
     let updated = async {
-        transaction
-            .query_opt(
-                &update,
-                &[
-                    &run.as_str(),
-                    &int(seq),
-                    &completion.status.as_str(),
-                    &completion.result.as_ref().map(|blob| blob.hash.as_str()),
-                    &completion.error.as_ref().map(|blob| blob.hash.as_str()),
-                    &int(completion.finished_at_ms),
-                    &int(usage.input_tokens),
-                    &int(usage.output_tokens),
-                    &int(usage.llm_calls),
-                    &int(usage.tool_calls),
-                    &int(usage.cost_micro_usd),
-                    &i64::from(completion.provider_served),
-                ],
-            )
-            .await
-            .map_err(pg_error("completing a journal entry"))
+        transaction.query_opt(&update, &values.params()).await.map_err(pg_error("completing a journal entry"))
     };
     let ((), row) = tokio::try_join!(put_blobs(transaction, &blobs), updated)?;
     if row.is_some() {
         return Ok(());
     }
-    queries::require_run(transaction, run).await?;
+    why_not_completed(transaction, run, seq).await
+}
+
+/// `complete_entry` as one statement, its own transaction: one round trip, committed (and
+/// flushed) on return (see `append_entry_alone`).
+pub(super) async fn complete_entry_alone(
+    client: &impl GenericClient,
+    run: &RunId,
+    seq: Seq,
+    completion: &EncodedCompletion,
+) -> Result<()> {
+    if !matches!(completion.status, EntryStatus::Ok | EntryStatus::Error) {
+        return Err(Error::completion_not_final(run, seq, completion.status));
+    }
+    let blobs: Vec<&Blob> = completion.result.iter().chain(&completion.error).collect();
+    let blobs = BlobColumns::of(&blobs);
+    let values = CompletionValues::of(run, seq, completion);
+    let mut params: Vec<&(dyn ToSql + Sync)> = values.params().to_vec();
+    params.extend_from_slice(&blobs.params());
+    if query_opt(client, "completing a journal entry", &COMPLETE_ALONE, &params).await?.is_some() {
+        return Ok(());
+    }
+    why_not_completed(client, run, seq).await
+}
+
+/// Why a completion matched no pending entry: no such run, no such entry, or an entry
+/// already complete.
+async fn why_not_completed(client: &impl GenericClient, run: &RunId, seq: Seq) -> Result<()> {
+    queries::require_run(client, run).await?;
     let status = query_opt(
-        transaction,
+        client,
         "reading the status of a journal entry",
         "SELECT status FROM journal WHERE run_id = $1 AND seq = $2",
         &[&run.as_str(), &int(seq)],
@@ -840,11 +1013,51 @@ pub(super) async fn put_chain(transaction: &Transaction<'_>, links: &[ChainLink]
     if links.is_empty() {
         return Ok(());
     }
-    let hashes: Vec<&str> = links.iter().map(|link| link.hash.as_str()).collect();
-    let prevs: Vec<Option<&str>> = links.iter().map(|link| link.prev.as_deref()).collect();
-    let messages: Vec<&str> = links.iter().map(|link| link.message.hash.as_str()).collect();
-    execute(transaction, "storing message chain nodes", PUT_CHAIN, &[&hashes, &prevs, &messages]).await?;
+    let columns = ChainColumns::of(links);
+    execute(transaction, "storing message chain nodes", PUT_CHAIN, &columns.params()).await?;
     Ok(())
+}
+
+/// Chain nodes as `PUT_CHAIN`'s arrays: hash, previous node, message blob.
+struct ChainColumns<'a> {
+    hashes: Vec<&'a str>,
+    prevs: Vec<Option<&'a str>>,
+    messages: Vec<&'a str>,
+}
+
+impl<'a> ChainColumns<'a> {
+    fn of(links: &'a [ChainLink]) -> ChainColumns<'a> {
+        ChainColumns {
+            hashes: links.iter().map(|link| link.hash.as_str()).collect(),
+            prevs: links.iter().map(|link| link.prev.as_deref()).collect(),
+            messages: links.iter().map(|link| link.message.hash.as_str()).collect(),
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 3] {
+        [&self.hashes, &self.prevs, &self.messages]
+    }
+}
+
+/// Blobs as `PUT_BLOBS`' arrays: hash, size, bytes.
+struct BlobColumns<'a> {
+    hashes: Vec<&'a str>,
+    sizes: Vec<i64>,
+    bytes: Vec<&'a [u8]>,
+}
+
+impl<'a> BlobColumns<'a> {
+    fn of(blobs: &[&'a Blob]) -> BlobColumns<'a> {
+        BlobColumns {
+            hashes: blobs.iter().map(|blob| blob.hash.as_str()).collect(),
+            sizes: blobs.iter().map(|blob| int(blob.bytes.len() as u64)).collect(),
+            bytes: blobs.iter().map(|blob| blob.bytes.as_slice()).collect(),
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 3] {
+        [&self.hashes, &self.sizes, &self.bytes]
+    }
 }
 
 /// Stores payloads once each, in one statement. In hash order, so two transactions
@@ -853,9 +1066,7 @@ pub(super) async fn put_blobs(client: &impl GenericClient, blobs: &[&Blob]) -> R
     if blobs.is_empty() {
         return Ok(());
     }
-    let hashes: Vec<&str> = blobs.iter().map(|blob| blob.hash.as_str()).collect();
-    let sizes: Vec<i64> = blobs.iter().map(|blob| int(blob.bytes.len() as u64)).collect();
-    let bytes: Vec<&[u8]> = blobs.iter().map(|blob| blob.bytes.as_slice()).collect();
-    execute(client, "storing payload blobs", PUT_BLOBS, &[&hashes, &sizes, &bytes]).await?;
+    let columns = BlobColumns::of(blobs);
+    execute(client, "storing payload blobs", PUT_BLOBS, &columns.params()).await?;
     Ok(())
 }

@@ -176,6 +176,45 @@ async fn updates_of(client: &impl GenericClient, table: &str, updates: i64) -> (
     panic!("the server never counted {updates} updates of {table}");
 }
 
+/// A lone journal write outside a cluster is one statement (its blobs and chain nodes in
+/// it): it answers like the transaction it replaced, and a refused one stores nothing, not
+/// even the payloads it brought.
+#[tokio::test]
+async fn a_lone_journal_write_is_one_statement_and_a_refused_one_stores_nothing() {
+    let db = TestDatabase::create().await;
+    let store = connect(db.url()).await;
+    let run = store.create_run(new_run(1)).await.unwrap().id;
+    let conversation = |n: usize| json!({"messages": (0..n).map(|i| json!({"role": "user", "content": format!("message {i}")})).collect::<Vec<_>>()});
+    let seq = store.append_entry(&run, crate::pending_entry("llm.chat", conversation(3), 1)).await.unwrap();
+    let completion = |text: &str| keel_store::Completion {
+        status: keel_types::EntryStatus::Ok,
+        result: Some(json!({"text": text})),
+        error: None,
+        finished_at_ms: 2,
+        usage: keel_types::Usage { llm_calls: 1, cost_micro_usd: 5, ..keel_types::Usage::default() },
+        provider_served: true,
+    };
+    store.complete_entry(&run, seq, completion("first")).await.unwrap();
+    let entry = &store.journal(&run, 0).await.unwrap()[0];
+    assert_eq!(
+        (entry.params.clone(), entry.result.clone()),
+        (conversation(3), Some(json!({"text": "first"})))
+    );
+    assert_eq!(store.get_run(&run).await.unwrap().unwrap().usage.cost_micro_usd, 5);
+    let stored = store.stats().await.unwrap();
+
+    let missing = keel_types::RunId::generate(2);
+    let refused = store.append_entry(&missing, crate::pending_entry("llm.chat", conversation(5), 3)).await;
+    assert!(matches!(refused, Err(Error::RunNotFound(_))), "{refused:?}");
+    let again = store.complete_entry(&run, seq, completion("second")).await;
+    assert!(matches!(&again, Err(Error::Corrupt(text)) if text.contains("not pending")), "{again:?}");
+    let unknown = store.complete_entry(&run, 99, completion("third")).await;
+    assert!(matches!(unknown, Err(Error::EntryNotFound { .. })), "{unknown:?}");
+    assert_eq!(store.stats().await.unwrap(), stored, "refused writes stored no blob, node or entry");
+    assert_eq!(store.get_run(&run).await.unwrap().unwrap().usage.cost_micro_usd, 5, "nor any usage");
+    assert_eq!(store.journal(&run, 0).await.unwrap()[0].result, Some(json!({"text": "first"})));
+}
+
 /// Undoes version 8's migration.
 const BACK_TO_VERSION_7: &str = "
     DROP INDEX ended_runs_by_cost; DROP INDEX ended_runs_by_tenant_cost; DROP INDEX live_runs;
