@@ -152,11 +152,7 @@ static APPEND_IN_TRANSACTION: LazyLock<String> =
 /// transaction takes them in.
 static APPEND_ALONE: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "WITH blobs_put AS ( \
-             INSERT INTO blobs (hash, size, bytes) \
-             SELECT * FROM unnest($21::text[], $22::bigint[], $23::bytea[]) \
-             WHERE EXISTS (SELECT 1 FROM runs WHERE id = $1) ORDER BY 1 \
-             ON CONFLICT (hash) DO NOTHING RETURNING 1), \
+        "WITH blobs_put AS ({}), \
          chain_put AS ( \
              INSERT INTO message_chain (hash, prev, message_blob) \
              SELECT * FROM unnest($24::text[], $25::text[], $26::text[]) \
@@ -164,9 +160,21 @@ static APPEND_ALONE: LazyLock<String> = LazyLock::new(|| {
              ON CONFLICT (hash) DO NOTHING RETURNING 1), \
          run AS ({APPEND_RUN} AND (SELECT count(*) FROM blobs_put) >= 0 \
              AND (SELECT count(*) FROM chain_put) >= 0 RETURNING journal_last) \
-         {APPEND_INSERT}"
+         {APPEND_INSERT}",
+        put_blobs_where(21, "EXISTS (SELECT 1 FROM runs WHERE id = $1)")
     )
 });
+
+/// `PUT_BLOBS` with its arrays from `$first` on, storing them only where `guard` holds
+/// (for a statement that stores them along with what names them).
+fn put_blobs_where(first: usize, guard: &str) -> String {
+    let (size, bytes) = (first + 1, first + 2);
+    format!(
+        "INSERT INTO blobs (hash, size, bytes) \
+         SELECT * FROM unnest(${first}::text[], ${size}::bigint[], ${bytes}::bytea[]) WHERE {guard} \
+         ORDER BY 1 ON CONFLICT (hash) DO NOTHING RETURNING 1"
+    )
+}
 
 /// The values of an append's `$1`-`$20`.
 struct EntryValues<'a> {
@@ -318,13 +326,13 @@ static COMPLETE_IN_TRANSACTION: LazyLock<String> =
 /// entry is pending, and before the entry's row is locked.
 static COMPLETE_ALONE: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "WITH blobs_put AS ( \
-             INSERT INTO blobs (hash, size, bytes) \
-             SELECT * FROM unnest($13::text[], $14::bigint[], $15::bytea[]) \
-             WHERE EXISTS (SELECT 1 FROM journal WHERE run_id = $1 AND seq = $2 AND status = 'pending') \
-             ORDER BY 1 ON CONFLICT (hash) DO NOTHING RETURNING 1), \
+        "WITH blobs_put AS ({}), \
          done AS ({COMPLETE_ENTRY} AND (SELECT count(*) FROM blobs_put) >= 0 RETURNING run_id) \
-         {COMPLETE_RUN}"
+         {COMPLETE_RUN}",
+        put_blobs_where(
+            13,
+            "EXISTS (SELECT 1 FROM journal WHERE run_id = $1 AND seq = $2 AND status = 'pending')"
+        )
     )
 });
 
@@ -389,10 +397,7 @@ pub(super) async fn complete_entry(
     seq: Seq,
     completion: &EncodedCompletion,
 ) -> Result<()> {
-    if !matches!(completion.status, EntryStatus::Ok | EntryStatus::Error) {
-        return Err(Error::completion_not_final(run, seq, completion.status));
-    }
-    let blobs: Vec<&Blob> = completion.result.iter().chain(&completion.error).collect();
+    let blobs = completion_blobs(run, seq, completion)?;
     let update = prepare(transaction, "completing a journal entry", &COMPLETE_IN_TRANSACTION).await?;
     // Pipelined like `append_entry`'s statements: blobs first.
     prepare(transaction, "storing payload blobs", PUT_BLOBS).await?;
@@ -415,11 +420,7 @@ pub(super) async fn complete_entry_alone(
     seq: Seq,
     completion: &EncodedCompletion,
 ) -> Result<()> {
-    if !matches!(completion.status, EntryStatus::Ok | EntryStatus::Error) {
-        return Err(Error::completion_not_final(run, seq, completion.status));
-    }
-    let blobs: Vec<&Blob> = completion.result.iter().chain(&completion.error).collect();
-    let blobs = BlobColumns::of(&blobs);
+    let blobs = BlobColumns::of(&completion_blobs(run, seq, completion)?);
     let values = CompletionValues::of(run, seq, completion);
     let mut params: Vec<&(dyn ToSql + Sync)> = values.params().to_vec();
     params.extend_from_slice(&blobs.params());
@@ -427,6 +428,14 @@ pub(super) async fn complete_entry_alone(
         return Ok(());
     }
     why_not_completed(client, run, seq).await
+}
+
+/// The blobs a completion stores (its result or error); refuses one that is not final.
+fn completion_blobs<'a>(run: &RunId, seq: Seq, completion: &'a EncodedCompletion) -> Result<Vec<&'a Blob>> {
+    if !matches!(completion.status, EntryStatus::Ok | EntryStatus::Error) {
+        return Err(Error::completion_not_final(run, seq, completion.status));
+    }
+    Ok(completion.result.iter().chain(&completion.error).collect())
 }
 
 /// Why a completion matched no pending entry: no such run, no such entry, or an entry
