@@ -12,7 +12,7 @@
 //!
 //! A batch commits only if every write in it succeeded; if one fails (a refusal such as a
 //! completion of an entry that is not pending, or any database error), the transaction is
-//! rolled back and each write runs again in a transaction of its own, as it would have
+//! rolled back and each write runs again by itself, as it would have
 //! alone, so one write's failure never reaches another's answer. Only when the database is
 //! out of reach (or a commit's outcome is unknown) does every write of the batch get the
 //! same error at once, rather than each waiting for the pool in turn. Each caller is answered
@@ -174,15 +174,9 @@ impl PgStore {
         }
     }
 
-    /// Each of `ops`' answer: all of them in one transaction, or, if that did not commit,
-    /// each in a transaction of its own.
+    /// Each of `ops`' answer: all of them in one transaction, or, if that did not commit
+    /// (or there is only one), each alone (`write_one`).
     async fn write_batch(&self, run: &RunId, ops: &[JournalOp]) -> Vec<Result<JournalDone>> {
-        if let [op] = ops
-            && !self.fences.joined()
-            && op.is_one_statement()
-        {
-            return vec![self.write_alone(run, op).await];
-        }
         if ops.len() > 1 {
             match self.write_in_one_transaction(run, ops).await {
                 Ok(done) => return done.into_iter().map(Ok).collect(),
@@ -201,10 +195,7 @@ impl PgStore {
         for op in ops {
             let answer = match &out_of_reach {
                 Some(error) => Err(copy_of(error)),
-                None => self.write_in_one_transaction(run, std::slice::from_ref(op)).await.map(|mut done| {
-                    // One answer per write.
-                    done.pop().unwrap_or_default()
-                }),
+                None => self.write_one(run, op).await,
             };
             if let Err(error @ (Error::Unavailable { .. } | Error::Closed)) = &answer {
                 out_of_reach = Some(copy_of(error));
@@ -245,9 +236,20 @@ impl PgStore {
         Ok(done)
     }
 
+    /// One write by itself: one statement outside a cluster when it can be (`write_alone`),
+    /// else a transaction of its own (a fenced write checks the run's lease in it).
+    async fn write_one(&self, run: &RunId, op: &JournalOp) -> Result<JournalDone> {
+        if !self.fences.joined() && op.is_one_statement() {
+            return self.write_alone(run, op).await;
+        }
+        // One answer per write.
+        self.write_in_one_transaction(run, std::slice::from_ref(op))
+            .await
+            .map(|mut done| done.pop().unwrap_or_default())
+    }
+
     /// `op` as one statement, its own transaction: one round trip where a transaction
-    /// takes three (`BEGIN`, the pipelined statements, `COMMIT`). Only outside a cluster
-    /// (a fenced write checks the run's lease in its transaction).
+    /// takes three (`BEGIN`, the pipelined statements, `COMMIT`).
     async fn write_alone(&self, run: &RunId, op: &JournalOp) -> Result<JournalDone> {
         let client = self.client("writing a run's journal").await?;
         let done = match op {

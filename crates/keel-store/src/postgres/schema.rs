@@ -89,7 +89,8 @@ const MIGRATION_LOCK: i64 = 0x6b65_656c;
 /// in place (see the module doc).
 /// - `ended_cost_micro_usd` is a stored generated column: a run's cost once it has ended,
 ///   NULL while it is live, so no index holds a live run's cost, yet every way of writing
-///   a run (a journal write, the run's end, a restore) keeps the column right.
+///   a run (a journal write, the run's end, a restore) keeps the column right. Adding a
+///   stored column rewrites `runs` once, at the migration.
 /// - Fill factors leave a page room for the new version of a row updated after its insert
 ///   (a journal entry's completion; a run's row, at every journal write).
 const V8: &str = r#"

@@ -151,29 +151,41 @@ static APPEND_IN_TRANSACTION: LazyLock<String> =
 /// the run's row is locked (the subqueries in its `WHERE` run first), the order every
 /// transaction takes them in.
 static APPEND_ALONE: LazyLock<String> = LazyLock::new(|| {
+    const RUN_EXISTS: &str = "EXISTS (SELECT 1 FROM runs WHERE id = $1)";
     format!(
-        "WITH blobs_put AS ({}), \
-         chain_put AS ( \
-             INSERT INTO message_chain (hash, prev, message_blob) \
-             SELECT * FROM unnest($24::text[], $25::text[], $26::text[]) \
-             WHERE EXISTS (SELECT 1 FROM runs WHERE id = $1) ORDER BY 1 \
-             ON CONFLICT (hash) DO NOTHING RETURNING 1), \
+        "WITH blobs_put AS ({} RETURNING 1), chain_put AS ({} RETURNING 1), \
          run AS ({APPEND_RUN} AND (SELECT count(*) FROM blobs_put) >= 0 \
              AND (SELECT count(*) FROM chain_put) >= 0 RETURNING journal_last) \
          {APPEND_INSERT}",
-        put_blobs_where(21, "EXISTS (SELECT 1 FROM runs WHERE id = $1)")
+        Stored::Blobs.insert(21, RUN_EXISTS),
+        Stored::ChainNodes.insert(24, RUN_EXISTS),
     )
 });
 
-/// `PUT_BLOBS` with its arrays from `$first` on, storing them only where `guard` holds
-/// (for a statement that stores them along with what names them).
-fn put_blobs_where(first: usize, guard: &str) -> String {
-    let (size, bytes) = (first + 1, first + 2);
-    format!(
-        "INSERT INTO blobs (hash, size, bytes) \
-         SELECT * FROM unnest(${first}::text[], ${size}::bigint[], ${bytes}::bytea[]) WHERE {guard} \
-         ORDER BY 1 ON CONFLICT (hash) DO NOTHING RETURNING 1"
-    )
+/// What is stored content-addressed, once each: payload blobs and message chain nodes.
+#[derive(Clone, Copy)]
+enum Stored {
+    Blobs,
+    ChainNodes,
+}
+
+impl Stored {
+    /// The `INSERT` of rows given as three arrays (`BlobColumns`, `ChainColumns`) from
+    /// parameter `$first` on, where `guard` holds, in hash order, so that two transactions
+    /// storing the same rows wait for each other in one order, never in a cycle; a row
+    /// already stored is nothing to do.
+    fn insert(self, first: usize, guard: &str) -> String {
+        let (table, [a, b, c]) = match self {
+            Stored::Blobs => ("blobs (hash, size, bytes)", ["text", "bigint", "bytea"]),
+            Stored::ChainNodes => ("message_chain (hash, prev, message_blob)", ["text", "text", "text"]),
+        };
+        let (second, third) = (first + 1, first + 2);
+        format!(
+            "INSERT INTO {table} \
+             SELECT * FROM unnest(${first}::{a}[], ${second}::{b}[], ${third}::{c}[]) WHERE {guard} \
+             ORDER BY 1 ON CONFLICT (hash) DO NOTHING"
+        )
+    }
 }
 
 /// The values of an append's `$1`-`$20`.
@@ -276,8 +288,8 @@ pub(super) async fn append_entry(
     // sent, which `try_join!` keeps (it polls them in order, and each sends its request on
     // its first poll because its statement is prepared already). So the blobs and chain
     // nodes exist when the entry that references them is inserted.
-    prepare(transaction, "storing payload blobs", PUT_BLOBS).await?;
-    prepare(transaction, "storing message chain nodes", PUT_CHAIN).await?;
+    prepare(transaction, "storing payload blobs", &PUT_BLOBS).await?;
+    prepare(transaction, "storing message chain nodes", &PUT_CHAIN).await?;
     let (blobs_stored, chain_stored) = (put_blobs(transaction, &blobs), put_chain(transaction, unstored));
     let values = EntryValues::of(run, entry);
     let inserted = async {
@@ -326,10 +338,10 @@ static COMPLETE_IN_TRANSACTION: LazyLock<String> =
 /// entry is pending, and before the entry's row is locked.
 static COMPLETE_ALONE: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "WITH blobs_put AS ({}), \
+        "WITH blobs_put AS ({} RETURNING 1), \
          done AS ({COMPLETE_ENTRY} AND (SELECT count(*) FROM blobs_put) >= 0 RETURNING run_id) \
          {COMPLETE_RUN}",
-        put_blobs_where(
+        Stored::Blobs.insert(
             13,
             "EXISTS (SELECT 1 FROM journal WHERE run_id = $1 AND seq = $2 AND status = 'pending')"
         )
@@ -400,7 +412,7 @@ pub(super) async fn complete_entry(
     let blobs = completion_blobs(run, seq, completion)?;
     let update = prepare(transaction, "completing a journal entry", &COMPLETE_IN_TRANSACTION).await?;
     // Pipelined like `append_entry`'s statements: blobs first.
-    prepare(transaction, "storing payload blobs", PUT_BLOBS).await?;
+    prepare(transaction, "storing payload blobs", &PUT_BLOBS).await?;
     let values = CompletionValues::of(run, seq, completion);
     let updated = async {
         transaction.query_opt(&update, &values.params()).await.map_err(pg_error("completing a journal entry"))
@@ -1008,12 +1020,10 @@ impl ChainEnds {
 }
 
 /// Inserts message chain nodes given as arrays (hash, prev, message blob), in hash order.
-const PUT_CHAIN: &str = "INSERT INTO message_chain (hash, prev, message_blob) \
-     SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) ORDER BY 1 ON CONFLICT (hash) DO NOTHING";
+static PUT_CHAIN: LazyLock<String> = LazyLock::new(|| Stored::ChainNodes.insert(1, "TRUE"));
 
 /// Inserts blobs given as arrays (hash, size, bytes), in hash order.
-const PUT_BLOBS: &str = "INSERT INTO blobs (hash, size, bytes) \
-     SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[]) ORDER BY 1 ON CONFLICT (hash) DO NOTHING";
+static PUT_BLOBS: LazyLock<String> = LazyLock::new(|| Stored::Blobs.insert(1, "TRUE"));
 
 /// Stores message chain nodes (their message blobs are in the same transaction's
 /// `put_blobs`). Content-addressed: a node another transaction stores at the same time is
@@ -1023,7 +1033,7 @@ pub(super) async fn put_chain(transaction: &Transaction<'_>, links: &[ChainLink]
         return Ok(());
     }
     let columns = ChainColumns::of(links);
-    execute(transaction, "storing message chain nodes", PUT_CHAIN, &columns.params()).await?;
+    execute(transaction, "storing message chain nodes", &PUT_CHAIN, &columns.params()).await?;
     Ok(())
 }
 
@@ -1069,13 +1079,12 @@ impl<'a> BlobColumns<'a> {
     }
 }
 
-/// Stores payloads once each, in one statement. In hash order, so two transactions
-/// storing the same blobs wait for each other in one order, never in a cycle.
+/// Stores payloads once each, in one statement (`PUT_BLOBS`).
 pub(super) async fn put_blobs(client: &impl GenericClient, blobs: &[&Blob]) -> Result<()> {
     if blobs.is_empty() {
         return Ok(());
     }
     let columns = BlobColumns::of(blobs);
-    execute(client, "storing payload blobs", PUT_BLOBS, &columns.params()).await?;
+    execute(client, "storing payload blobs", &PUT_BLOBS, &columns.params()).await?;
     Ok(())
 }

@@ -148,16 +148,19 @@ async fn paid_calls(store: &PgStore, run: &keel_types::RunId, calls: u64) {
             .append_entry(run, crate::pending_entry("llm.chat", json!({"i": i}), 1_000 + i))
             .await
             .unwrap();
-        let usage = keel_types::Usage { llm_calls: 1, cost_micro_usd: 7, ..keel_types::Usage::default() };
-        let completion = keel_store::Completion {
-            status: keel_types::EntryStatus::Ok,
-            result: Some(json!({"ok": i})),
-            error: None,
-            finished_at_ms: 2_000 + i,
-            usage,
-            provider_served: true,
-        };
-        store.complete_entry(run, seq, completion).await.unwrap();
+        store.complete_entry(run, seq, paid(json!({"ok": i}), 7)).await.unwrap();
+    }
+}
+
+/// A provider's answer to an `llm.chat` call that cost `cost_micro_usd`.
+fn paid(result: serde_json::Value, cost_micro_usd: u64) -> keel_store::Completion {
+    keel_store::Completion {
+        status: keel_types::EntryStatus::Ok,
+        result: Some(result),
+        error: None,
+        finished_at_ms: 2_000,
+        usage: keel_types::Usage { llm_calls: 1, cost_micro_usd, ..keel_types::Usage::default() },
+        provider_served: true,
     }
 }
 
@@ -186,14 +189,7 @@ async fn a_lone_journal_write_is_one_statement_and_a_refused_one_stores_nothing(
     let run = store.create_run(new_run(1)).await.unwrap().id;
     let conversation = |n: usize| json!({"messages": (0..n).map(|i| json!({"role": "user", "content": format!("message {i}")})).collect::<Vec<_>>()});
     let seq = store.append_entry(&run, crate::pending_entry("llm.chat", conversation(3), 1)).await.unwrap();
-    let completion = |text: &str| keel_store::Completion {
-        status: keel_types::EntryStatus::Ok,
-        result: Some(json!({"text": text})),
-        error: None,
-        finished_at_ms: 2,
-        usage: keel_types::Usage { llm_calls: 1, cost_micro_usd: 5, ..keel_types::Usage::default() },
-        provider_served: true,
-    };
+    let completion = |text: &str| paid(json!({"text": text}), 5);
     store.complete_entry(&run, seq, completion("first")).await.unwrap();
     let entry = &store.journal(&run, 0).await.unwrap()[0];
     assert_eq!(

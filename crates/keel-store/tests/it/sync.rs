@@ -132,15 +132,15 @@ fn traced_child_puts_unflushed() {
                 std::fs::read_to_string(task.join("comm")).unwrap().starts_with("keel-store-chec")
             })
         };
-        let mut checkpointer = named();
-        for _ in 0..500 {
-            if checkpointer.is_some() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            checkpointer = named();
-        }
-        let checkpointer = checkpointer.expect("the store's checkpoint thread");
+        let checkpointer = (0..500)
+            .find_map(|_| {
+                let found = named();
+                if found.is_none() {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                found
+            })
+            .expect("the store's checkpoint thread");
         let tid = checkpointer.file_name().unwrap().to_str().unwrap();
         std::fs::create_dir(dir.join(format!("begin-{tid}"))).unwrap();
         for i in 0..10 {
