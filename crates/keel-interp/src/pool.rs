@@ -368,7 +368,8 @@ enum Driven {
 
 /// Why the conversation with a worker ended early.
 enum Ended {
-    /// Writing the job failed: the worker was dead before it started.
+    /// Writing the job failed, or the worker reset the connection before answering
+    /// anything: it was dead before it took the job.
     Stale,
     Error(ExecError),
     /// The worker closed its stdout: it died.
@@ -437,6 +438,9 @@ async fn converse(
     }
 
     let mut interpreter_time = Duration::ZERO;
+    // Nothing read from the worker yet: a reset then means it closed without reading the
+    // job (a socket closed with unread data resets), so it died before taking it.
+    let mut first = true;
     let mut calls: u32 = 0;
     let mut llm_calls: u32 = 0;
     loop {
@@ -447,6 +451,9 @@ async fn converse(
         let read = tokio::time::timeout(wait, (&mut worker.stdout).take(max_line).read_line(&mut line)).await;
         interpreter_time += slice.elapsed();
         let read = match read {
+            Ok(Err(error)) if first && error.kind() == std::io::ErrorKind::ConnectionReset => {
+                return Err(Ended::Stale);
+            }
             Ok(read) => read.map_err(pipe_error)?,
             Err(_) if overall_left <= wait => return Err(overall_exceeded("while the program ran")),
             Err(_) => return Err(timed_out()),
@@ -454,6 +461,7 @@ async fn converse(
         if read == 0 {
             return Err(Ended::Died);
         }
+        first = false;
         let mut message: Value = serde_json::from_str(&line).map_err(|error| {
             Ended::Error(ExecError::new(
                 ExecErrorKind::WorkerCrashed,
