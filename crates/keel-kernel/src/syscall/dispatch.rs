@@ -52,7 +52,9 @@ pub(crate) fn parse<T: DeserializeOwned>(
     params: &Value,
     shape: &str,
 ) -> Result<T, SyscallError> {
-    serde_json::from_value(params.clone()).map_err(|e| {
+    // Read from the borrowed tree: params may carry a whole conversation, and a copy of
+    // it only to be taken apart again costs an allocation per node.
+    T::deserialize(params).map_err(|e| {
         SyscallError::new(ErrorKind::InvalidParams, format!("{method}: {e}; expected params {shape}"))
     })
 }
@@ -116,15 +118,7 @@ fn check(method: &str, params: &Value) -> Result<Call, SyscallError> {
     };
     Ok(match method {
         "llm.chat" => {
-            let p: LlmChatParams =
-                parse(method, params, "{\"messages\":[{\"role\":\"user\",\"content\":\"...\"}]}")?;
-            if p.messages.is_empty() {
-                return Err(SyscallError::new(
-                    ErrorKind::InvalidParams,
-                    "llm.chat: `messages` is empty; send at least one message",
-                ));
-            }
-            Call::LlmChat(p)
+            check_chat(parse(method, params, "{\"messages\":[{\"role\":\"user\",\"content\":\"...\"}]}")?)?
         }
         "code.exec" => {
             let p: CodeExecParams = parse(
@@ -204,6 +198,18 @@ fn check(method: &str, params: &Value) -> Result<Call, SyscallError> {
     })
 }
 
+/// An `llm.chat` request, however it came (the socket's params, or the gateway's typed
+/// request): refused before anything is journaled unless it has a message.
+fn check_chat(request: LlmChatParams) -> Result<Call, SyscallError> {
+    if request.messages.is_empty() {
+        return Err(SyscallError::new(
+            ErrorKind::InvalidParams,
+            "llm.chat: `messages` is empty; send at least one message",
+        ));
+    }
+    Ok(Call::LlmChat(request))
+}
+
 /// The reply a journal entry stands for (the same bytes, live or replayed).
 fn reply_of(entry: &JournalEntry) -> Reply {
     match entry.status {
@@ -264,6 +270,33 @@ impl Kernel {
         live: &Arc<LiveRun>,
         method: &str,
         params: Value,
+        listener: Listener,
+    ) -> Reply {
+        self.serve(live, method, params, None, listener).await
+    }
+
+    /// `llm.chat` for a caller that already holds the request typed (the gateway): its
+    /// params are the request's JSON, journaled and hashed as the socket's would be, and
+    /// it is checked as itself instead of being parsed back from them.
+    pub(crate) async fn chat_streaming(
+        &self,
+        live: &Arc<LiveRun>,
+        request: LlmChatParams,
+        listener: Listener,
+    ) -> Reply {
+        let params = serde_json::to_value(&request).map_err(|e| {
+            SyscallError::new(ErrorKind::InvalidParams, format!("the request cannot be encoded: {e}"))
+        })?;
+        self.serve(live, "llm.chat", params, Some(check_chat(request)?), listener).await
+    }
+
+    /// Serves one syscall; `checked` is its call when the caller checked it already.
+    async fn serve(
+        &self,
+        live: &Arc<LiveRun>,
+        method: &str,
+        params: Value,
+        checked: Option<Call>,
         mut listener: Listener,
     ) -> Reply {
         // A draining node lets the calls in flight finish and starts no new one: the
@@ -293,10 +326,11 @@ impl Kernel {
             "sys.ping" => return Ok(json!({})),
             _ => {}
         }
-        let call = match method {
+        let call = match (checked, method) {
+            (Some(call), _) => call,
             // Governed: granted, known, arguments valid against the tool's schema.
-            "tool.call" => Call::Tool(self.govern(live, &params).await?),
-            _ => check(method, &params)?,
+            (None, "tool.call") => Call::Tool(self.govern(live, &params).await?),
+            (None, _) => check(method, &params)?,
         };
         let hash = params_hash(method, &params);
         let (decision, recorded) = {

@@ -46,9 +46,6 @@ impl Kernel {
         request: LlmChatParams,
         listener: Listener,
     ) -> Result<LlmChatResult, SyscallError> {
-        let params = serde_json::to_value(&request).map_err(|e| {
-            SyscallError::new(ErrorKind::InvalidParams, format!("the request cannot be encoded: {e}"))
-        })?;
         // The HTTP request may outlive the agent (its task is detached from the
         // connection): when the agent is gone, the call is dropped and its upstream
         // stream closed, like a syscall on the socket.
@@ -56,7 +53,7 @@ impl Kernel {
         // Boxed: the syscall's future holds every syscall's state (kilobytes), and each
         // future wrapping it (the trace scope, this select, the HTTP handler's) would
         // otherwise copy it whole when it is moved.
-        let call = Box::pin(self.syscall_streaming(&run.0, "llm.chat", params, listener));
+        let call = Box::pin(self.chat_streaming(&run.0, request, listener));
         let result = tokio::select! {
             result = crate::telemetry::with_traceparent(&run.0.id, run.1.as_deref(), call) => result?,
             _ = ended.wait_for(|ended| *ended) => {

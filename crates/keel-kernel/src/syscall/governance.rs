@@ -14,6 +14,7 @@ use keel_protocol::rpc::{ErrorKind, ToolCallParams};
 use keel_store::Seq;
 use keel_tools::CrashPolicy;
 use keel_types::Usage;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::Kernel;
@@ -41,7 +42,7 @@ impl Kernel {
     /// Grant, existence and schema: a call that fails any is refused before it is
     /// journaled (a denial is audited).
     pub(crate) async fn govern(&self, live: &Arc<LiveRun>, params: &Value) -> Result<ToolCall, SyscallError> {
-        let p: ToolCallParams = serde_json::from_value(params.clone()).map_err(|e| {
+        let p = ToolCallParams::deserialize(params).map_err(|e| {
             SyscallError::new(
                 ErrorKind::InvalidParams,
                 format!("tool.call: {e}; expected params {{\"name\":\"echo\",\"args\":{{...}}}}"),

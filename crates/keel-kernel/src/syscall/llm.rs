@@ -8,7 +8,7 @@ use keel_llm::Provider;
 use keel_protocol::rpc::{ErrorKind, LlmChatParams};
 use keel_store::Seq;
 use keel_types::Usage;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::Kernel;
 use crate::lock;
@@ -120,7 +120,12 @@ impl Kernel {
                     self.inner.metrics.llm_served(&live.tenant, &served.meta, &usage, queue_wait);
                     match serde_json::to_value(&served.response) {
                         Ok(response) => {
-                            let record = json!({ "response": response, "provider": served.meta });
+                            // Built from the parts, not with `json!`, which would copy each
+                            // through serde (the meta is moved, the response cloned once).
+                            let record = Value::Object(serde_json::Map::from_iter([
+                                ("response".to_owned(), response.clone()),
+                                ("provider".to_owned(), served.meta),
+                            ]));
                             let mut effect = Effect::reply(Ok(response)).usage(usage);
                             effect.record = Some(record);
                             effect.served = true;

@@ -73,6 +73,48 @@ fn a_call_refused_before_the_journal_names_no_entry() {
 }
 
 #[test]
+fn a_gateway_call_is_journaled_as_the_socket_would_journal_it() {
+    // The gateway hands the kernel its request typed; the journal must hold the params the
+    // socket's `llm.chat` would (the same JSON, hashed the same), so a call is matched on
+    // replay whichever way the agent asks it.
+    let test = TestKernel::start();
+    let run = test.create_run(json!({ "llm_script": {"responses": [{"content": "one"}]} }));
+    let agent = handle(&test, &run);
+    let request = LlmChatParams {
+        messages: vec![user("a"), user("b")],
+        model: Some("scripted".into()),
+        tools: Some(vec![json!({"type": "function", "function": {"name": "f", "parameters": {}}})]),
+        max_tokens: Some(7),
+        temperature: Some(0.25),
+        stop: Some(vec!["END".into()]),
+        ..LlmChatParams::default()
+    };
+    let sent = request.clone();
+    test.on_kernel(|kernel: Kernel| async move { kernel.chat(&agent, sent, None).await }).expect("the call");
+    let journal = test.journal(&run);
+    let entry = journal.iter().rev().find(|e| e.method == "llm.chat").expect("the call's entry");
+    assert_eq!(entry.params, serde_json::to_value(&request).unwrap(), "the socket's params for this request");
+    assert_eq!(entry.params_hash, keel_core::replay::params_hash("llm.chat", &entry.params));
+    let parsed: LlmChatParams = serde_json::from_value(entry.params.clone()).unwrap();
+    assert_eq!(parsed, request, "the journaled params read back as the request");
+}
+
+#[test]
+fn a_gateway_call_without_messages_is_refused_before_the_journal() {
+    let test = TestKernel::start();
+    let run = test.create_run(json!({ "llm_script": {"responses": [{"content": "one"}]} }));
+    let agent = handle(&test, &run);
+    let journal = test.journal(&run).len();
+    let refused = test.on_kernel(|kernel: Kernel| async move {
+        kernel.chat(&agent, LlmChatParams::default(), None).await.map(|_| ())
+    });
+    let err = refused.expect_err("no messages");
+    assert!(err.message.contains("`messages` is empty"), "{err:?}");
+    assert_eq!(test.journal(&run).len(), journal, "nothing was journaled");
+    assert_eq!(test.get(&run).provider_calls, 0);
+}
+
+#[test]
 fn kept_responses_belong_to_the_runs_tenant() {
     let test = TestKernel::start();
     for name in ["acme", "globex"] {
