@@ -392,7 +392,7 @@ async fn journaled_step(store: &PgStore, run: &RunId, step: usize) {
         finished_at_ms: None,
         usage: Usage::default(),
     };
-    let seq = store.append_entry(run, intent).await.expect("append_entry");
+    let seq = store.append_entry(run, &intent).await.expect("append_entry");
     let completion = Completion {
         status: EntryStatus::Ok,
         result: Some(step_result(step)),
@@ -407,7 +407,7 @@ async fn journaled_step(store: &PgStore, run: &RunId, step: usize) {
         },
         provider_served: true,
     };
-    store.complete_entry(run, seq, completion).await.expect("complete_entry");
+    store.complete_entry(run, seq, &completion).await.expect("complete_entry");
 }
 
 async fn store_steps(store: &PgStore, run: &RunId, steps: std::ops::Range<usize>) -> Vec<Duration> {

@@ -317,7 +317,7 @@ async fn journaled_step(store: &dyn Store, run: &RunId, run_index: usize, step: 
         finished_at_ms: None,
         usage: Usage::default(),
     };
-    let seq = store.append_entry(run, intent).await.expect("append_entry");
+    let seq = store.append_entry(run, &intent).await.expect("append_entry");
     let completion = Completion {
         status: EntryStatus::Ok,
         result: Some(step_result(step)),
@@ -332,7 +332,7 @@ async fn journaled_step(store: &dyn Store, run: &RunId, run_index: usize, step: 
         },
         provider_served: true,
     };
-    store.complete_entry(run, seq, completion).await.expect("complete_entry");
+    store.complete_entry(run, seq, &completion).await.expect("complete_entry");
 }
 
 /// Journals the given steps one after another in `run`; returns each step's latency.

@@ -185,13 +185,13 @@ pub(crate) struct EncodedEntry {
 }
 
 impl EncodedEntry {
-    pub(crate) fn of(entry: crate::NewEntry) -> EncodedEntry {
+    pub(crate) fn of(entry: &crate::NewEntry) -> EncodedEntry {
         let (params, params_chain) = split_params(&entry.params);
         EncodedEntry {
-            method: entry.method,
+            method: entry.method.clone(),
             params,
             params_chain,
-            params_hash: entry.params_hash,
+            params_hash: entry.params_hash.clone(),
             status: entry.status,
             result: entry.result.as_ref().map(Blob::of),
             error: entry.error.as_ref().map(Blob::of),
@@ -204,7 +204,7 @@ impl EncodedEntry {
 
     /// A recorded entry encoded as `append_entry` stores it (for `restore`).
     pub(crate) fn of_recorded(entry: &crate::JournalEntry) -> EncodedEntry {
-        EncodedEntry::of(crate::NewEntry {
+        EncodedEntry::of(&crate::NewEntry {
             method: entry.method.clone(),
             params: entry.params.clone(),
             params_hash: entry.params_hash.clone(),
@@ -230,7 +230,7 @@ pub(crate) struct EncodedCompletion {
 }
 
 impl EncodedCompletion {
-    pub(crate) fn of(completion: crate::Completion) -> EncodedCompletion {
+    pub(crate) fn of(completion: &crate::Completion) -> EncodedCompletion {
         EncodedCompletion {
             status: completion.status,
             result: completion.result.as_ref().map(Blob::of),

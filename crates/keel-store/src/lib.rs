@@ -210,15 +210,18 @@ pub trait Store: Send + Sync + 'static {
     /// Appends an entry to the run's journal and returns its seq (previous last + 1).
     /// The usage of an entry appended complete is added to the run's totals in the same
     /// transaction. Durable on return: the caller may perform the effect afterwards.
-    async fn append_entry(&self, run: &RunId, entry: NewEntry) -> Result<Seq>;
+    /// Borrowed, like every payload of a journal write: a backend encodes it to bytes
+    /// before anything else, and a caller that must write it again after an outage
+    /// keeps it without a copy (params may hold a whole conversation).
+    async fn append_entry(&self, run: &RunId, entry: &NewEntry) -> Result<Seq>;
 
     /// Records the outcome of a pending entry (and its usage, in the same transaction).
     /// Completing an entry that is not pending is an error (`Corrupt`), as is a completion
     /// whose status is not `Ok` or `Error`; an unknown seq is `EntryNotFound`. Durable on
     /// return. (`complete_entry_with` and nothing to append: a backend has one way to
     /// complete an entry.)
-    async fn complete_entry(&self, run: &RunId, seq: Seq, completion: Completion) -> Result<()> {
-        self.complete_entry_with(run, seq, completion, Vec::new()).await.map(drop)
+    async fn complete_entry(&self, run: &RunId, seq: Seq, completion: &Completion) -> Result<()> {
+        self.complete_entry_with(run, seq, completion, &[]).await.map(drop)
     }
 
     /// Completes the pending entry `seq` as `complete_entry` does and appends `entries`
@@ -230,8 +233,8 @@ pub trait Store: Send + Sync + 'static {
         &self,
         run: &RunId,
         seq: Seq,
-        completion: Completion,
-        entries: Vec<NewEntry>,
+        completion: &Completion,
+        entries: &[NewEntry],
     ) -> Result<Vec<Seq>>;
 
     /// Marks entries `abandoned` (a replay tail the restarted agent never asked for).

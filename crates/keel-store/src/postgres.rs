@@ -390,7 +390,7 @@ impl Store for PgStore {
         Ok(run)
     }
 
-    async fn append_entry(&self, run: &RunId, entry: NewEntry) -> Result<Seq> {
+    async fn append_entry(&self, run: &RunId, entry: &NewEntry) -> Result<Seq> {
         let op = combine::JournalOp::Append(EncodedEntry::of(entry));
         let seqs = self.journal_write(run, op).await?;
         seqs.first().copied().ok_or_else(|| Error::Corrupt("an append wrote no entry".to_owned()))
@@ -400,11 +400,11 @@ impl Store for PgStore {
         &self,
         run: &RunId,
         seq: Seq,
-        completion: Completion,
-        entries: Vec<NewEntry>,
+        completion: &Completion,
+        entries: &[NewEntry],
     ) -> Result<Vec<Seq>> {
         let completion = EncodedCompletion::of(completion);
-        let entries = entries.into_iter().map(EncodedEntry::of).collect();
+        let entries = entries.iter().map(EncodedEntry::of).collect();
         self.journal_write(run, combine::JournalOp::Complete { seq, completion, entries }).await
     }
 
@@ -583,12 +583,12 @@ impl Store for PgStore {
         op: MailboxOp,
         result_of: MailboxResult,
     ) -> Result<Option<(Seq, MailboxDone)>> {
-        let mut entry = EncodedEntry::of(NewEntry { result: None, ..entry });
+        let mut entry = EncodedEntry::of(&NewEntry { result: None, ..entry });
         let (op, receive) = match op {
             MailboxOp::Send { to, message, receive } => {
                 let receive = receive.map(|receive| {
                     let WaitingReceive { entry, result_of } = *receive;
-                    (EncodedEntry::of(NewEntry { result: None, ..entry }), result_of)
+                    (EncodedEntry::of(&NewEntry { result: None, ..entry }), result_of)
                 });
                 (MailboxOp::Send { to, message, receive: None }, receive)
             }

@@ -371,7 +371,7 @@ impl Store for SqliteStore {
         self.write(|reply| WriteCommand::UpdateRun { id, expected, patch, reply }).await
     }
 
-    async fn append_entry(&self, run: &RunId, entry: NewEntry) -> Result<Seq> {
+    async fn append_entry(&self, run: &RunId, entry: &NewEntry) -> Result<Seq> {
         // Serializing and hashing happen here, in the caller's task, so the single writer
         // thread spends its time on SQLite only.
         let entry = EncodedEntry::of(entry);
@@ -383,11 +383,11 @@ impl Store for SqliteStore {
         &self,
         run: &RunId,
         seq: Seq,
-        completion: Completion,
-        entries: Vec<NewEntry>,
+        completion: &Completion,
+        entries: &[NewEntry],
     ) -> Result<Vec<Seq>> {
         let completion = EncodedCompletion::of(completion);
-        let entries = entries.into_iter().map(EncodedEntry::of).collect();
+        let entries = entries.iter().map(EncodedEntry::of).collect();
         let run = run.clone();
         self.write(|reply| WriteCommand::CompleteEntryWith { run, seq, completion, entries, reply }).await
     }
@@ -587,14 +587,14 @@ impl Store for SqliteStore {
         op: MailboxOp,
         result_of: MailboxResult,
     ) -> Result<Option<(Seq, MailboxDone)>> {
-        let entry = EncodedEntry::of(NewEntry { result: None, ..entry });
+        let entry = EncodedEntry::of(&NewEntry { result: None, ..entry });
         // A send's `receive` is encoded here, off the writer's thread, as the entry is.
         let (op, text, receive) = match op {
             MailboxOp::Send { to, message, receive } => {
                 let text = message.message.to_string();
                 let receive = receive.map(|receive| {
                     let WaitingReceive { entry, result_of } = *receive;
-                    Box::new((EncodedEntry::of(NewEntry { result: None, ..entry }), result_of))
+                    Box::new((EncodedEntry::of(&NewEntry { result: None, ..entry }), result_of))
                 });
                 (MailboxOp::Send { to, message, receive: None }, text, receive)
             }

@@ -226,7 +226,7 @@ fn fill_store(path: &Path, count: usize) -> String {
             finished_at_ms: Some(now - 900),
             usage,
         };
-        store.append_entry(&costliest, entry).await.expect("append_entry");
+        store.append_entry(&costliest, &entry).await.expect("append_entry");
         costliest.to_string()
     })
 }

@@ -185,7 +185,7 @@ impl Kernel {
             usage: Default::default(),
             provider_served: false,
         };
-        self.inner.store.complete_entry(run, seq, completion).await?;
+        self.inner.store.complete_entry(run, seq, &completion).await?;
         let mut event = json!({ "seq": seq, "text": result["answer"] });
         if let Some(value) = result.get("value") {
             event["value"] = value.clone();

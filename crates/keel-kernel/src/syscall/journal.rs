@@ -297,7 +297,7 @@ impl Kernel {
     async fn append(&self, live: &Arc<LiveRun>, entry: NewEntry) -> keel_store::Result<Seq> {
         let _timer = self.inner.metrics.journal_commit(crate::metrics::JournalOp::Append);
         loop {
-            match self.while_current(live, || self.store().append_entry(&live.id, entry.clone())).await {
+            match self.while_current(live, || self.store().append_entry(&live.id, &entry)).await {
                 Err(keel_store::Error::OutcomeUnknown { .. }) if self.is_current(live) => {
                     if let Some(landed) = self.landed(live, &entry).await? {
                         return Ok(landed.seq);
@@ -354,7 +354,7 @@ impl Kernel {
         let appended = loop {
             let written = self
                 .while_current(live, || {
-                    self.store().complete_entry_with(&live.id, seq, completion.clone(), entries.clone())
+                    self.store().complete_entry_with(&live.id, seq, &completion, &entries)
                 })
                 .await;
             match written {

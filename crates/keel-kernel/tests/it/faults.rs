@@ -152,11 +152,11 @@ macro_rules! faulty_store {
 
 faulty_store! {
     special {
-        async fn append_entry(&self, run: &RunId, entry: NewEntry) -> Result<Seq> {
+        async fn append_entry(&self, run: &RunId, entry: &NewEntry) -> Result<Seq> {
             self.write(Write::AppendEntry, self.inner.append_entry(run, entry)).await
         }
-        async fn complete_entry_with(&self, run: &RunId, seq: Seq, completion: Completion,
-            entries: Vec<NewEntry>) -> Result<Vec<Seq>> {
+        async fn complete_entry_with(&self, run: &RunId, seq: Seq, completion: &Completion,
+            entries: &[NewEntry]) -> Result<Vec<Seq>> {
             self.write(Write::CompleteEntry, self.inner.complete_entry_with(run, seq, completion, entries)).await
         }
         async fn update_run(&self, id: &RunId, expected: Option<RunState>, patch: RunPatch) -> Result<RunRecord> {

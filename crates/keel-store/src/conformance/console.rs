@@ -45,7 +45,7 @@ pub async fn runs_list_sorted_searched_and_paged(store: &dyn Store) {
         if *cost > 0 {
             let usage = Usage { llm_calls: 1, cost_micro_usd: *cost, ..Usage::default() };
             let entry = complete_entry("llm.chat", json!({"i": i}), EntryStatus::Ok, usage);
-            store.append_entry(&id, entry).await.must("append_entry with a cost");
+            store.append_entry(&id, &entry).await.must("append_entry with a cost");
         }
         if state.is_terminal() {
             let ended =
@@ -183,32 +183,32 @@ pub async fn costs_summed_by_bucket_tenant_and_model(store: &dyn Store) {
             }
             None => json!({"message": {"role": "assistant", "content": "hi"}}),
         });
-        store.append_entry(run, entry).await.must("append_entry of an llm.chat");
+        store.append_entry(run, &entry).await.must("append_entry of an llm.chat");
     }
     // Left out: a tool call with a cost, a pending call, a call that failed.
     let tool = complete_entry("tool.call", json!({"tool": "t"}), EntryStatus::Ok, usage(0, 0, 9_000));
     store
-        .append_entry(&first, crate::NewEntry { started_at_ms: base + 1, ..tool })
+        .append_entry(&first, &crate::NewEntry { started_at_ms: base + 1, ..tool })
         .await
         .must("append_entry");
     let pending =
         crate::NewEntry { started_at_ms: base + 2, ..pending_entry("llm.chat", json!({"model": "gpt-x"})) };
-    store.append_entry(&first, pending).await.must("append_entry (pending)");
+    store.append_entry(&first, &pending).await.must("append_entry (pending)");
     let failed =
         complete_entry("llm.chat", json!({"model": "gpt-x", "f": 1}), EntryStatus::Error, usage(1, 1, 1));
     store
-        .append_entry(&first, crate::NewEntry { started_at_ms: base + 3, ..failed })
+        .append_entry(&first, &crate::NewEntry { started_at_ms: base + 3, ..failed })
         .await
         .must("append_entry");
     let seq = store
         .append_entry(
             &second,
-            crate::NewEntry { started_at_ms: base + 4, ..pending_entry("llm.chat", json!({"p": 2})) },
+            &crate::NewEntry { started_at_ms: base + 4, ..pending_entry("llm.chat", json!({"p": 2})) },
         )
         .await
         .must("append_entry (pending, completed below)");
     store
-        .complete_entry(&second, seq, ok_completion(json!({"model": "gpt-z"}), usage(2, 2, 2), true))
+        .complete_entry(&second, seq, &ok_completion(json!({"model": "gpt-z"}), usage(2, 2, 2), true))
         .await
         .must("complete_entry of an llm.chat");
 

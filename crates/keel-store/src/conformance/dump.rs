@@ -163,22 +163,22 @@ async fn fill(store: &dyn Store) -> Filled {
     store
         .append_entry(
             &run,
-            complete_entry("kv.put", json!({"key": "a"}), EntryStatus::Ok, usage(0, 0, 0, 1, 0)),
+            &complete_entry("kv.put", json!({"key": "a"}), EntryStatus::Ok, usage(0, 0, 0, 1, 0)),
         )
         .await
         .must("append_entry");
-    let seq = store.append_entry(&run, pending_entry("llm.chat", chat)).await.must("append_entry");
+    let seq = store.append_entry(&run, &pending_entry("llm.chat", chat)).await.must("append_entry");
     let completion = ok_completion(json!({"content": "hello"}), usage(3, 4, 1, 0, 50), true);
-    store.complete_entry(&run, seq, completion).await.must("complete_entry");
+    store.complete_entry(&run, seq, &completion).await.must("complete_entry");
     let longer = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]});
-    store.append_entry(&run, pending_entry("llm.chat", longer)).await.must("append_entry");
+    store.append_entry(&run, &pending_entry("llm.chat", longer)).await.must("append_entry");
     let abandoned =
-        store.append_entry(&run, pending_entry("sys.sleep", json!({"ms": 5}))).await.must("append");
+        store.append_entry(&run, &pending_entry("sys.sleep", json!({"ms": 5}))).await.must("append");
     store.abandon_entries(&run, &[abandoned]).await.must("abandon_entries");
     store
         .append_entry(
             &run,
-            complete_entry("tool.call", json!(null), EntryStatus::Error, usage(0, 0, 0, 1, 7)),
+            &complete_entry("tool.call", json!(null), EntryStatus::Error, usage(0, 0, 0, 1, 7)),
         )
         .await
         .must("append_entry");
@@ -279,7 +279,7 @@ async fn carries_on(copy: &dyn Store, filled: &Filled, audit_head: &str) {
     let run = &filled.run;
     let journal = copy.journal(run, 0).await.must("journal of the copy");
     let last = journal.last().map_or(0, |entry| entry.seq);
-    let next = copy.append_entry(run, pending_entry("kv.get", json!({"key": "a"}))).await.must("append");
+    let next = copy.append_entry(run, &pending_entry("kv.get", json!({"key": "a"}))).await.must("append");
     assert_eq!(next, last + 1, "store conformance: a copied journal continues at the next seq");
     let copied = copy.get_run(run).await.must("get_run").expect("the copied run");
     assert_eq!(

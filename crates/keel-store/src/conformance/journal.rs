@@ -32,7 +32,7 @@ pub async fn journal_append_and_complete(store: &dyn Store) {
     let fourth = pending_entry("tool.call", json!({"tool": "sed"}));
     let mut seqs = Vec::new();
     for entry in [&first, &second, &third, &fourth] {
-        seqs.push(store.append_entry(&run, entry.clone()).await.must("append_entry"));
+        seqs.push(store.append_entry(&run, entry).await.must("append_entry"));
     }
     assert_eq!(seqs, [1, 2, 3, 4], "journal seqs must start at 1 and be dense");
 
@@ -46,7 +46,7 @@ pub async fn journal_append_and_complete(store: &dyn Store) {
     let usage =
         Usage { input_tokens: 10, output_tokens: 5, llm_calls: 1, tool_calls: 0, cost_micro_usd: 1234 };
     store
-        .complete_entry(&run, 1, ok_completion(result.clone(), usage, true))
+        .complete_entry(&run, 1, &ok_completion(result.clone(), usage, true))
         .await
         .must("complete_entry of a pending entry");
     let completed = &store.journal(&run, 0).await.must("journal")[0];
@@ -59,17 +59,17 @@ pub async fn journal_append_and_complete(store: &dyn Store) {
 
     let again = ok_completion(json!("second result"), usage, true);
     expect_error!(
-        store.complete_entry(&run, 1, again.clone()).await,
+        store.complete_entry(&run, 1, &again).await,
         Error::Corrupt(message) if message.contains("not pending"),
         "completing an entry twice"
     );
     expect_error!(
-        store.complete_entry(&run, 2, again.clone()).await,
+        store.complete_entry(&run, 2, &again).await,
         Error::Corrupt(message) if message.contains("not pending"),
         "completing an entry that was appended complete"
     );
     expect_error!(
-        store.complete_entry(&run, 99, again).await,
+        store.complete_entry(&run, 99, &again).await,
         Error::EntryNotFound { run: missing_run, seq: 99 } if missing_run == run,
         "completing an unknown seq"
     );
@@ -78,7 +78,7 @@ pub async fn journal_append_and_complete(store: &dyn Store) {
 
     let not_an_outcome = Completion { status: EntryStatus::Pending, ..ok_completion(json!(1), usage, true) };
     expect_error!(
-        store.complete_entry(&run, 4, not_an_outcome).await,
+        store.complete_entry(&run, 4, &not_an_outcome).await,
         Error::Corrupt(_),
         "completing an entry with status pending"
     );
@@ -90,7 +90,7 @@ pub async fn journal_append_and_complete(store: &dyn Store) {
         usage: Usage::default(),
         provider_served: false,
     };
-    store.complete_entry(&run, 4, failure.clone()).await.must("complete_entry with an error");
+    store.complete_entry(&run, 4, &failure).await.must("complete_entry with an error");
     let failed = &store.journal(&run, 3).await.must("journal")[0];
     assert_eq!(failed.seq, 4);
     assert_eq!(failed.status, EntryStatus::Error);
@@ -111,12 +111,12 @@ pub async fn journal_usage_totals(store: &dyn Store) {
         usage(3, 4, 0, 2, 1),
     ];
     store
-        .append_entry(&run, complete_entry("llm.chat", json!({"n": 0}), EntryStatus::Ok, usages[0]))
+        .append_entry(&run, &complete_entry("llm.chat", json!({"n": 0}), EntryStatus::Ok, usages[0]))
         .await
         .must("append_entry complete");
     for (index, (usage, provider_served)) in usages[1..].iter().zip([true, false, true]).enumerate() {
         let seq = store
-            .append_entry(&run, pending_entry("llm.chat", json!({"n": index + 1})))
+            .append_entry(&run, &pending_entry("llm.chat", json!({"n": index + 1})))
             .await
             .must("append_entry pending");
         let mut completion = ok_completion(json!({"n": index + 1}), *usage, provider_served);
@@ -125,9 +125,9 @@ pub async fn journal_usage_totals(store: &dyn Store) {
             completion.result = None;
             completion.error = Some(json!("rate limited"));
         }
-        store.complete_entry(&run, seq, completion.clone()).await.must("complete_entry");
+        store.complete_entry(&run, seq, &completion).await.must("complete_entry");
         expect_error!(
-            store.complete_entry(&run, seq, completion).await,
+            store.complete_entry(&run, seq, &completion).await,
             Error::Corrupt(_),
             "completing an entry twice"
         );
@@ -135,7 +135,7 @@ pub async fn journal_usage_totals(store: &dyn Store) {
     // A pending entry's usage is not counted: it has not been spent yet.
     let mut never_completed = pending_entry("llm.chat", json!({"n": "never"}));
     never_completed.usage = usage(1, 1, 1, 1, 1);
-    store.append_entry(&run, never_completed).await.must("append_entry pending");
+    store.append_entry(&run, &never_completed).await.must("append_entry pending");
 
     let mut expected = Usage::default();
     for usage in &usages {
@@ -152,7 +152,7 @@ pub async fn journal_usage_totals(store: &dyn Store) {
 pub async fn journal_complete_with_entries(store: &dyn Store) {
     let run = fresh_run(store).await;
     let exec = store
-        .append_entry(&run, pending_entry("code.exec", json!({"code": "1 + 1"})))
+        .append_entry(&run, &pending_entry("code.exec", json!({"code": "1 + 1"})))
         .await
         .must("append_entry pending");
     let reads = [
@@ -162,10 +162,7 @@ pub async fn journal_complete_with_entries(store: &dyn Store) {
         pending_entry("tool.call", json!({"exec": exec, "n": 2})),
     ];
     let completion = ok_completion(json!({"result": 2}), usage(10, 2, 1, 0, 40), true);
-    let seqs = store
-        .complete_entry_with(&run, exec, completion.clone(), reads.to_vec())
-        .await
-        .must("complete_entry_with");
+    let seqs = store.complete_entry_with(&run, exec, &completion, &reads).await.must("complete_entry_with");
     assert_eq!(seqs, [exec + 1, exec + 2, exec + 3], "the entries follow, dense");
     let journal = store.journal(&run, 0).await.must("journal");
     assert_eq!(journal.len(), 4, "{journal:?}");
@@ -180,7 +177,7 @@ pub async fn journal_complete_with_entries(store: &dyn Store) {
 
     // Completed already: refused, and none of the entries are appended.
     expect_error!(
-        store.complete_entry_with(&run, exec, completion, reads.to_vec()).await,
+        store.complete_entry_with(&run, exec, &completion, &reads).await,
         Error::Corrupt(_),
         "completing an entry twice, with entries"
     );
@@ -196,15 +193,15 @@ pub async fn journal_abandon_entries(store: &dyn Store) {
     store
         .append_entry(
             &run,
-            complete_entry("llm.chat", json!({"n": 1}), EntryStatus::Ok, usage(1, 2, 1, 0, 3)),
+            &complete_entry("llm.chat", json!({"n": 1}), EntryStatus::Ok, usage(1, 2, 1, 0, 3)),
         )
         .await
         .must("append_entry");
     for n in 2..=5 {
-        store.append_entry(&run, pending_entry("tool.call", json!({"n": n}))).await.must("append_entry");
+        store.append_entry(&run, &pending_entry("tool.call", json!({"n": n}))).await.must("append_entry");
     }
     store
-        .complete_entry(&run, 3, ok_completion(json!("ok"), usage(0, 0, 0, 1, 0), false))
+        .complete_entry(&run, 3, &ok_completion(json!("ok"), usage(0, 0, 0, 1, 0), false))
         .await
         .must("complete_entry");
     let usage_before = store.get_run(&run).await.must("get_run").expect_run(&run).usage;
@@ -236,7 +233,7 @@ pub async fn journal_abandon_entries(store: &dyn Store) {
     store.abandon_entries(&run, &[]).await.must("abandon_entries of nothing");
     expect_error!(
         store
-            .complete_entry(&run, 4, ok_completion(json!("late"), Usage::default(), true))
+            .complete_entry(&run, 4, &ok_completion(json!("late"), Usage::default(), true))
             .await,
         Error::Corrupt(message) if message.contains("not pending"),
         "completing an abandoned entry"
@@ -250,7 +247,7 @@ pub async fn journal_abandon_entries(store: &dyn Store) {
 pub async fn journal_paging(store: &dyn Store) {
     let run = fresh_run(store).await;
     for n in 1..=10 {
-        store.append_entry(&run, pending_entry("tool.call", json!({"n": n}))).await.must("append_entry");
+        store.append_entry(&run, &pending_entry("tool.call", json!({"n": n}))).await.must("append_entry");
     }
     for after in [0, 3, 9, 10, 100] {
         let seqs: Vec<Seq> =
@@ -283,7 +280,7 @@ pub async fn journal_latest_entry(store: &dyn Store) {
         checkpoint(7, EntryStatus::Ok),
     ];
     for entry in appended {
-        store.append_entry(&run, entry).await.must("append_entry");
+        store.append_entry(&run, &entry).await.must("append_entry");
     }
     store.abandon_entries(&run, &[7]).await.must("abandon_entries");
     let latest = store
@@ -295,7 +292,7 @@ pub async fn journal_latest_entry(store: &dyn Store) {
     assert_eq!(latest.params, json!({"n": 3}));
 
     store
-        .complete_entry(&run, 6, ok_completion(json!("saved"), Usage::default(), false))
+        .complete_entry(&run, 6, &ok_completion(json!("saved"), Usage::default(), false))
         .await
         .must("complete_entry");
     let latest = store.latest_entry(&run, "state.checkpoint").await.must("latest_entry");
@@ -319,11 +316,11 @@ pub async fn concurrent_appends_to_one_run(store: Arc<dyn Store>) {
             let run = run.clone();
             tokio::spawn(async move {
                 let seq = store
-                    .append_entry(&run, pending_entry("tool.call", json!({"task": task})))
+                    .append_entry(&run, &pending_entry("tool.call", json!({"task": task})))
                     .await
                     .must("concurrent append_entry");
                 let completion = ok_completion(json!({"task": task}), usage(0, 0, 0, 1, 0), true);
-                store.complete_entry(&run, seq, completion).await.must("concurrent complete_entry");
+                store.complete_entry(&run, seq, &completion).await.must("concurrent complete_entry");
                 (task, seq)
             })
         })
@@ -364,12 +361,12 @@ pub async fn concurrent_appends_to_many_runs(store: Arc<dyn Store>) {
                 for step in 1..=STEPS {
                     let params = json!({"task": task, "step": step});
                     let seq = store
-                        .append_entry(&run, pending_entry("llm.chat", params))
+                        .append_entry(&run, &pending_entry("llm.chat", params))
                         .await
                         .must("concurrent append_entry");
                     assert_eq!(seq, step, "run {run}: seqs of one writer must be dense");
                     store
-                        .complete_entry(&run, seq, ok_completion(json!(step), usage(1, 1, 1, 0, 1), true))
+                        .complete_entry(&run, seq, &ok_completion(json!(step), usage(1, 1, 1, 0, 1), true))
                         .await
                         .must("concurrent complete_entry");
                     let event = NewEvent { ts_ms: step, kind: "stdout".to_owned(), data: json!(step) };
@@ -406,7 +403,7 @@ pub async fn failed_writes_do_not_disturb_concurrent_ones(store: Arc<dyn Store>)
     const TASKS: u64 = 120;
     let run = fresh_run(&*store).await;
     store
-        .append_entry(&run, complete_entry("seed", json!({}), EntryStatus::Ok, Usage::default()))
+        .append_entry(&run, &complete_entry("seed", json!({}), EntryStatus::Ok, Usage::default()))
         .await
         .must("append_entry");
     let ghost = RunId::generate(now_ms());
@@ -419,14 +416,14 @@ pub async fn failed_writes_do_not_disturb_concurrent_ones(store: Arc<dyn Store>)
                 match task % 4 {
                     0 | 1 => Some(
                         store
-                            .append_entry(&run, pending_entry("tool.call", json!({"task": task})))
+                            .append_entry(&run, &pending_entry("tool.call", json!({"task": task})))
                             .await
                             .must("append_entry beside failing writes"),
                     ),
                     2 => {
                         expect_error!(
                             store
-                                .append_entry(&ghost, pending_entry("tool.call", json!({"task": task})))
+                                .append_entry(&ghost, &pending_entry("tool.call", json!({"task": task})))
                                 .await,
                             Error::RunNotFound(_),
                             "append_entry to an unknown run beside other writes"
@@ -448,7 +445,7 @@ pub async fn failed_writes_do_not_disturb_concurrent_ones(store: Arc<dyn Store>)
                                 .complete_entry(
                                     &run,
                                     1,
-                                    ok_completion(json!(task), usage(1, 1, 1, 1, 1), true)
+                                    &ok_completion(json!(task), usage(1, 1, 1, 1, 1), true)
                                 )
                                 .await,
                             Error::Corrupt(_),

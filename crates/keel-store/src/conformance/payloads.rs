@@ -20,7 +20,7 @@ pub async fn blobs_store_each_message_once(store: &dyn Store) {
         conversation_bytes += message.to_string().len() as u64;
         messages.push(message);
         let params = json!({"messages": messages, "model": "m"});
-        store.append_entry(&run, pending_entry("llm.chat", params)).await.must("append_entry");
+        store.append_entry(&run, &pending_entry("llm.chat", params)).await.must("append_entry");
     }
     let grown = store.stats().await.must("stats").blob_bytes - before.blob_bytes;
     assert!(
@@ -52,7 +52,7 @@ pub async fn params_read_back_exactly(store: &dyn Store) {
     ];
     for shape in &shapes {
         let entry = complete_entry("any.method", shape.clone(), EntryStatus::Ok, Usage::default());
-        store.append_entry(&run, entry).await.must("append_entry");
+        store.append_entry(&run, &entry).await.must("append_entry");
     }
     let journal = store.journal(&run, 0).await.must("journal");
     let read: Vec<&Value> = journal.iter().map(|entry| &entry.params).collect();
@@ -77,7 +77,7 @@ pub async fn blobs_store_each_payload_once(store: &dyn Store) {
 
     let before = store.stats().await.must("stats");
     for _ in 0..COPIES {
-        store.append_entry(&run, pending_entry("llm.chat", conversation.clone())).await.must("append_entry");
+        store.append_entry(&run, &pending_entry("llm.chat", conversation.clone())).await.must("append_entry");
     }
     let after = store.stats().await.must("stats");
     assert!(
@@ -103,7 +103,7 @@ pub async fn blobs_store_each_payload_once(store: &dyn Store) {
     let before = store.stats().await.must("stats");
     for seq in 1..=COPIES {
         store
-            .complete_entry(&run, seq, ok_completion(reply.clone(), Usage::default(), true))
+            .complete_entry(&run, seq, &ok_completion(reply.clone(), Usage::default(), true))
             .await
             .must("complete_entry");
     }

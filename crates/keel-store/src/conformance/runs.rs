@@ -216,14 +216,14 @@ pub async fn unknown_runs_are_errors(store: &dyn Store) {
     );
     expect_error!(
         store
-            .append_entry(&ghost, pending_entry("llm.chat", json!({})))
+            .append_entry(&ghost, &pending_entry("llm.chat", json!({})))
             .await,
         Error::RunNotFound(id) if is_ghost(&id),
         "append_entry to an unknown run"
     );
     expect_error!(
         store
-            .complete_entry(&ghost, 1, ok_completion(json!(1), Usage::default(), false))
+            .complete_entry(&ghost, 1, &ok_completion(json!(1), Usage::default(), false))
             .await,
         Error::RunNotFound(id) if is_ghost(&id),
         "complete_entry of an unknown run"

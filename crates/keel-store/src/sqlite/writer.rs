@@ -1271,7 +1271,7 @@ mod tests {
     }
 
     fn entry(step: u64) -> EncodedEntry {
-        EncodedEntry::of(NewEntry {
+        EncodedEntry::of(&NewEntry {
             method: "tool.call".into(),
             params_hash: format!("h{step}"),
             params: json!({"step": step}),
@@ -1286,7 +1286,7 @@ mod tests {
     }
 
     fn completion(step: u64) -> EncodedCompletion {
-        EncodedCompletion::of(Completion {
+        EncodedCompletion::of(&Completion {
             status: EntryStatus::Ok,
             result: Some(json!({"done": step})),
             error: None,

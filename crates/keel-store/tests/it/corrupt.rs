@@ -27,7 +27,7 @@ async fn two_runs(db: &TestDb) -> (RunId, RunId) {
         finished_at_ms: Some(4),
         usage: Usage::default(),
     };
-    store.append_entry(&damaged, entry).await.unwrap();
+    store.append_entry(&damaged, &entry).await.unwrap();
     (healthy, damaged)
 }
 

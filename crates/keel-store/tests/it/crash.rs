@@ -166,7 +166,7 @@ async fn journal_steps(store: &dyn Store, run: &RunId, task: u64) {
             finished_at_ms: None,
             usage: Usage::default(),
         };
-        let seq = store.append_entry(run, entry).await.unwrap();
+        let seq = store.append_entry(run, &entry).await.unwrap();
         if !acknowledge(&format!("intent {seq} {task} {n}")) {
             return;
         }
@@ -178,7 +178,7 @@ async fn journal_steps(store: &dyn Store, run: &RunId, task: u64) {
             usage: Usage { llm_calls: 1, ..Usage::default() },
             provider_served: true,
         };
-        store.complete_entry(run, seq, completion).await.unwrap();
+        store.complete_entry(run, seq, &completion).await.unwrap();
         if !acknowledge(&format!("done {seq}")) {
             return;
         }

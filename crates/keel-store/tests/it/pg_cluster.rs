@@ -81,10 +81,10 @@ async fn a_lease_moves_only_after_its_heartbeat_lapses_and_the_old_owner_is_fenc
     assert!(b.claim_orphans(10).await.unwrap().is_empty());
     let refused = b_store.append_events(&run, &[event("from b")]).await;
     assert!(matches!(&refused, Err(Error::Refused(why)) if why.contains("node a")), "{refused:?}");
-    let refused = b_store.append_entry(&run, entry("from.b")).await;
+    let refused = b_store.append_entry(&run, &entry("from.b")).await;
     assert!(matches!(&refused, Err(Error::Refused(why)) if why.contains("node a")), "{refused:?}");
     a_store.append_events(&run, &[event("from a")]).await.expect("the owner writes");
-    assert_eq!(a_store.append_entry(&run, entry("from.a")).await.unwrap(), 1);
+    assert_eq!(a_store.append_entry(&run, &entry("from.a")).await.unwrap(), 1);
     // a keeps its lease alive past several ttls by its heartbeat alone...
     for _ in 0..3 {
         tokio::time::sleep(TTL / 4).await;
@@ -107,7 +107,7 @@ async fn a_lease_moves_only_after_its_heartbeat_lapses_and_the_old_owner_is_fenc
         .await;
     assert!(matches!(patched, Err(Error::Fenced { .. }) | Err(Error::Refused(_))), "{patched:?}");
     assert_eq!(events(&a_store, &run).await.len(), before);
-    let late = a_store.append_entry(&run, entry("late")).await;
+    let late = a_store.append_entry(&run, &entry("late")).await;
     assert!(matches!(late, Err(Error::Fenced { .. }) | Err(Error::Refused(_))), "{late:?}");
     let journal = a_store.journal(&run, 0).await.unwrap();
     assert_eq!(

@@ -145,10 +145,10 @@ async fn migrating_to_version_7_keeps_event_seqs() {
 async fn paid_calls(store: &PgStore, run: &keel_types::RunId, calls: u64) {
     for i in 0..calls {
         let seq = store
-            .append_entry(run, crate::pending_entry("llm.chat", json!({"i": i}), 1_000 + i))
+            .append_entry(run, &crate::pending_entry("llm.chat", json!({"i": i}), 1_000 + i))
             .await
             .unwrap();
-        store.complete_entry(run, seq, paid(json!({"ok": i}), 7)).await.unwrap();
+        store.complete_entry(run, seq, &paid(json!({"ok": i}), 7)).await.unwrap();
     }
 }
 
@@ -188,9 +188,9 @@ async fn a_lone_journal_write_is_one_statement_and_a_refused_one_stores_nothing(
     let store = connect(db.url()).await;
     let run = store.create_run(new_run(1)).await.unwrap().id;
     let conversation = |n: usize| json!({"messages": (0..n).map(|i| json!({"role": "user", "content": format!("message {i}")})).collect::<Vec<_>>()});
-    let seq = store.append_entry(&run, crate::pending_entry("llm.chat", conversation(3), 1)).await.unwrap();
+    let seq = store.append_entry(&run, &crate::pending_entry("llm.chat", conversation(3), 1)).await.unwrap();
     let completion = |text: &str| paid(json!({"text": text}), 5);
-    store.complete_entry(&run, seq, completion("first")).await.unwrap();
+    store.complete_entry(&run, seq, &completion("first")).await.unwrap();
     let entry = &store.journal(&run, 0).await.unwrap()[0];
     assert_eq!(
         (entry.params.clone(), entry.result.clone()),
@@ -200,11 +200,11 @@ async fn a_lone_journal_write_is_one_statement_and_a_refused_one_stores_nothing(
     let stored = store.stats().await.unwrap();
 
     let missing = keel_types::RunId::generate(2);
-    let refused = store.append_entry(&missing, crate::pending_entry("llm.chat", conversation(5), 3)).await;
+    let refused = store.append_entry(&missing, &crate::pending_entry("llm.chat", conversation(5), 3)).await;
     assert!(matches!(refused, Err(Error::RunNotFound(_))), "{refused:?}");
-    let again = store.complete_entry(&run, seq, completion("second")).await;
+    let again = store.complete_entry(&run, seq, &completion("second")).await;
     assert!(matches!(&again, Err(Error::Corrupt(text)) if text.contains("not pending")), "{again:?}");
-    let unknown = store.complete_entry(&run, 99, completion("third")).await;
+    let unknown = store.complete_entry(&run, 99, &completion("third")).await;
     assert!(matches!(unknown, Err(Error::EntryNotFound { .. })), "{unknown:?}");
     assert_eq!(store.stats().await.unwrap(), stored, "refused writes stored no blob, node or entry");
     assert_eq!(store.get_run(&run).await.unwrap().unwrap().usage.cost_micro_usd, 5, "nor any usage");
@@ -316,9 +316,9 @@ async fn a_conversation_another_store_began_stores_only_its_new_messages() {
         |i: usize| json!({"role": "user", "content": format!("message {i}: {}", "x".repeat(1_000))});
     let entry =
         |messages: Vec<serde_json::Value>| crate::pending_entry("llm.chat", json!({"messages": messages}), 1);
-    first.append_entry(&run, entry((0..10).map(message).collect())).await.unwrap();
+    first.append_entry(&run, &entry((0..10).map(message).collect())).await.unwrap();
     let before = second.stats().await.unwrap();
-    second.append_entry(&run, entry((0..11).map(message).collect())).await.unwrap();
+    second.append_entry(&run, &entry((0..11).map(message).collect())).await.unwrap();
     let after = second.stats().await.unwrap();
     assert_eq!(after.blobs - before.blobs, 2, "the new message and the params blob: {before:?} {after:?}");
     assert!(after.blob_bytes - before.blob_bytes < 2_000, "{before:?} {after:?}");
@@ -342,7 +342,7 @@ async fn a_runs_concurrent_journal_writes_share_a_transaction_and_fail_alone() {
         range
             .map(|i| {
                 let (store, run) = (Arc::clone(&store), run.clone());
-                tokio::spawn(async move { store.append_entry(&run, entry(i)).await.unwrap() })
+                tokio::spawn(async move { store.append_entry(&run, &entry(i)).await.unwrap() })
             })
             .collect()
     };
@@ -358,7 +358,7 @@ async fn a_runs_concurrent_journal_writes_share_a_transaction_and_fail_alone() {
                 usage: keel_types::Usage { tool_calls: 1, ..keel_types::Usage::default() },
                 provider_served: false,
             };
-            store.complete_entry(&run, 999, completion).await
+            store.complete_entry(&run, 999, &completion).await
         })
     };
     let second = appends(40..80);
@@ -572,7 +572,7 @@ async fn a_batch_cut_off_from_the_database_fails_all_at_once_and_writes_nothing(
         .map(|i| {
             let (store, run) = (Arc::clone(&store), run.clone());
             tokio::spawn(async move {
-                store.append_entry(&run, crate::pending_entry("tool.call", json!({"i": i}), i)).await
+                store.append_entry(&run, &crate::pending_entry("tool.call", json!({"i": i}), i)).await
             })
         })
         .collect();
@@ -669,7 +669,7 @@ async fn dump_and_restore_copy_a_store_exactly() {
         finished_at_ms: None,
         usage: keel_types::Usage::default(),
     };
-    assert_eq!(target.append_entry(&run, entry).await.unwrap(), last + 1, "the journal continues");
+    assert_eq!(target.append_entry(&run, &entry).await.unwrap(), last + 1, "the journal continues");
 
     let conflict = target.restore(original[..1].to_vec()).await;
     assert!(

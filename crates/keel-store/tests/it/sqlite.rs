@@ -69,7 +69,7 @@ async fn dumps_page_through_sections_longer_than_a_batch() {
                     finished_at_ms: Some(2),
                     usage: Usage::default(),
                 };
-                source.append_entry(&run, entry).await.unwrap();
+                source.append_entry(&run, &entry).await.unwrap();
                 source.kv_put("many", &format!("{i:05}"), json!(i)).await.unwrap();
             })
         })
@@ -148,7 +148,7 @@ async fn reopened_store_keeps_everything() {
     let seq = store
         .append_entry(
             &run,
-            NewEntry {
+            &NewEntry {
                 method: "llm.chat".to_owned(),
                 params: params.clone(),
                 params_hash: "h".to_owned(),
@@ -168,7 +168,7 @@ async fn reopened_store_keeps_everything() {
         .complete_entry(
             &run,
             seq,
-            Completion {
+            &Completion {
                 status: EntryStatus::Ok,
                 result: Some(json!("hi")),
                 error: None,
@@ -559,7 +559,7 @@ async fn a_version_9_database_keeps_its_blobs_when_payloads_go_inline() {
         usage: Usage { llm_calls: 1, cost_micro_usd: 3, ..Usage::default() },
     };
     let blobs = store.stats().await.unwrap().blobs;
-    store.append_entry(&run, next.clone()).await.unwrap();
+    store.append_entry(&run, &next).await.unwrap();
     assert_eq!(store.stats().await.unwrap().blobs, blobs, "small payloads are stored inline");
     let journal = store.journal(&run, 0).await.unwrap();
     assert_eq!((journal[1].params.clone(), journal[1].result.clone()), (next.params, next.result));
@@ -634,7 +634,7 @@ async fn thread_messages_share_blobs_with_journaled_conversations() {
         finished_at_ms: None,
         usage: Usage::default(),
     };
-    store.append_entry(&run, entry).await.unwrap();
+    store.append_entry(&run, &entry).await.unwrap();
     let before = store.stats().await.unwrap();
     store.thread_append("t", "chat", message, None, 1).await.unwrap();
     let after = store.stats().await.unwrap();

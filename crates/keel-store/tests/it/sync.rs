@@ -64,7 +64,7 @@ fn traced_child_commits() {
         let run = store.create_run(new_run(10)).await.unwrap().id;
         for step in 0..STEPS {
             let seq = store
-                .append_entry(&run, pending_entry("llm.chat", json!({ "step": step }), step))
+                .append_entry(&run, &pending_entry("llm.chat", json!({ "step": step }), step))
                 .await
                 .unwrap();
             let completion = Completion {
@@ -75,7 +75,7 @@ fn traced_child_commits() {
                 usage: Usage { llm_calls: 1, ..Usage::default() },
                 provider_served: true,
             };
-            store.complete_entry(&run, seq, completion).await.unwrap();
+            store.complete_entry(&run, seq, &completion).await.unwrap();
         }
     });
 }
