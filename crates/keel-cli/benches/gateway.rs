@@ -10,7 +10,9 @@
 //! cargo bench -p keel-cli --bench gateway
 //!
 //! BENCH_STORE=postgres puts the daemon on Postgres (see `common.rs`); the commit floor is
-//! then Postgres's.
+//! then Postgres's. BENCH_LOAD_SECS (3) sets how long the throughput phase runs;
+//! BENCH_LOAD_ONLY=1 runs only it (direct, then through Keel's chat completions), for a
+//! profiler attached to the daemon to see that phase alone.
 //!
 //! The benchmark binary re-executes itself as the agent (`--sandbox none`, so it can also
 //! reach the mock directly), which gives the load generator a real run token.
@@ -28,7 +30,18 @@ use serde_json::{Value, json};
 const SEQUENTIAL: usize = 2000;
 const STREAMED: usize = 500;
 const IN_FLIGHT: usize = 64;
-const LOAD_SECS: u64 = 3;
+
+/// How long the throughput phase runs, in seconds (`BENCH_LOAD_SECS`, default 3).
+fn load_secs() -> u64 {
+    std::env::var("BENCH_LOAD_SECS")
+        .ok()
+        .map_or(3, |s| s.parse().expect("BENCH_LOAD_SECS: a number of seconds"))
+}
+
+/// Whether only the throughput phase runs (`BENCH_LOAD_ONLY=1`).
+fn load_only() -> bool {
+    std::env::var_os("BENCH_LOAD_ONLY").is_some_and(|v| v != "0")
+}
 const TURNS: usize = 200;
 
 /// The mock upstream: a fixed completion, or a 5-chunk stream whose first chunk is sent
@@ -60,6 +73,9 @@ async fn mock(axum::Json(body): axum::Json<Value>) -> axum::response::Response {
 fn stats(mut samples: Vec<f64>) -> Value {
     samples.sort_by(f64::total_cmp);
     let n = samples.len();
+    if n == 0 {
+        return json!({"n": 0});
+    }
     json!({"n": n, "p50_us": samples[n / 2].round(), "p99_us": samples[(n * 99 / 100).min(n - 1)].round()})
 }
 
@@ -110,8 +126,9 @@ async fn measure(
     load: bool,
 ) -> Value {
     let url = format!("{base}/{}", api.path);
-    let mut latencies = Vec::with_capacity(SEQUENTIAL);
-    for i in 0..SEQUENTIAL {
+    let (sequential, streamed) = if load_only() { (0, 0) } else { (SEQUENTIAL, STREAMED) };
+    let mut latencies = Vec::with_capacity(sequential);
+    for i in 0..sequential {
         let started = Instant::now();
         let response = http
             .post(&url)
@@ -124,8 +141,8 @@ async fn measure(
         response.bytes().await.expect("body");
         latencies.push(started.elapsed().as_secs_f64() * 1e6);
     }
-    let mut first_tokens = Vec::with_capacity(STREAMED);
-    for i in 0..STREAMED {
+    let mut first_tokens = Vec::with_capacity(streamed);
+    for i in 0..streamed {
         let started = Instant::now();
         let mut response = http
             .post(&url)
@@ -146,7 +163,7 @@ async fn measure(
         return json!({ "latency": stats(latencies), "ttft": stats(first_tokens) });
     }
     let done = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + Duration::from_secs(LOAD_SECS);
+    let deadline = Instant::now() + Duration::from_secs(load_secs());
     let workers: Vec<_> = (0..IN_FLIGHT)
         .map(|w| {
             let (http, url, key, done) = (http.clone(), url.clone(), key.to_owned(), done.clone());
@@ -170,7 +187,7 @@ async fn measure(
     json!({
         "latency": stats(latencies),
         "ttft": stats(first_tokens),
-        "rps": (done.load(Ordering::Relaxed) as f64 / LOAD_SECS as f64).round(),
+        "rps": (done.load(Ordering::Relaxed) as f64 / load_secs() as f64).round(),
     })
 }
 
@@ -213,6 +230,10 @@ async fn agent() {
     let kernel_base = std::env::var("OPENAI_BASE_URL").expect("OPENAI_BASE_URL");
     let token = std::env::var("OPENAI_API_KEY").expect("OPENAI_API_KEY");
     let kernel = measure(&http, &kernel_base, &token, 10_000_000, &CHAT, true).await;
+    if load_only() {
+        println!("{}", json!({"direct": direct, "kernel": kernel}));
+        return;
+    }
     let responses = measure(&http, &kernel_base, &token, 20_000_000, &RESPONSES, false).await;
     let unstored = measure(&http, &kernel_base, &token, 30_000_000, &UNSTORED_RESPONSES, false).await;
     let chained = conversation(&http, &kernel_base, &token, true).await;
@@ -276,6 +297,17 @@ async fn main() {
     let result: Value =
         serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("agent result");
     let (direct, kernel) = (&result["direct"], &result["kernel"]);
+    if load_only() {
+        println!(
+            "cargo bench -p keel-cli --bench gateway (BENCH_LOAD_ONLY)\n\n{}\n\n\
+             | throughput, {IN_FLIGHT} in flight for {} s | direct | through Keel |\n|---|---:|---:|\n| requests/s | {} | {} |",
+            common::store_label(),
+            load_secs(),
+            direct["rps"],
+            kernel["rps"]
+        );
+        return;
+    }
     // The least a journaled call can add: its intent and its result each durable before
     // going on. Measured here as raw commits of the daemon's store: SQLite (WAL,
     // synchronous=FULL) in the same data directory's file system, or Postgres on the
@@ -316,8 +348,10 @@ async fn main() {
         added - 2.0 * commit_p50
     );
     println!(
-        "\n| throughput, {IN_FLIGHT} in flight for {LOAD_SECS} s | direct | through Keel |\n|---|---:|---:|\n| requests/s | {} | {} |",
-        direct["rps"], kernel["rps"]
+        "\n| throughput, {IN_FLIGHT} in flight for {} s | direct | through Keel |\n|---|---:|---:|\n| requests/s | {} | {} |",
+        load_secs(),
+        direct["rps"],
+        kernel["rps"]
     );
     let turns = |which: &str, part: &str, key: &str| result[which][part][key].as_f64().unwrap_or_default();
     println!(
