@@ -30,6 +30,7 @@ use serde_json::{Value, json};
 const SEQUENTIAL: usize = 2000;
 const STREAMED: usize = 500;
 const IN_FLIGHT: usize = 64;
+const TURNS: usize = 200;
 
 /// How long the throughput phase runs, in seconds (`BENCH_LOAD_SECS`, default 3).
 fn load_secs() -> u64 {
@@ -42,7 +43,16 @@ fn load_secs() -> u64 {
 fn load_only() -> bool {
     std::env::var_os("BENCH_LOAD_ONLY").is_some_and(|v| v != "0")
 }
-const TURNS: usize = 200;
+
+/// The throughput row, direct against through Keel.
+fn throughput_table(direct: &Value, kernel: &Value) -> String {
+    format!(
+        "| throughput, {IN_FLIGHT} in flight for {} s | direct | through Keel |\n|---|---:|---:|\n| requests/s | {} | {} |",
+        load_secs(),
+        direct["rps"],
+        kernel["rps"]
+    )
+}
 
 /// The mock upstream: a fixed completion, or a 5-chunk stream whose first chunk is sent
 /// at once.
@@ -299,12 +309,9 @@ async fn main() {
     let (direct, kernel) = (&result["direct"], &result["kernel"]);
     if load_only() {
         println!(
-            "cargo bench -p keel-cli --bench gateway (BENCH_LOAD_ONLY)\n\n{}\n\n\
-             | throughput, {IN_FLIGHT} in flight for {} s | direct | through Keel |\n|---|---:|---:|\n| requests/s | {} | {} |",
+            "cargo bench -p keel-cli --bench gateway (BENCH_LOAD_ONLY)\n\n{}\n\n{}",
             common::store_label(),
-            load_secs(),
-            direct["rps"],
-            kernel["rps"]
+            throughput_table(direct, kernel)
         );
         return;
     }
@@ -347,12 +354,7 @@ async fn main() {
         2.0 * commit_p50,
         added - 2.0 * commit_p50
     );
-    println!(
-        "\n| throughput, {IN_FLIGHT} in flight for {} s | direct | through Keel |\n|---|---:|---:|\n| requests/s | {} | {} |",
-        load_secs(),
-        direct["rps"],
-        kernel["rps"]
-    );
+    println!("\n{}", throughput_table(direct, kernel));
     let turns = |which: &str, part: &str, key: &str| result[which][part][key].as_f64().unwrap_or_default();
     println!(
         "\n| a {TURNS}-turn conversation on /v1/responses, through Keel (µs) | continued with previous_response_id | sent whole, store: false |\n|---|---:|---:|"
