@@ -26,7 +26,7 @@ impl Kernel {
         request: LlmChatParams,
         stream: Option<DeltaSink>,
     ) -> Result<LlmChatResult, keel_protocol::rpc::RpcError> {
-        let listener = crate::syscall::Listener { deltas: stream, entry: None };
+        let listener = crate::syscall::Listener { deltas: stream, ..Default::default() };
         self.chat_syscall(run, request, listener).await.map_err(Into::into)
     }
 
@@ -43,7 +43,7 @@ impl Kernel {
         stream: Option<DeltaSink>,
         entry: tokio::sync::oneshot::Sender<u64>,
     ) -> Result<LlmChatResult, keel_protocol::rpc::RpcError> {
-        let listener = crate::syscall::Listener { deltas: stream, entry: Some(entry) };
+        let listener = crate::syscall::Listener { deltas: stream, entry: Some(entry), ..Default::default() };
         self.chat_syscall(run, request, listener).await.map_err(Into::into)
     }
 

@@ -11,7 +11,7 @@ use keel_core::lifecycle::Command as Lifecycle;
 use keel_core::replay::{Decision, params_hash};
 use keel_llm::DeltaSink;
 use keel_protocol::rpc::{
-    CodeExecParams, ErrorKind, HumanAskParams, LlmChatParams, RunEmitParams, RunExitParams,
+    CodeExecParams, ErrorKind, HumanAskParams, LlmChatParams, LlmChatResult, RunEmitParams, RunExitParams,
     StateCheckpointParams, UiShowParams,
 };
 use keel_store::{JournalEntry, RunPatch, Seq};
@@ -229,14 +229,20 @@ fn reply_of(entry: &JournalEntry) -> Reply {
     }
 }
 
-/// What the caller of a syscall hears before its result (the gateway does; the socket
+/// What the caller of a syscall hears besides its reply (the gateway does; the socket
 /// hears nothing): the deltas of a live streamed LLM call, and the seq of an `llm.chat`'s
 /// journal entry as soon as it has one (its intent durable, or its entry found on
 /// replay), before any delta, so the caller can name what it answers after the entry.
+/// With `result`, a live `llm.chat` hands its result over typed, as the provider gave it,
+/// and its reply is `null`: the gateway renders the result without the JSON tree the
+/// socket's reply would be, a copy of it and a parse back. It is sent before the result
+/// is durable, so the caller takes it only once the reply is `Ok` (the result then is);
+/// a call answered from the journal sends nothing and replies with the journaled JSON.
 #[derive(Default)]
 pub(crate) struct Listener {
     pub(crate) deltas: Option<DeltaSink>,
     pub(crate) entry: Option<tokio::sync::oneshot::Sender<Seq>>,
+    pub(crate) result: Option<tokio::sync::oneshot::Sender<LlmChatResult>>,
 }
 
 impl Listener {
@@ -307,7 +313,7 @@ impl Kernel {
         let _busy = crate::swap::Busy::new(&live.inflight);
         if method == "ipc.send" && params.get("recv").is_some() {
             // Two calls in one request, each journaled as itself.
-            return self.send_then_recv(live, params).await;
+            return Box::pin(self.send_then_recv(live, params)).await;
         }
         let _timer = self.inner.metrics.syscall(method);
         if live.exited.load(Ordering::SeqCst) {
@@ -410,7 +416,10 @@ impl Kernel {
         Ok(json!({ "state": state }))
     }
 
-    /// Performs a checked call under its journaling rule (see `journal.rs`).
+    /// Performs a checked call under its journaling rule (see `journal.rs`). The families
+    /// with large futures other than `llm.chat` are awaited boxed: a future is as large as
+    /// its largest state, so every gateway call (a boxed `llm.chat`, allocated and copied
+    /// whole) carried theirs too, 13.6 KB rather than 10 KB.
     #[allow(clippy::too_many_arguments, reason = "the parts of one checked call")]
     async fn perform(
         &self,
@@ -466,7 +475,7 @@ impl Kernel {
                 Ok(json!({ "seq": done.seq }))
             }
             Call::LlmChat(request) => self.llm_chat(journal, how, request, listener).await,
-            Call::Tool(call) => self.perform_tool(journal, how, call).await,
+            Call::Tool(call) => Box::pin(self.perform_tool(journal, how, call)).await,
             Call::Proc(crate::syscall::procs::ProcCall::Signal { child, signal }) => {
                 let signalled = self.proc_signal(live, &child, &signal).await;
                 self.journaled(journal, how, |_| async { Effect::reply(signalled) }).await.reply
@@ -495,7 +504,7 @@ impl Kernel {
                         }
                     })
                 };
-                self.journaled(journal, how, effect).await.reply
+                Box::pin(self.journaled(journal, how, effect)).await.reply
             }
             Call::Exec(exec) => {
                 let effect = |seq: Option<Seq>| async move {
@@ -510,7 +519,7 @@ impl Kernel {
                     effect.with = reads;
                     effect
                 };
-                self.journaled(journal, how, effect).await.reply
+                Box::pin(self.journaled(journal, how, effect)).await.reply
             }
             Call::Mem(call) => {
                 let tenant = live.tenant.clone();
@@ -536,9 +545,9 @@ impl Kernel {
                     let usage = performed.as_ref().map(|p| p.usage).unwrap_or_default();
                     Effect::reply(performed.map(|p| p.result)).usage(usage)
                 };
-                self.journaled(journal, how, effect).await.reply
+                Box::pin(self.journaled(journal, how, effect)).await.reply
             }
-            Call::Ipc(call) => self.perform_ipc(journal, how, call).await,
+            Call::Ipc(call) => Box::pin(self.perform_ipc(journal, how, call)).await,
             Call::Ask(question) => {
                 let effect = |seq: Option<Seq>| async move {
                     let seq = seq.unwrap_or_default();
@@ -555,7 +564,7 @@ impl Kernel {
                         )),
                     })
                 };
-                self.journaled(journal, how, effect).await.reply
+                Box::pin(self.journaled(journal, how, effect)).await.reply
             }
         }
     }

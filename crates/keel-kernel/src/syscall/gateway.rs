@@ -50,9 +50,12 @@ impl Kernel {
         // connection): when the agent is gone, the call is dropped and its upstream
         // stream closed, like a syscall on the socket.
         let mut ended = run.0.ended.subscribe();
-        // Boxed: the syscall's future holds every syscall's state (kilobytes), and each
-        // future wrapping it (the trace scope, this select, the HTTP handler's) would
-        // otherwise copy it whole when it is moved.
+        // A live call's result comes back typed; one answered from the journal is its JSON.
+        let (typed, mut live_result) = tokio::sync::oneshot::channel();
+        let listener = Listener { result: Some(typed), ..listener };
+        // Boxed: the syscall's future is large (10 KB: `llm.chat`'s own state, the other
+        // families' boxed in `perform`), and each future wrapping it (the trace scope,
+        // this select, the HTTP handler's) would otherwise copy it whole when it is moved.
         let call = Box::pin(self.chat_streaming(&run.0, request, listener));
         let result = tokio::select! {
             result = crate::telemetry::with_traceparent(&run.0.id, run.1.as_deref(), call) => result?,
@@ -60,6 +63,10 @@ impl Kernel {
                 return Err(SyscallError::new(ErrorKind::Cancelled, "llm.chat: the run's agent is gone; the call was dropped"));
             }
         };
+        // The reply is `Ok`, so a live result handed over is durable.
+        if let Ok(result) = live_result.try_recv() {
+            return Ok(result);
+        }
         serde_json::from_value(result).map_err(|e| {
             SyscallError::new(ErrorKind::Internal, format!("the journaled LLM response is unreadable: {e}"))
         })

@@ -120,13 +120,22 @@ impl Kernel {
                     self.inner.metrics.llm_served(&live.tenant, &served.meta, &usage, queue_wait);
                     match serde_json::to_value(&served.response) {
                         Ok(response) => {
+                            // The reply: the result itself for a caller that takes it
+                            // typed (see `Listener::result`), else a copy of its JSON.
+                            let reply = match listener.result.take() {
+                                Some(typed) => {
+                                    let _ = typed.send(served.response);
+                                    Value::Null
+                                }
+                                None => response.clone(),
+                            };
                             // Built from the parts, not with `json!`, which would copy each
-                            // through serde (the meta is moved, the response cloned once).
+                            // through serde (the meta is moved).
                             let record = Value::Object(serde_json::Map::from_iter([
-                                ("response".to_owned(), response.clone()),
+                                ("response".to_owned(), response),
                                 ("provider".to_owned(), served.meta),
                             ]));
-                            let mut effect = Effect::reply(Ok(response)).usage(usage);
+                            let mut effect = Effect::reply(Ok(reply)).usage(usage);
                             effect.record = Some(record);
                             effect.served = true;
                             effect

@@ -4,7 +4,7 @@
 
 use keel_kernel::{Kernel, Principal, RunHandle};
 use keel_protocol::api::CreateTenantParams;
-use keel_protocol::rpc::LlmChatParams;
+use keel_protocol::rpc::{LlmChatParams, LlmChatResult};
 use keel_sdk::user;
 use keel_types::RunId;
 use serde_json::json;
@@ -51,6 +51,39 @@ fn a_replayed_call_names_the_same_journal_entry() {
     assert_eq!(live.0, "two");
     assert_ne!(live.1, Some(seq));
     assert_eq!(test.get(&run).provider_calls, 2, "the replayed call was not served again");
+}
+
+#[test]
+fn a_live_call_answers_what_its_entry_journals_and_its_replay_answers() {
+    // A live call hands the gateway its result typed rather than as the reply's JSON
+    // (`Listener::result`): it must be what the journal holds, which is what the same
+    // call answers from the journal after a crash, every field of it.
+    let mut test = TestKernel::start();
+    let tool_call =
+        json!({"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"x\":1}"}});
+    let script = json!({"responses": [
+        {"content": "one", "tool_calls": [tool_call], "usage": {"input_tokens": 11, "output_tokens": 3}},
+    ], "price": {"input_per_mtok": 0.7, "output_per_mtok": 2.9}});
+    let run = test.create_run(json!({ "llm_script": script }));
+    let call = |test: &TestKernel, agent: RunHandle| {
+        let request = LlmChatParams { messages: vec![user("a")], ..LlmChatParams::default() };
+        test.on_kernel(|kernel: Kernel| async move { kernel.chat(&agent, request, None).await })
+            .expect("the call")
+    };
+    let live = call(&test, handle(&test, &run));
+    assert_eq!(live.message.content.as_deref(), Some("one"));
+    assert!(live.cost_usd > 0.0, "{live:?}");
+    let journal = test.journal(&run);
+    let entry = journal.iter().find(|e| e.method == "llm.chat").expect("the call's entry");
+    let response = entry.result.as_ref().and_then(|r| r.get("response")).expect("the journaled response");
+    let journaled: LlmChatResult = serde_json::from_value(response.clone()).expect("a chat result");
+    assert_eq!(live, journaled, "the live answer is the journaled one");
+
+    test.crash_and_restart();
+    test.wait_run(&run, "relaunched by replay", |r| r.attempt == 2 && r.pid.is_some());
+    let replayed = call(&test, handle(&test, &run));
+    assert_eq!(replayed, live, "answered from the journal, the same");
+    assert_eq!(test.get(&run).provider_calls, 1, "served once");
 }
 
 #[test]
