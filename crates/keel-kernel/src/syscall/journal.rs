@@ -65,6 +65,10 @@ pub(crate) struct Effect {
     /// Entries journaled in the same commit as this call's result (a `code.exec`
     /// program's reads; `Store::complete_entry_with`).
     pub(crate) with: Vec<BufferedRead>,
+    /// The reply is `null` because the result went to the caller typed
+    /// (`Listener::result`): the record's `response` is what the call answered, and what
+    /// its span reports.
+    pub(crate) handed_over: bool,
 }
 
 impl Effect {
@@ -76,6 +80,7 @@ impl Effect {
             served: false,
             event: json!({}),
             with: Vec::new(),
+            handed_over: false,
         }
     }
 
@@ -133,11 +138,15 @@ impl Kernel {
         Fut: Future<Output = Effect>,
     {
         let span = self.inner.telemetry.syscall(&call.live.id, call.live.attempt, call.method, &call.params);
-        let (done, usage, provider) = self.journal_call(call, how, effect).await;
+        let (done, usage, provider, handed_over) = self.journal_call(call, how, effect, span.is_some()).await;
         if let Some(span) = span {
+            let reply = match (&done.reply, &handed_over) {
+                (Ok(_), Some(answered)) => Ok(answered),
+                (reply, _) => reply.as_ref().map_err(|e| (e.kind.as_str(), e.message.as_str())),
+            };
             span.end(crate::telemetry::Outcome {
                 seq: done.seq,
-                reply: done.reply.as_ref().map_err(|e| (e.kind.as_str(), e.message.as_str())),
+                reply,
                 usage,
                 provider: provider.as_deref(),
             });
@@ -145,14 +154,16 @@ impl Kernel {
         done
     }
 
-    /// [`Kernel::journaled`], answering also the call's usage and the provider that
-    /// served it (for its span).
+    /// [`Kernel::journaled`], answering also the call's usage, the provider that served
+    /// it and, with `report` (the call has a span), what a result handed over typed
+    /// answered (`Effect::handed_over`), for its span.
     async fn journal_call<F, Fut>(
         &self,
         call: Call<'_>,
         how: Journaling,
         effect: F,
-    ) -> (Journaled, Usage, Option<String>)
+        report: bool,
+    ) -> (Journaled, Usage, Option<String>, Option<Value>)
     where
         F: FnOnce(Option<Seq>) -> Fut,
         Fut: Future<Output = Effect>,
@@ -162,38 +173,39 @@ impl Kernel {
             let done = effect(None).await;
             let usage = done.usage;
             if done.reply.is_err() && !failures {
-                return (Journaled { reply: done.reply, seq: None }, usage, None);
+                return (Journaled { reply: done.reply, seq: None }, usage, None, None);
             }
             let recorded =
                 self.record_outcome(live, method, params, hash, &done.reply, done.usage, done.event).await;
             return match recorded {
-                Ok(seq) => (Journaled { reply: done.reply, seq: Some(seq) }, usage, None),
-                Err(err) => (Journaled { reply: Err(err), seq: None }, usage, None),
+                Ok(seq) => (Journaled { reply: done.reply, seq: Some(seq) }, usage, None, None),
+                Err(err) => (Journaled { reply: Err(err), seq: None }, usage, None, None),
             };
         }
         let seq = match reuse {
             Some(seq) => seq,
             None => match self.intend(live, method, params, hash).await {
                 Ok(seq) => seq,
-                Err(err) => return (Journaled { reply: Err(err), seq: None }, Usage::default(), None),
+                Err(err) => return (Journaled { reply: Err(err), seq: None }, Usage::default(), None, None),
             },
         };
         let done = effect(Some(seq)).await;
         let cancelled = matches!(&done.reply, Err(err) if err.is(keel_protocol::rpc::ErrorKind::Cancelled));
         if how == Journaling::IntentAnsweredElsewhere || cancelled {
-            return (Journaled { reply: done.reply, seq: Some(seq) }, done.usage, None);
+            return (Journaled { reply: done.reply, seq: Some(seq) }, done.usage, None, None);
         }
-        let Effect { reply, record, usage, served, event, with } = done;
+        let Effect { reply, record, usage, served, event, with, handed_over } = done;
         let record = record.unwrap_or_else(|| reply.clone().unwrap_or(Value::Null));
         let provider = served
             .then(|| record.pointer("/provider/provider").and_then(Value::as_str).map(str::to_owned))
             .flatten();
+        let handed_over = (report && handed_over).then(|| record.get("response").cloned()).flatten();
         // Entries that go with the result are written in its commit, durable in one go
         // before the reply.
         let written = self.complete(live, seq, method, &reply, record, usage, served, event, with).await;
         match written {
-            Ok(()) => (Journaled { reply, seq: Some(seq) }, usage, provider),
-            Err(err) => (Journaled { reply: Err(err), seq: Some(seq) }, usage, provider),
+            Ok(()) => (Journaled { reply, seq: Some(seq) }, usage, provider, handed_over),
+            Err(err) => (Journaled { reply: Err(err), seq: Some(seq) }, usage, provider, handed_over),
         }
     }
 

@@ -122,6 +122,7 @@ impl Kernel {
                         Ok(response) => {
                             // The reply: the result itself for a caller that takes it
                             // typed (see `Listener::result`), else a copy of its JSON.
+                            let handed_over = listener.result.is_some();
                             let reply = match listener.result.take() {
                                 Some(typed) => {
                                     let _ = typed.send(served.response);
@@ -138,6 +139,7 @@ impl Kernel {
                             let mut effect = Effect::reply(Ok(reply)).usage(usage);
                             effect.record = Some(record);
                             effect.served = true;
+                            effect.handed_over = handed_over;
                             effect
                         }
                         Err(err) => Effect::reply(Err(internal(err))).usage(usage),
