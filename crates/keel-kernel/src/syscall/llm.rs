@@ -122,13 +122,12 @@ impl Kernel {
                         Ok(response) => {
                             // The reply: the result itself for a caller that takes it
                             // typed (see `Listener::result`), else a copy of its JSON.
-                            let handed_over = listener.result.is_some();
-                            let reply = match listener.result.take() {
+                            let (reply, handed_over) = match listener.result.take() {
                                 Some(typed) => {
                                     let _ = typed.send(served.response);
-                                    Value::Null
+                                    (Value::Null, true)
                                 }
-                                None => response.clone(),
+                                None => (response.clone(), false),
                             };
                             // Built from the parts, not with `json!`, which would copy each
                             // through serde (the meta is moved).
