@@ -422,9 +422,9 @@ impl SyscallSpan {
         }
         let parent = parent_of(&self.run, self.attempt, &self.call, self.parent);
         // A call that named no model is named after the model that answered.
-        let name = match (&self.call.request_model, self.call.operation, &outcome.reply) {
-            (None, Some(operation @ ("chat" | "embeddings")), Ok(reply)) => {
-                match reply.get("model").and_then(Value::as_str) {
+        let name = match (&self.call.request_model, self.call.operation) {
+            (None, Some(operation @ ("chat" | "embeddings"))) => {
+                match outcome.response_model(&self.call.method) {
                     Some(model) => format!("{operation} {model}").into(),
                     None => self.call.name.clone(),
                 }

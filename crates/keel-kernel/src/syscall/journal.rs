@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use super::{Reply, SyscallError, internal};
 use crate::mailboxes::{Claim, Handed};
 use crate::run::{BufferedRead, LiveRun};
+use crate::telemetry::{Outcome, SyscallSpan};
 use crate::{Kernel, now_ms};
 
 /// How a call is journaled.
@@ -65,10 +66,6 @@ pub(crate) struct Effect {
     /// Entries journaled in the same commit as this call's result (a `code.exec`
     /// program's reads; `Store::complete_entry_with`).
     pub(crate) with: Vec<BufferedRead>,
-    /// The reply is `null` because the result went to the caller typed
-    /// (`Listener::result`): the record's `response` is what the call answered, and what
-    /// its span reports.
-    pub(crate) handed_over: bool,
 }
 
 impl Effect {
@@ -80,7 +77,6 @@ impl Effect {
             served: false,
             event: json!({}),
             with: Vec::new(),
-            handed_over: false,
         }
     }
 
@@ -129,84 +125,66 @@ pub(crate) fn completed_entry(
     }
 }
 
+/// `done`, its call's span ended (if it has one) with its reply.
+fn ended(span: Option<SyscallSpan>, done: Journaled, usage: Usage) -> Journaled {
+    if let Some(span) = span {
+        span.end(Outcome::of(done.seq, done.reply.as_ref(), usage));
+    }
+    done
+}
+
 impl Kernel {
     /// Runs `effect` under the journaling rule `how`. The effect never touches the
-    /// journal; it gets the seq of its intent (`None` for a call journaled after it).
+    /// journal; it gets the seq of its intent (`None` for a call journaled after it). The
+    /// call's span reports what the journal kept as its result (a model call's: the
+    /// provider's response and meta), or the reply where nothing was kept.
     pub(crate) async fn journaled<F, Fut>(&self, call: Call<'_>, how: Journaling, effect: F) -> Journaled
     where
         F: FnOnce(Option<Seq>) -> Fut,
         Fut: Future<Output = Effect>,
     {
-        let span = self.inner.telemetry.syscall(&call.live.id, call.live.attempt, call.method, &call.params);
-        let (done, usage, provider, handed_over) = self.journal_call(call, how, effect, span.is_some()).await;
-        if let Some(span) = span {
-            let reply = match (&done.reply, &handed_over) {
-                (Ok(_), Some(answered)) => Ok(answered),
-                (reply, _) => reply.as_ref().map_err(|e| (e.kind.as_str(), e.message.as_str())),
-            };
-            span.end(crate::telemetry::Outcome {
-                seq: done.seq,
-                reply,
-                usage,
-                provider: provider.as_deref(),
-            });
-        }
-        done
-    }
-
-    /// [`Kernel::journaled`], answering also the call's usage, the provider that served
-    /// it and, with `report` (the call has a span), what a result handed over typed
-    /// answered (`Effect::handed_over`), for its span.
-    async fn journal_call<F, Fut>(
-        &self,
-        call: Call<'_>,
-        how: Journaling,
-        effect: F,
-        report: bool,
-    ) -> (Journaled, Usage, Option<String>, Option<Value>)
-    where
-        F: FnOnce(Option<Seq>) -> Fut,
-        Fut: Future<Output = Effect>,
-    {
         let Call { live, method, params, hash, reuse } = call;
+        let span = self.inner.telemetry.syscall(&live.id, live.attempt, method, &params);
         if let Journaling::Complete { failures } = how {
             let done = effect(None).await;
-            let usage = done.usage;
-            if done.reply.is_err() && !failures {
-                return (Journaled { reply: done.reply, seq: None }, usage, None, None);
-            }
-            let recorded =
-                self.record_outcome(live, method, params, hash, &done.reply, done.usage, done.event).await;
-            return match recorded {
-                Ok(seq) => (Journaled { reply: done.reply, seq: Some(seq) }, usage, None, None),
-                Err(err) => (Journaled { reply: Err(err), seq: None }, usage, None, None),
+            let journaled = if done.reply.is_err() && !failures {
+                Journaled { reply: done.reply, seq: None }
+            } else {
+                match self
+                    .record_outcome(live, method, params, hash, &done.reply, done.usage, done.event)
+                    .await
+                {
+                    Ok(seq) => Journaled { reply: done.reply, seq: Some(seq) },
+                    Err(err) => Journaled { reply: Err(err), seq: None },
+                }
             };
+            return ended(span, journaled, done.usage);
         }
         let seq = match reuse {
             Some(seq) => seq,
             None => match self.intend(live, method, params, hash).await {
                 Ok(seq) => seq,
-                Err(err) => return (Journaled { reply: Err(err), seq: None }, Usage::default(), None, None),
+                Err(err) => return ended(span, Journaled { reply: Err(err), seq: None }, Usage::default()),
             },
         };
         let done = effect(Some(seq)).await;
         let cancelled = matches!(&done.reply, Err(err) if err.is(keel_protocol::rpc::ErrorKind::Cancelled));
         if how == Journaling::IntentAnsweredElsewhere || cancelled {
-            return (Journaled { reply: done.reply, seq: Some(seq) }, done.usage, None, None);
+            return ended(span, Journaled { reply: done.reply, seq: Some(seq) }, done.usage);
         }
-        let Effect { reply, record, usage, served, event, with, handed_over } = done;
+        let Effect { reply, record, usage, served, event, with } = done;
         let record = record.unwrap_or_else(|| reply.clone().unwrap_or(Value::Null));
-        let provider = served
-            .then(|| record.pointer("/provider/provider").and_then(Value::as_str).map(str::to_owned))
-            .flatten();
-        let handed_over = (report && handed_over).then(|| record.get("response").cloned()).flatten();
         // Entries that go with the result are written in its commit, durable in one go
         // before the reply.
-        let written = self.complete(live, seq, method, &reply, record, usage, served, event, with).await;
-        match written {
-            Ok(()) => (Journaled { reply, seq: Some(seq) }, usage, provider, handed_over),
-            Err(err) => (Journaled { reply: Err(err), seq: Some(seq) }, usage, provider, handed_over),
+        let (reply, result) =
+            match self.complete(live, seq, method, &reply, record, usage, served, event, with).await {
+                Ok(result) => (reply, result),
+                Err(err) => (Err(err), None),
+            };
+        if let Some(span) = span {
+            span.end(Outcome::of(Some(seq), result.as_ref().map_or(reply.as_ref(), Ok), usage));
         }
+        Journaled { reply, seq: Some(seq) }
     }
 
     /// Runs `perform` under the rule for a call whose effect is a write to the store
@@ -249,12 +227,7 @@ impl Kernel {
             Err(err) => (Err(err), None),
         };
         if let Some(span) = span {
-            span.end(crate::telemetry::Outcome {
-                seq,
-                reply: reply.as_ref().map_err(|e| (e.kind.as_str(), e.message.as_str())),
-                usage: Usage::default(),
-                provider: None,
-            });
+            span.end(Outcome::of(seq, reply.as_ref(), Usage::default()));
         }
         reply
     }
@@ -338,7 +311,8 @@ impl Kernel {
     }
 
     /// Records the outcome of a pending entry, with the entries of `with` after it in the
-    /// same commit, and reports it as a `syscall` event.
+    /// same commit, and reports it as a `syscall` event. Answers the result it recorded
+    /// (`record`, for a call that succeeded).
     #[allow(clippy::too_many_arguments, reason = "the parts of one completion")]
     async fn complete(
         &self,
@@ -351,7 +325,7 @@ impl Kernel {
         served: bool,
         extra: Value,
         with: Vec<BufferedRead>,
-    ) -> Result<(), SyscallError> {
+    ) -> Result<Option<Value>, SyscallError> {
         let (status, result, error) = match outcome {
             Ok(_) => (EntryStatus::Ok, Some(record), None),
             Err(err) => {
@@ -385,16 +359,11 @@ impl Kernel {
         drop(timer);
         for (index, (entry, span)) in entries.iter().zip(spans).enumerate() {
             if let Some((span, reply)) = span {
-                span.end(crate::telemetry::Outcome {
-                    seq: appended.get(index).copied(),
-                    reply: reply.as_ref().map_err(|e| (e.kind.as_str(), e.message.as_str())),
-                    usage: entry.usage,
-                    provider: None,
-                });
+                span.end(Outcome::of(appended.get(index).copied(), reply.as_ref(), entry.usage));
             }
         }
         self.emit_syscall(live, seq, method, status, extra);
-        Ok(())
+        Ok(completion.result)
     }
 
     /// Runs the journal write `write` for `live` until the store can be reached (see

@@ -122,12 +122,12 @@ impl Kernel {
                         Ok(response) => {
                             // The reply: the result itself for a caller that takes it
                             // typed (see `Listener::result`), else a copy of its JSON.
-                            let (reply, handed_over) = match listener.result.take() {
+                            let reply = match listener.result.take() {
                                 Some(typed) => {
                                     let _ = typed.send(served.response);
-                                    (Value::Null, true)
+                                    Value::Null
                                 }
-                                None => (response.clone(), false),
+                                None => response.clone(),
                             };
                             // Built from the parts, not with `json!`, which would copy each
                             // through serde (the meta is moved).
@@ -138,7 +138,6 @@ impl Kernel {
                             let mut effect = Effect::reply(Ok(reply)).usage(usage);
                             effect.record = Some(record);
                             effect.served = true;
-                            effect.handed_over = handed_over;
                             effect
                         }
                         Err(err) => Effect::reply(Err(internal(err))).usage(usage),

@@ -11,6 +11,8 @@ use opentelemetry::{Array, KeyValue, StringValue, Value as OtelValue};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::syscall::SyscallError;
+
 /// A bad `OTEL_*` setting, found when the kernel starts.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -361,11 +363,24 @@ impl SyscallFacts {
 /// The outcome of a performed syscall, as its span reports it.
 pub(crate) struct Outcome<'a> {
     pub(crate) seq: Option<u64>,
-    /// The reply (`Ok`: its JSON), or the error's kind and message.
-    pub(crate) reply: Result<&'a Value, (&'a str, &'a str)>,
+    /// What the journal kept as the call's result (a model call's: `response`, the
+    /// provider's answer, and `provider`, who served it), or its reply where nothing was
+    /// kept; or the error's kind and message.
+    pub(crate) result: Result<&'a Value, (&'a str, &'a str)>,
     pub(crate) usage: Usage,
-    /// The provider that served an LLM call (the journal's `provider` meta).
-    pub(crate) provider: Option<&'a str>,
+}
+
+impl<'a> Outcome<'a> {
+    pub(crate) fn of(seq: Option<u64>, result: Result<&'a Value, &'a SyscallError>, usage: Usage) -> Self {
+        Outcome { seq, result: result.map_err(|e| (e.kind.as_str(), e.message.as_str())), usage }
+    }
+
+    /// The model that answered a model call of `method`, as the result names it.
+    pub(crate) fn response_model(&self, method: &str) -> Option<&'a str> {
+        let result = self.result.ok()?;
+        let response = if method == "llm.chat" { result.get("response")? } else { result };
+        response.get("model").and_then(Value::as_str)
+    }
 }
 
 /// The attributes, status and metrics of a performed call's outcome (pure).
@@ -380,39 +395,42 @@ pub(crate) fn outcome_attributes(
     }
     let mut metric = call.operation.filter(|op| *op != "execute_tool").map(|operation| MetricFacts {
         operation,
-        provider: outcome.provider.map(str::to_owned),
+        provider: None,
         request_model: call.request_model.clone(),
         response_model: None,
         input_tokens: outcome.usage.input_tokens,
         output_tokens: outcome.usage.output_tokens,
         error: None,
     });
-    if let Some(provider) = outcome.provider {
-        attributes.push(KeyValue::new("gen_ai.provider.name", provider.to_owned()));
-    }
-    let status = match outcome.reply {
-        Ok(reply) => {
+    let status = match outcome.result {
+        Ok(result) => {
             match call.method.as_str() {
                 "llm.chat" => {
-                    let model = reply.get("model").and_then(Value::as_str);
+                    let provider = result.pointer("/provider/provider").and_then(Value::as_str);
+                    if let Some(provider) = provider {
+                        attributes.push(KeyValue::new("gen_ai.provider.name", provider.to_owned()));
+                    }
+                    let response = result.get("response").unwrap_or(&Value::Null);
+                    let model = outcome.response_model(&call.method);
                     if let Some(model) = model {
                         attributes.push(KeyValue::new("gen_ai.response.model", model.to_owned()));
                     }
                     if let Some(metric) = &mut metric {
+                        metric.provider = provider.map(str::to_owned);
                         metric.response_model = model.map(str::to_owned);
                     }
-                    if let Some(reason) = reply.get("finish_reason").and_then(Value::as_str) {
+                    if let Some(reason) = response.get("finish_reason").and_then(Value::as_str) {
                         attributes.push(KeyValue::new(
                             "gen_ai.response.finish_reasons",
                             OtelValue::Array(Array::String(vec![StringValue::from(reason.to_owned())])),
                         ));
                     }
-                    if capture_content && let Some(message) = reply.get("message") {
+                    if capture_content && let Some(message) = response.get("message") {
                         attributes.push(KeyValue::new("gen_ai.output.messages", message.to_string()));
                     }
                 }
                 "tool.call" if capture_content => {
-                    if let Some(result) = reply.get("result") {
+                    if let Some(result) = result.get("result") {
                         attributes.push(KeyValue::new("gen_ai.tool.call.result", result.to_string()));
                     }
                 }

@@ -103,10 +103,13 @@ fn a_chat_span_has_the_conventions_attributes_and_no_content_by_default() {
     assert_eq!(facts.name, "chat gpt-x");
     assert_eq!(facts.kind, SpanKind::Client);
     assert!(get(&facts.attributes, "gen_ai.input.messages").is_none());
-    let reply = json!({ "model": "gpt-x-2025", "finish_reason": "stop", "message": { "role": "assistant", "content": "secret answer" } });
+    let result = json!({
+        "response": { "model": "gpt-x-2025", "finish_reason": "stop", "message": { "role": "assistant", "content": "secret answer" } },
+        "provider": { "provider": "openai", "model": "gpt-x-2025" },
+    });
     let usage =
         Usage { input_tokens: 12, output_tokens: 3, llm_calls: 1, tool_calls: 0, cost_micro_usd: 1500 };
-    let outcome = Outcome { seq: Some(4), reply: Ok(&reply), usage, provider: Some("openai") };
+    let outcome = Outcome { seq: Some(4), result: Ok(&result), usage };
     let (attributes, status, metric) = outcome_attributes(&facts, &outcome, false);
     assert_eq!(status, Status::Unset);
     assert_eq!(get(&attributes, "gen_ai.response.model"), Some(&OtelValue::from("gpt-x-2025")));
@@ -134,8 +137,7 @@ fn a_failed_call_sets_the_status_and_error_type() {
     let facts = SyscallFacts::of("tool.call", &json!({ "name": "fs.read", "args": { "path": "x" } }), false);
     assert_eq!(facts.name, "execute_tool fs.read");
     assert!(get(&facts.attributes, "gen_ai.tool.call.arguments").is_none());
-    let outcome =
-        Outcome { seq: None, reply: Err(("denied", "not granted")), usage: Usage::default(), provider: None };
+    let outcome = Outcome { seq: None, result: Err(("denied", "not granted")), usage: Usage::default() };
     let (attributes, status, metric) = outcome_attributes(&facts, &outcome, false);
     assert_eq!(status, Status::error("not granted"));
     assert_eq!(get(&attributes, "error.type"), Some(&OtelValue::from("denied")));
