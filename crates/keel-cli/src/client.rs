@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use futures_util::StreamExt;
 use keel_kernel::{DataDir, Kernel, KernelOptions};
+use keel_protocol::EventKinds;
 use keel_protocol::api::{
     AnswerParams, CreateRunParams, ErrorBody, EventView, EventsPage, HealthView, InspectView,
     MemoryDeleteView, MemoryPutBody, MemoryRecordView, MemorySearchView, RunView, StopParams, ThreadView,
@@ -217,7 +218,14 @@ impl Client {
     }
 
     pub async fn events(&self, run: &str, after: u64) -> Result<EventsPage> {
-        self.send(self.http.get(self.url(&format!("/v1/runs/{run}/events"))).query(&[("after", after)])).await
+        self.events_of(run, after, EventKinds::ALL).await
+    }
+
+    /// A page of the run's events of `kinds` after `after`.
+    pub async fn events_of(&self, run: &str, after: u64, kinds: EventKinds) -> Result<EventsPage> {
+        let mut query = vec![("after", after.to_string())];
+        query.extend(kinds_query(kinds));
+        self.send(self.http.get(self.url(&format!("/v1/runs/{run}/events"))).query(&query)).await
     }
 
     pub async fn action(&self, run: &str, action: &str) -> Result<RunView> {
@@ -409,20 +417,24 @@ impl Client {
         }
     }
 
-    /// Follows the run's events (server-sent events) from `after`, calling `each` for
-    /// every event, until the run has ended or `each` fails (its error is returned).
-    /// Reconnects if the stream drops.
+    /// Follows the run's events (server-sent events) of `kinds` from `after`, calling
+    /// `each` for every event, until the run has ended or `each` fails (its error is
+    /// returned). Reconnects if the stream drops. `kinds` should hold `state`: without
+    /// it, the end of the stream is told from the run's record, read once more.
     pub async fn follow(
         &self,
         run: &str,
         mut after: u64,
+        kinds: EventKinds,
         mut each: impl FnMut(&EventView) -> Result<()>,
     ) -> Result<()> {
         loop {
+            let mut query = vec![("after", after.to_string()), ("follow", "true".to_owned())];
+            query.extend(kinds_query(kinds));
             let response = self
                 .http
                 .get(self.url(&format!("/v1/runs/{run}/events")))
-                .query(&[("after", after.to_string()), ("follow", "true".to_owned())])
+                .query(&query)
                 .bearer_auth(&self.token)
                 .send()
                 .await
@@ -467,13 +479,18 @@ impl Client {
             // further event, or the connection dropped. Check, then resume.
             let view = self.inspect(run).await?;
             if is_terminal_state(&view.run.state) {
-                let rest = self.events(run, after).await?;
+                let rest = self.events_of(run, after, kinds).await?;
                 rest.events.iter().try_for_each(&mut each)?;
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// The `kinds` query parameter asking for `kinds`; none for every kind.
+fn kinds_query(kinds: EventKinds) -> Option<(&'static str, String)> {
+    (kinds != EventKinds::ALL).then(|| ("kinds", kinds.names()))
 }
 
 pub fn is_terminal_state(state: &str) -> bool {

@@ -12,6 +12,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use keel_kernel::DataDir;
 use keel_protocol::api::{AnswerParams, CreateRunParams, EventView};
+use keel_protocol::{EventKind, EventKinds};
 
 use crate::client::{self, Client};
 use crate::render;
@@ -345,7 +346,13 @@ pub async fn run(ctx: Context, args: RunArgs) -> Result<ExitCode> {
             "run {run_id} started ({mode}); `keel inspect {run_id}` shows its journal"
         ));
     }
-    let follow = client.follow(&run_id, 0, |event| print_event(event, &run_id, args.json, args.quiet));
+    // Quiet, only the agent's output is shown: the kernel need not send the rest.
+    let kinds = if args.quiet && !args.json {
+        EventKinds::of(&[EventKind::Stdout, EventKind::Stderr, EventKind::State])
+    } else {
+        EventKinds::ALL
+    };
+    let follow = client.follow(&run_id, 0, kinds, |event| print_event(event, &run_id, args.json, args.quiet));
     let interrupted = tokio::select! {
         result = follow => { result?; false }
         _ = tokio::signal::ctrl_c() => true,
@@ -353,7 +360,7 @@ pub async fn run(ctx: Context, args: RunArgs) -> Result<ExitCode> {
     if interrupted {
         render::kernel_line(&format!("stopping run {run_id} (Ctrl-C again to leave it)"));
         client.stop(&run_id, None).await?;
-        let follow = client.follow(&run_id, 0, |_| Ok(()));
+        let follow = client.follow(&run_id, 0, EventKinds::of(&[EventKind::State]), |_| Ok(()));
         tokio::select! {
             result = follow => result?,
             _ = tokio::signal::ctrl_c() => {}
@@ -446,7 +453,9 @@ pub struct LogsArgs {
 pub async fn logs(ctx: Context, args: LogsArgs) -> Result<ExitCode> {
     let client = ctx.client().await?;
     if args.follow {
-        client.follow(&args.run, 0, |event| print_event(event, &args.run, args.json, false)).await?;
+        client
+            .follow(&args.run, 0, EventKinds::ALL, |event| print_event(event, &args.run, args.json, false))
+            .await?;
     } else {
         let mut after = 0;
         loop {

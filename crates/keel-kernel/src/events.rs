@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use keel_protocol::EventKinds;
 use keel_protocol::api::EventView;
 use keel_store::{EventRecord, NewEvent, Seq, Store};
 use keel_types::{RunId, RunState};
@@ -197,6 +198,9 @@ pub struct EventStream {
     /// When the follower first found the run ended with its final state event not yet
     /// delivered (see `LAST_EVENTS_GRACE`).
     ended_seen: Option<tokio::time::Instant>,
+    /// The kinds delivered; the others are passed over (a passed-over final state event
+    /// still ends a follower's stream).
+    kinds: EventKinds,
 }
 
 /// How long a follower that finds its run ended waits for the run's last events. The
@@ -227,7 +231,14 @@ impl EventStream {
             caught_up: false,
             check_run: true,
             ended_seen: None,
+            kinds: EventKinds::ALL,
         }
+    }
+
+    /// Only events of `kinds`.
+    pub(crate) fn with_kinds(mut self, kinds: EventKinds) -> Self {
+        self.kinds = kinds;
+        self
     }
 
     /// The next event, or `None` at the end (at once when not following).
@@ -240,6 +251,9 @@ impl EventStream {
                     && is_terminal_state_event(&event.data)
                 {
                     self.done = true;
+                }
+                if !self.kinds.contains_name(&event.kind) {
+                    continue;
                 }
                 return Ok(Some(crate::views::event(event)));
             }
@@ -396,6 +410,39 @@ mod tests {
         });
         assert_eq!(next_seqs(&mut stream, 4).await, [1, 2, 3, 4]);
         assert!(stream.next().await.unwrap().is_none(), "the stream ends after the final state");
+    }
+
+    /// A follower of some kinds gets only those, from the watch and from the store
+    /// alike, and its stream still ends at the run's final state event when that is not
+    /// one of them.
+    #[tokio::test]
+    async fn a_follower_of_some_kinds_gets_only_those_and_still_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, log, run) = a_running_run(&dir).await;
+        let output = EventKinds::of(&[EventKind::Stdout]);
+        // Stored before the follower came: read from the store.
+        emit_stored(&log, &run.id, 0, 3).await;
+        log.emit(&run.id, EventKind::Stdout, json!({"line": "one"}));
+        log.flush().await;
+        let mut stream = EventStream::new(store.clone(), &log, run.id.clone(), 0, true).with_kinds(output);
+        assert_eq!(next_seqs(&mut stream, 1).await, [4]);
+        // Written while it follows: taken from the watch.
+        let writer = log.clone();
+        let id = run.id.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            writer.emit(&id, EventKind::Syscall, json!({}));
+            writer.emit(&id, EventKind::Stdout, json!({"line": "two"}));
+            writer.emit(&id, EventKind::State, json!({"state": "succeeded", "from": "running"}));
+        });
+        assert_eq!(next_seqs(&mut stream, 1).await, [6]);
+        let end =
+            tokio::time::timeout(Duration::from_secs(10), stream.next()).await.expect("the end in time");
+        assert!(end.unwrap().is_none(), "the stream ends after the final state it passed over");
+        // Not following: a page of the same.
+        let mut page = EventStream::new(store, &log, run.id.clone(), 0, false).with_kinds(output);
+        assert_eq!(next_seqs(&mut page, 2).await, [4, 6]);
+        assert!(page.next().await.unwrap().is_none());
     }
 
     /// Followers that missed writes, or start part-way into one, read what they miss

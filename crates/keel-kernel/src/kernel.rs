@@ -31,12 +31,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keel_llm::Provider;
-use keel_protocol::EventKind;
 use keel_protocol::api::{
     AuditEntryView, AuditVerifyView, CreateRunParams, EventsPage, ExecParams, ExecView, InspectView,
     MemoryRecordView, RunView, ToolView,
 };
 use keel_protocol::rpc::HumanAskParams;
+use keel_protocol::{EventKind, EventKinds};
 use keel_sandbox::Sandbox;
 use keel_store::{AuditFilter, RunFilter, RunRecord, Seq, Store};
 use keel_types::{RunId, RunState, WaitReason};
@@ -501,19 +501,44 @@ impl Kernel {
         })
     }
 
-    /// A run's events after `after`; with `follow`, waiting for new ones until the run
-    /// has ended and its last event was delivered.
-    pub async fn events(&self, run: &RunId, after: Seq, follow: bool) -> Result<EventStream> {
+    /// A run's events of `kinds` after `after`; with `follow`, waiting for new ones until
+    /// the run has ended and its last event was delivered (or passed over).
+    pub async fn events(
+        &self,
+        run: &RunId,
+        after: Seq,
+        follow: bool,
+        kinds: EventKinds,
+    ) -> Result<EventStream> {
         self.get(run).await?;
-        Ok(EventStream::new(self.inner.store.clone(), &self.inner.events, run.clone(), after, follow))
+        let stream =
+            EventStream::new(self.inner.store.clone(), &self.inner.events, run.clone(), after, follow);
+        Ok(stream.with_kinds(kinds))
     }
 
-    /// One page of a run's events, without following; `complete` once the run has ended
-    /// and the page holds the rest of its events.
-    pub async fn events_page(&self, run: &RunId, after: Seq, limit: usize) -> Result<EventsPage> {
+    /// One page of a run's events of `kinds`, without following: at most `limit`, read
+    /// on past the events of other kinds until there are `limit` or there are no more;
+    /// `complete` once the run has ended and the page holds the rest of its events.
+    pub async fn events_page(
+        &self,
+        run: &RunId,
+        mut after: Seq,
+        limit: usize,
+        kinds: EventKinds,
+    ) -> Result<EventsPage> {
         let record = self.get(run).await?;
-        let events = self.inner.store.events(run, after, limit).await?;
+        let mut events = Vec::new();
+        loop {
+            let page = self.inner.store.events(run, after, limit).await?;
+            let more = page.len() == limit;
+            after = page.last().map_or(after, |event| event.seq);
+            events.extend(page.into_iter().filter(|event| kinds.contains_name(&event.kind)));
+            if !more || events.len() >= limit {
+                break;
+            }
+        }
         let complete = record.state.is_terminal() && events.len() < limit;
+        events.truncate(limit);
         Ok(EventsPage { events: events.into_iter().map(views::event).collect(), complete })
     }
 

@@ -129,6 +129,73 @@ impl std::str::FromStr for EventKind {
     }
 }
 
+/// Which kinds of event a reader of a run's events wants (`kinds=stdout,stderr,state` on
+/// `GET /v1/runs/{id}/events`): a follower that shows only the agent's output need not be
+/// sent, nor parse, an event for every syscall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventKinds(u32);
+
+impl EventKinds {
+    pub const ALL: EventKinds = EventKinds((1 << EventKind::ALL.len()) - 1);
+
+    /// The set of `kinds`.
+    pub fn of(kinds: &[EventKind]) -> EventKinds {
+        EventKinds(kinds.iter().fold(0, |set, kind| set | EventKinds::bit(*kind)))
+    }
+
+    fn bit(kind: EventKind) -> u32 {
+        let index = EventKind::ALL.iter().position(|k| *k == kind).unwrap_or_default();
+        1 << index
+    }
+
+    pub fn contains(self, kind: EventKind) -> bool {
+        self.0 & EventKinds::bit(kind) != 0
+    }
+
+    /// Whether an event stored with the wire name `kind` is wanted (a name this build
+    /// does not know is wanted only by a reader of every kind).
+    pub fn contains_name(self, kind: &str) -> bool {
+        match kind.parse::<EventKind>() {
+            Ok(kind) => self.contains(kind),
+            Err(_) => self == EventKinds::ALL,
+        }
+    }
+
+    /// A comma-separated list of wire names, no spaces (`stdout,stderr,state`); an
+    /// unknown or empty one is refused, naming it and the kinds there are.
+    pub fn parse(list: &str) -> Result<EventKinds, String> {
+        let kinds = list
+            .split(',')
+            .map(|name| {
+                name.parse::<EventKind>().map_err(|_| {
+                    let known: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+                    let what = if name.is_empty() {
+                        "an empty event kind".to_owned()
+                    } else {
+                        format!("unknown event kind {name:?}")
+                    };
+                    format!("{what} in `kinds`; give a comma-separated list of: {}", known.join(", "))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(EventKinds::of(&kinds))
+    }
+
+    /// The regular expression of what `parse` takes (the API document's).
+    pub fn pattern() -> String {
+        let names: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+        let any = names.join("|");
+        format!("^({any})(,({any}))*$")
+    }
+
+    /// The comma-separated wire names of the set (what `parse` reads back).
+    pub fn names(self) -> String {
+        let names: Vec<&str> =
+            EventKind::ALL.iter().filter(|k| self.contains(**k)).map(|k| k.as_str()).collect();
+        names.join(",")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,5 +207,24 @@ mod tests {
             assert_eq!(serde_json::to_value(kind).unwrap(), serde_json::json!(kind.as_str()));
         }
         assert!("nope".parse::<EventKind>().is_err());
+    }
+
+    #[test]
+    fn a_set_of_kinds_parses_from_its_names_and_refuses_an_unknown_one() {
+        let set = EventKinds::parse("stdout,stderr,state").unwrap();
+        assert!(set.contains(EventKind::Stdout) && set.contains(EventKind::State));
+        assert!(!set.contains(EventKind::Syscall));
+        assert!(set.contains_name("stderr") && !set.contains_name("syscall") && !set.contains_name("future"));
+        assert!(EventKinds::ALL.contains_name("future"), "a reader of every kind gets one it cannot name");
+        assert_eq!(EventKinds::parse(&set.names()), Ok(set));
+        assert_eq!(EventKinds::parse(&EventKinds::ALL.names()), Ok(EventKinds::ALL));
+        for kind in EventKind::ALL {
+            assert!(EventKinds::ALL.contains(kind));
+            assert_eq!(EventKinds::of(&[kind]).names(), kind.as_str());
+        }
+        let err = EventKinds::parse("stdout,nope").unwrap_err();
+        assert!(err.contains("\"nope\"") && err.contains("syscall"), "{err}");
+        assert!(EventKinds::parse("stdout,").unwrap_err().contains("an empty event kind"));
+        assert!(EventKinds::parse("stdout, state").is_err(), "the wire form has no spaces");
     }
 }

@@ -11,7 +11,7 @@ pub mod event;
 pub mod rpc;
 pub mod triggers;
 
-pub use event::EventKind;
+pub use event::{EventKind, EventKinds};
 
 /// The syscall protocol version this kernel speaks.
 pub const PROTOCOL_VERSION: u32 = 1;

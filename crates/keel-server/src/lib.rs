@@ -33,6 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use keel_kernel::{Answer, Command, Error as KernelError, Kernel, Principal, RunQuery, RunSort};
+use keel_protocol::EventKinds;
 use keel_protocol::api::{
     AnswerParams, BudgetParams, BudgetView, CreateRunParams, ErrorBody, ErrorDetail, EventView, EventsPage,
     HealthView, InspectView, JournalEntryView, MemoryDeleteView, MemoryHitView, MemoryPutBody,
@@ -642,6 +643,12 @@ struct EventsQuery {
     after: Option<u64>,
     /// Stream as server-sent events until the run ends.
     follow: Option<bool>,
+    /// Only events of these kinds, comma-separated (e.g. `stdout,stderr,state`); every
+    /// kind when absent. A follower's stream still ends after the run's final state.
+    #[param(
+        pattern = "^(state|queued|launch|stdout|stderr|syscall|emit|replay|stop|question|answer|approval|decision|denied|interrupted|budget|swap|spawn|signal|egress|audit|ui)(,(state|queued|launch|stdout|stderr|syscall|emit|replay|stop|question|answer|approval|decision|denied|interrupted|budget|swap|spawn|signal|egress|audit|ui))*$"
+    )]
+    kinds: Option<String>,
 }
 
 /// The run's events: a page of JSON, or with `follow=true` a server-sent event stream
@@ -661,10 +668,15 @@ async fn run_events(
     let id = run_id(&id)?;
     state.kernel.authorize(&principal, &id).await?;
     let after = query.after.unwrap_or(0);
+    let kinds = match &query.kinds {
+        Some(list) => EventKinds::parse(list)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e))?,
+        None => EventKinds::ALL,
+    };
     if !query.follow.unwrap_or(false) {
-        return Ok(Json(state.kernel.events_page(&id, after, 10_000).await?).into_response());
+        return Ok(Json(state.kernel.events_page(&id, after, 10_000, kinds).await?).into_response());
     }
-    let stream = state.kernel.events(&id, after, true).await?;
+    let stream = state.kernel.events(&id, after, true, kinds).await?;
     let events = futures_util::stream::unfold(stream, |mut stream| async move {
         match stream.next().await {
             Ok(Some(view)) => {
@@ -1039,6 +1051,16 @@ mod tests {
             }
         }
         out
+    }
+
+    /// The `kinds` of a run's events: the pattern the document gives is the one
+    /// `EventKinds::parse` takes, every kind there is and nothing else.
+    #[test]
+    fn the_event_kinds_pattern_names_every_kind() {
+        let doc = openapi_doc();
+        let parameters = doc["paths"]["/v1/runs/{id}/events"]["get"]["parameters"].as_array().unwrap();
+        let kinds = parameters.iter().find(|p| p["name"] == "kinds").expect("a kinds parameter");
+        assert_eq!(kinds["schema"]["pattern"].as_str(), Some(EventKinds::pattern().as_str()));
     }
 
     /// Issue 11: Schemathesis found every route's 401 and most 400/404/415 answers

@@ -89,7 +89,9 @@ impl ApiHost {
             "get_run_logs" => {
                 let args: LogsArgs = typed(args)?;
                 let run = self.own_run(principal, &args.run_id).await?;
-                let page = kernel.events_page(&run, args.after, args.limit.unwrap_or(1000)).await?;
+                let page = kernel
+                    .events_page(&run, args.after, args.limit.unwrap_or(1000), keel_protocol::EventKinds::ALL)
+                    .await?;
                 let next_after = page.events.last().map_or(args.after, |event| event.seq);
                 let mut page = view(page);
                 page["next_after"] = json!(next_after);

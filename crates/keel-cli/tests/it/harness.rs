@@ -157,6 +157,29 @@ impl Keel {
         self.start_daemon();
     }
 
+    /// A request to the daemon's HTTP API (`kernel.json` has its address), with the
+    /// operator's token or none: the status and the body.
+    pub fn http(&self, method: &str, path: &str, token: bool) -> (u16, String) {
+        use std::io::{Read, Write};
+        let info: Value =
+            serde_json::from_str(&std::fs::read_to_string(self.data.path().join("kernel.json")).unwrap())
+                .unwrap();
+        let addr = info["addr"].as_str().unwrap().to_owned();
+        let auth = if token {
+            let token = std::fs::read_to_string(self.data.path().join("api-token")).unwrap();
+            format!("Authorization: Bearer {}\r\n", token.trim())
+        } else {
+            String::new()
+        };
+        let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
+        write!(stream, "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        (status, body)
+    }
+
     pub fn detach(&self, args: &[&str]) -> String {
         let mut full = vec!["run", "--detach", "--json"];
         full.extend_from_slice(args);

@@ -3,9 +3,6 @@
 //! (tenant `default`); a SIGKILLed daemon loses and duplicates no memory write; and a
 //! 100-turn conversation that re-sends its history keeps the journal small.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-
 use serde_json::{Value, json};
 
 use crate::harness::{Keel, agent, alive, wait_for};
@@ -18,26 +15,6 @@ fn memory_agent(keel: &Keel, env: &[&str]) -> String {
     let path = agent("memory_agent.py");
     args.extend(["--", "python3", &path]);
     keel.detach(&args)
-}
-
-fn http(keel: &Keel, method: &str, path: &str, token: bool) -> (u16, String) {
-    let info: Value =
-        serde_json::from_str(&std::fs::read_to_string(keel.data.path().join("kernel.json")).unwrap())
-            .unwrap();
-    let addr = info["addr"].as_str().unwrap().to_owned();
-    let auth = if token {
-        let token = std::fs::read_to_string(keel.data.path().join("api-token")).unwrap();
-        format!("Authorization: Bearer {}\r\n", token.trim())
-    } else {
-        String::new()
-    };
-    let mut stream = TcpStream::connect(&addr).expect("connect");
-    write!(stream, "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    (status, body)
 }
 
 fn thread_contents(keel: &Keel, thread: &str) -> Vec<(u64, String)> {
@@ -112,23 +89,23 @@ fn an_agent_uses_memory_and_the_cli_and_api_see_it() {
 
     // HTTP: the same bearer token as the rest of the API, 404 for a missing record,
     // 400 for bad params.
-    assert_eq!(http(&keel, "GET", "/v1/memory/notes/turn-1", false).0, 401);
-    assert_eq!(http(&keel, "GET", "/v1/threads/chat", false).0, 401);
-    let (status, body) = http(&keel, "GET", "/v1/memory/notes/turn-1", true);
+    assert_eq!(keel.http("GET", "/v1/memory/notes/turn-1", false).0, 401);
+    assert_eq!(keel.http("GET", "/v1/threads/chat", false).0, 401);
+    let (status, body) = keel.http("GET", "/v1/memory/notes/turn-1", true);
     assert_eq!(status, 200, "{body}");
     assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["value"], json!({"turn": 1}));
-    assert_eq!(http(&keel, "GET", "/v1/memory/notes/nothing", true).0, 404);
-    let (status, body) = http(&keel, "GET", "/v1/memory/notes?q=topic1&limit=0", true);
+    assert_eq!(keel.http("GET", "/v1/memory/notes/nothing", true).0, 404);
+    let (status, body) = keel.http("GET", "/v1/memory/notes?q=topic1&limit=0", true);
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("limit"), "{body}");
-    let (status, body) = http(&keel, "GET", "/v1/memory/notes?q=topic1", true);
+    let (status, body) = keel.http("GET", "/v1/memory/notes?q=topic1", true);
     assert_eq!(status, 200, "{body}");
     assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["hits"][0]["key"], "turn-1");
-    let (status, body) = http(&keel, "GET", "/v1/threads/chat?last=2&max_tokens=1000", true);
+    let (status, body) = keel.http("GET", "/v1/threads/chat?last=2&max_tokens=1000", true);
     assert_eq!(status, 200, "{body}");
     let view: Value = serde_json::from_str(&body).unwrap();
     assert_eq!((view["thread"].clone(), view["messages"].as_array().unwrap().len()), (json!("chat"), 2));
-    assert_eq!(http(&keel, "DELETE", "/v1/memory/notes/turn-1", true).1, r#"{"deleted":true}"#);
+    assert_eq!(keel.http("DELETE", "/v1/memory/notes/turn-1", true).1, r#"{"deleted":true}"#);
 }
 
 #[test]
@@ -191,7 +168,7 @@ fn replayed_reads_answer_what_was_read_before_the_crash() {
     // The relaunched agent sleeps again after its (replayed) reads; the output it would
     // exit with is not visible until then, so stop waiting: stop it and read the journal.
     wait_for("the relaunched agent's replayed reads", || {
-        let (_, body) = http(&keel, "GET", &format!("/v1/runs/{run}/events"), true);
+        let (_, body) = keel.http("GET", &format!("/v1/runs/{run}/events"), true);
         let page: Value = serde_json::from_str(&body).ok()?;
         page["events"]
             .as_array()?
@@ -290,12 +267,11 @@ fn semantic_search_finds_a_paraphrase_that_full_text_misses() {
     let cli = keel.json(&["mem", "search", "facts", "kittens napping", "--mode", "semantic", "--json"]);
     assert_eq!(cli["hits"][0]["key"], "cat", "{cli}");
     assert!(cli["hits"][0]["snippet"].as_str().unwrap().starts_with("The kitten naps"), "{cli}");
-    let (status, body) =
-        http(&keel, "GET", "/v1/memory/facts?q=kitten%20windowsill&mode=hybrid&limit=2", true);
+    let (status, body) = keel.http("GET", "/v1/memory/facts?q=kitten%20windowsill&mode=hybrid&limit=2", true);
     assert_eq!(status, 200, "{body}");
     let view: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(view["hits"][0]["key"], "cat", "{view}");
-    let (status, body) = http(&keel, "GET", "/v1/memory/facts?q=x&mode=fuzzy", true);
+    let (status, body) = keel.http("GET", "/v1/memory/facts?q=x&mode=fuzzy", true);
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("unknown variant `fuzzy`"), "{body}");
 }

@@ -66,6 +66,24 @@ fn detached_runs_go_to_the_daemon() {
     assert_eq!(view["usage"]["tool_calls"], 1);
     let logs = keel.ok(&["logs", &run, "-f"]);
     assert!(logs.contains("hello from agent"), "{logs}");
+    // The API gives the events of the kinds asked for, and refuses a kind it does not know.
+    let (status, body) = keel.http("GET", &format!("/v1/runs/{run}/events?kinds=stdout,state"), true);
+    assert_eq!(status, 200, "{body}");
+    let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let kinds: Vec<&str> =
+        page["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"stdout") && kinds.contains(&"state"), "{kinds:?}");
+    assert!(kinds.iter().all(|k| ["stdout", "state"].contains(k)), "{kinds:?}");
+    assert_eq!(page["complete"], true);
+    let (status, body) = keel.http("GET", &format!("/v1/runs/{run}/events?kinds=stdout,syscalls"), true);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("unknown event kind \\\"syscalls\\\"") && body.contains("syscall"), "{body}");
+    // A follower of some kinds ends with the run all the same.
+    let (status, body) = keel.http("GET", &format!("/v1/runs/{run}/events?follow=true&kinds=stderr"), true);
+    assert_eq!(status, 200, "{body}");
+    let data: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("data:")).collect();
+    assert_eq!(data.len(), 1, "{body}");
+    assert!(data[0].contains("\"warn\""), "{body}");
     let ps = keel.ok(&["ps"]);
     assert!(ps.contains(&run) && ps.contains("succeeded"), "{ps}");
 }

@@ -422,7 +422,8 @@ fn a_follower_reads_each_batch_of_events_once_and_the_run_only_now_and_then() {
     });
     let followed = run.clone();
     let kinds: Vec<(String, Value)> = test.on_kernel(|kernel| async move {
-        let mut stream = kernel.events(&followed, 0, true).await.expect("follow");
+        let mut stream =
+            kernel.events(&followed, 0, true, keel_protocol::EventKinds::ALL).await.expect("follow");
         let mut kinds = Vec::new();
         while let Some(event) = stream.next().await.expect("the next event") {
             kinds.push((event.kind.clone(), event.data.clone()));

@@ -145,7 +145,7 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
             assert!(std::time::Instant::now() < deadline, "the agent did not finish");
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        let logs = kernel.events_page(&id, 0, 1000).await.unwrap();
+        let logs = kernel.events_page(&id, 0, 1000, keel_protocol::EventKinds::ALL).await.unwrap();
         assert_eq!(record.state, "succeeded", "agent failed: {logs:#?}");
         assert_eq!(record.output, Some(json!({"done": true})));
         assert_eq!(record.provider_calls, 1);
