@@ -139,8 +139,16 @@ impl Endpoint {
 
     /// Reads a whole 2xx body as JSON.
     pub async fn read_json(&self, response: reqwest::Response) -> Result<Value, UpstreamError> {
-        let bytes = response.bytes().await.map_err(|e| self.transport_error(&e))?;
+        let bytes = self.read_body(response).await?;
         serde_json::from_slice(&bytes).map_err(|e| self.invalid_response(format!("not JSON ({e})")))
+    }
+
+    /// Reads a whole 2xx body.
+    pub async fn read_body(
+        &self,
+        response: reqwest::Response,
+    ) -> Result<impl std::ops::Deref<Target = [u8]> + use<>, UpstreamError> {
+        response.bytes().await.map_err(|e| self.transport_error(&e))
     }
 }
 

@@ -224,6 +224,22 @@ fn parse_body(body: &[u8], dialect: Dialect) -> Result<Value, GatewayError> {
     })
 }
 
+/// A 200 answer of `body`'s JSON: written into one buffer, which becomes the response
+/// body as it is. (axum's `Json` writes through `BytesMut`'s `io::Write`, growing it a
+/// piece at a time; on the gateway's answer to every call that showed in its profile.)
+fn json_response(body: &impl serde::Serialize, dialect: Dialect) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+        Err(err) => GatewayError::new(
+            dialect,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("the answer cannot be encoded: {err}"),
+        )
+        .into_response(),
+    }
+}
+
 fn unix_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -312,7 +328,10 @@ async fn chat_completions(
     if !stream {
         let result =
             kernel.chat(&run, request, None).await.map_err(|err| GatewayError::from_rpc(dialect, &err))?;
-        return Ok(Json(openai::wire::canonical_to_chat_completion(&result, &id, created)).into_response());
+        return Ok(json_response(
+            &openai::wire::canonical_to_chat_completion(&result, &id, created),
+            dialect,
+        ));
     }
     let model = request.model.clone().unwrap_or_default();
     let events = live_stream(kernel, run, request, move |piece| match piece {
@@ -400,7 +419,7 @@ async fn messages(
     if !stream {
         let result =
             kernel.chat(&run, request, None).await.map_err(|err| GatewayError::from_rpc(dialect, &err))?;
-        return Ok(Json(anthropic::wire::canonical_to_messages_response(&result, &id)).into_response());
+        return Ok(json_response(&anthropic::wire::canonical_to_messages_response(&result, &id), dialect));
     }
     // Live text deltas are forwarded as they arrive; the rest of the message (tool_use
     // blocks, stop reason, usage) is rendered from the complete result at the end.

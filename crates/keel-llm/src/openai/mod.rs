@@ -90,8 +90,8 @@ impl OpenAiProvider {
         let body = wire::request_body(request, model, stream.is_some());
         let response = self.endpoint.post(&body, model, &self.limiter).await?;
         let Some(sink) = stream else {
-            let value = self.endpoint.read_json(response).await?;
-            return wire::parse_chat_completion(&value)
+            let body = self.endpoint.read_body(response).await?;
+            return wire::parse_chat_completion_bytes(&body)
                 .map(|p| (p, false))
                 .map_err(|e| self.endpoint.invalid_response(e));
         };

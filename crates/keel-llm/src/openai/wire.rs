@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use keel_protocol::rpc::{AssistantMessage, ChatMessage, ChatRole, LlmChatParams, LlmChatResult, TokenUsage};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::Delta;
@@ -120,6 +121,96 @@ pub fn parse_chat_completion(value: &Value) -> std::result::Result<Parsed, Strin
         finish_reason: choice.get("finish_reason").and_then(Value::as_str).map(str::to_owned),
         id: value.get("id").and_then(Value::as_str).map(str::to_owned),
     })
+}
+
+/// Reads a non-streamed `chat.completion` from its body's bytes: read into typed fields
+/// when the body has the usual shape (no `Value` tree built and dropped for every call),
+/// else as [`parse_chat_completion`] reads it, whose answer is the same for any body the
+/// typed reading takes (`a_completion_reads_the_same_typed_as_through_a_value`).
+pub fn parse_chat_completion_bytes(bytes: &[u8]) -> std::result::Result<Parsed, String> {
+    if let Ok(typed) = serde_json::from_slice::<WireCompletion>(bytes)
+        && let Some(parsed) = typed.parsed()
+    {
+        return Ok(parsed);
+    }
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON ({e})"))?;
+    parse_chat_completion(&value)
+}
+
+/// The fields of a `chat.completion` that [`parse_chat_completion`] reads, typed. Any
+/// other type than these (a number for `model`, an object for `tool_calls`) fails the
+/// typed reading, and the body is then read through a `Value`, leniently.
+#[derive(Deserialize)]
+struct WireCompletion {
+    id: Option<String>,
+    model: Option<String>,
+    choices: Option<Vec<WireChoice>>,
+    usage: Option<WireUsage>,
+    x_groq: Option<WireGroq>,
+}
+
+#[derive(Deserialize)]
+struct WireChoice {
+    message: Option<WireMessage>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireMessage {
+    content: Option<String>,
+    refusal: Option<String>,
+    tool_calls: Option<Vec<Value>>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct WireGroq {
+    usage: Option<WireUsage>,
+}
+
+impl WireUsage {
+    fn tokens(&self) -> Option<TokenUsage> {
+        Some(TokenUsage {
+            input_tokens: self.prompt_tokens?,
+            output_tokens: self.completion_tokens.unwrap_or(0),
+        })
+    }
+}
+
+impl WireCompletion {
+    /// What [`parse_chat_completion`] would answer; `None` for a body it would refuse
+    /// (which is then read through a `Value`, for the same error).
+    fn parsed(self) -> Option<Parsed> {
+        let WireCompletion { id, model, choices, usage, x_groq } = self;
+        let choice = choices?.into_iter().next()?;
+        let message = choice.message?;
+        // A `usage` that is not an object (null) gives way to Groq's.
+        let usage = match usage {
+            Some(usage) => usage.tokens(),
+            None => x_groq.and_then(|groq| groq.usage).and_then(|usage| usage.tokens()),
+        };
+        let tool_calls = message
+            .tool_calls
+            .filter(|calls| !calls.is_empty())
+            .map(|calls| calls.iter().map(normalize_tool_call).collect());
+        Some(Parsed {
+            message: AssistantMessage {
+                role: ChatRole::Assistant,
+                content: message.content.or(message.refusal),
+                tool_calls,
+                reasoning: None,
+            },
+            usage,
+            model,
+            finish_reason: choice.finish_reason,
+            id,
+        })
+    }
 }
 
 fn normalize_tool_call(call: &Value) -> Value {
@@ -391,29 +482,83 @@ fn finish_reason_out(result: &LlmChatResult) -> String {
 }
 
 fn usage_out(usage: &TokenUsage) -> Value {
-    json!({
-        "prompt_tokens": usage.input_tokens,
-        "completion_tokens": usage.output_tokens,
-        "total_tokens": usage.input_tokens + usage.output_tokens,
-    })
+    json!(UsageOut::of(usage))
 }
 
-/// The `chat.completion` object answering a non-streamed request.
-pub fn canonical_to_chat_completion(result: &LlmChatResult, id: &str, created: u64) -> Value {
-    let mut message = json!({ "role": "assistant", "content": result.message.content, "refusal": null });
+/// The `chat.completion` object answering a non-streamed request, borrowed from the result
+/// and serialized straight to its text (no `Value` tree is built for the answer: this runs
+/// on every gateway call).
+pub fn canonical_to_chat_completion<'a>(
+    result: &'a LlmChatResult,
+    id: &'a str,
+    created: u64,
+) -> ChatCompletion<'a> {
     let calls = tool_calls_out(result);
-    if !calls.is_empty() {
-        message["tool_calls"] = Value::Array(calls);
+    ChatCompletion {
+        id,
+        object: "chat.completion",
+        created,
+        model: &result.model,
+        choices: [CompletionChoice {
+            index: 0,
+            message: CompletionMessage {
+                role: "assistant",
+                content: result.message.content.as_deref(),
+                refusal: None,
+                tool_calls: (!calls.is_empty()).then_some(calls),
+            },
+            logprobs: None,
+            finish_reason: finish_reason_out(result),
+        }],
+        usage: UsageOut::of(&result.usage),
+        system_fingerprint: None,
     }
-    json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": created,
-        "model": result.model,
-        "choices": [{ "index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason_out(result) }],
-        "usage": usage_out(&result.usage),
-        "system_fingerprint": null,
-    })
+}
+
+/// A `chat.completion`, as [`canonical_to_chat_completion`] renders it.
+#[derive(Debug, Serialize)]
+pub struct ChatCompletion<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [CompletionChoice<'a>; 1],
+    usage: UsageOut,
+    system_fingerprint: Option<()>,
+}
+
+#[derive(Debug, Serialize)]
+struct CompletionChoice<'a> {
+    index: u32,
+    message: CompletionMessage<'a>,
+    logprobs: Option<()>,
+    finish_reason: String,
+}
+
+#[derive(Debug, Serialize)]
+struct CompletionMessage<'a> {
+    role: &'static str,
+    content: Option<&'a str>,
+    refusal: Option<()>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Serialize)]
+struct UsageOut {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+}
+
+impl UsageOut {
+    fn of(usage: &TokenUsage) -> UsageOut {
+        UsageOut {
+            prompt_tokens: usage.input_tokens,
+            completion_tokens: usage.output_tokens,
+            total_tokens: usage.input_tokens + usage.output_tokens,
+        }
+    }
 }
 
 /// The `chat.completion.chunk`s of a whole result, in order: the role, the text, one chunk
@@ -665,10 +810,103 @@ mod tests {
         }
     }
 
+    /// A field's value: mostly one of `usual` (the types a completion has there), now
+    /// and then any JSON type (its string is `text`) or left out (`None`).
+    fn field(
+        text: &'static str,
+        usual: Vec<Option<Value>>,
+    ) -> impl proptest::strategy::Strategy<Value = Option<Value>> {
+        use proptest::prelude::*;
+        let any = vec![
+            None,
+            Some(Value::Null),
+            Some(json!(text)),
+            Some(json!(7)),
+            Some(json!(-3)),
+            Some(json!(2.5)),
+            Some(json!(true)),
+            Some(json!([])),
+            Some(json!({})),
+        ];
+        prop_oneof![6 => proptest::sample::select(usual), 1 => proptest::sample::select(any)]
+    }
+
+    fn text_field(text: &'static str) -> impl proptest::strategy::Strategy<Value = Option<Value>> {
+        field(text, vec![None, Some(Value::Null), Some(json!(text))])
+    }
+
+    fn usage_field() -> impl proptest::strategy::Strategy<Value = Option<Value>> {
+        field(
+            "usage",
+            vec![
+                None,
+                Some(Value::Null),
+                Some(json!({"prompt_tokens": 12, "completion_tokens": 7})),
+                Some(json!({"prompt_tokens": 12, "completion_tokens": null})),
+                Some(json!({"prompt_tokens": 12})),
+                Some(json!({"completion_tokens": 7})),
+                Some(json!({"prompt_tokens": 1.5, "completion_tokens": 7})),
+            ],
+        )
+    }
+
+    fn object_of(fields: &[(&str, &Option<Value>)]) -> Value {
+        Value::Object(
+            fields.iter().filter_map(|(name, value)| Some(((*name).to_owned(), (*value).clone()?))).collect(),
+        )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        /// The typed reading of an upstream completion answers what the reading through
+        /// a `Value` does, for every mix of field types, or leaves the body to it.
+        #[test]
+        fn a_completion_reads_the_same_typed_as_through_a_value(
+            id in text_field("id"), model in text_field("model"), content in text_field("content"),
+            refusal in text_field("refusal"), finish in text_field("stop"),
+            tool_calls in field("calls", vec![None, Some(Value::Null), Some(json!([])), Some(json!([weather_call()])),
+                Some(json!([{"function": {"name": "f", "arguments": {"x": 1}}}]))]),
+            usage in usage_field(), groq in usage_field(),
+            message_kind in 0..3u8, choices_kind in 0..4u8,
+        ) {
+            let message = match message_kind {
+                0 => Some(object_of(&[("content", &content), ("refusal", &refusal), ("tool_calls", &tool_calls), ("role", &Some(json!("assistant")))])),
+                1 => Some(Value::Null),
+                _ => None,
+            };
+            let choice = object_of(&[("index", &Some(json!(0))), ("message", &message), ("finish_reason", &finish)]);
+            let choices = match choices_kind {
+                0 => Some(json!([choice])),
+                1 => Some(json!([choice, {"index": 1, "message": 5}])),
+                2 => Some(json!([])),
+                _ => None,
+            };
+            let groq = groq.map(|usage| json!({ "usage": usage }));
+            let body = object_of(&[("id", &id), ("model", &model), ("choices", &choices), ("usage", &usage), ("x_groq", &groq), ("object", &Some(json!("chat.completion")))]);
+            let bytes = serde_json::to_vec(&body).unwrap();
+            proptest::prop_assert_eq!(parse_chat_completion_bytes(&bytes), parse_chat_completion(&body));
+        }
+    }
+
+    #[test]
+    fn a_usual_completion_is_read_typed_and_a_body_that_is_not_json_is_refused() {
+        let body = json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi", "refusal": null}, "logprobs": null, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4, "prompt_tokens_details": {"cached_tokens": 0}},
+            "system_fingerprint": "fp",
+        });
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let typed = serde_json::from_slice::<WireCompletion>(&bytes).ok().and_then(WireCompletion::parsed);
+        assert_eq!(typed, Some(parse_chat_completion(&body).unwrap()));
+        let err = parse_chat_completion_bytes(b"{\"choices\": [").unwrap_err();
+        assert!(err.starts_with("not JSON ("), "{err}");
+    }
+
     #[test]
     fn completion_and_chunks_for_the_sdk() {
         let result = result_with_tools();
-        let completion = canonical_to_chat_completion(&result, "chatcmpl-x", 1700000000);
+        let completion = json!(canonical_to_chat_completion(&result, "chatcmpl-x", 1700000000));
         assert_eq!(
             completion,
             json!({
@@ -713,7 +951,7 @@ mod tests {
         assert_eq!(chunks[2]["choices"][0]["finish_reason"], "stop");
 
         result.message.tool_calls = Some(vec![json!({"function": {"name": "f", "arguments": {"x": 1}}})]);
-        let completion = canonical_to_chat_completion(&result, "i", 1);
+        let completion = json!(canonical_to_chat_completion(&result, "i", 1));
         assert_eq!(completion["choices"][0]["finish_reason"], "tool_calls");
         let call = &completion["choices"][0]["message"]["tool_calls"][0];
         assert_eq!(call["id"], "call_0");

@@ -88,7 +88,7 @@ pub(super) async fn create(
         let id = response_id(&run, seq);
         let response = responses::response_object(&id, created, &request, &result);
         keep(&kernel, &run, &request, &id, &response).await?;
-        return Ok(Json(response).into_response());
+        return Ok(super::json_response(&response, super::Dialect::OpenAi));
     }
     let (sink, deltas) = mpsc::unbounded_channel();
     // The call runs in its own task, so a client that disconnects does not cancel a
