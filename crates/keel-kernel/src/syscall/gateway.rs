@@ -53,9 +53,9 @@ impl Kernel {
         // A live call's result comes back typed; one answered from the journal is its JSON.
         let (typed, mut live_result) = tokio::sync::oneshot::channel();
         let listener = Listener { result: Some(typed), ..listener };
-        // Boxed: the syscall's future is large (10 KB: `llm.chat`'s own state, the other
-        // families' boxed in `perform`), and each future wrapping it (the trace scope,
-        // this select, the HTTP handler's) would otherwise copy it whole when it is moved.
+        // Boxed: the syscall's future is large (6.4 KB; see `Kernel::perform` for why not
+        // more), and each future wrapping it (the trace scope, this select, the HTTP
+        // handler's) would otherwise copy it whole when it is moved.
         let call = Box::pin(self.chat_streaming(&run.0, request, listener));
         let result = tokio::select! {
             result = crate::telemetry::with_traceparent(&run.0.id, run.1.as_deref(), call) => result?,
