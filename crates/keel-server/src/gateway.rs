@@ -224,9 +224,10 @@ fn parse_body(body: &[u8], dialect: Dialect) -> Result<Value, GatewayError> {
     })
 }
 
-/// A 200 answer of `body`'s JSON: written into one buffer, which becomes the response
-/// body as it is. (axum's `Json` writes through `BytesMut`'s `io::Write`, growing it a
-/// piece at a time; on the gateway's answer to every call that showed in its profile.)
+/// A 200 answer of `body`'s JSON, as every call the gateway serves is answered: written
+/// into one buffer, which becomes the response body as it is. (axum's `Json` writes
+/// through `BytesMut`'s `io::Write`, growing it a piece at a time; on the answer to every
+/// call that showed in the gateway's profile.)
 fn json_response(body: &impl serde::Serialize, dialect: Dialect) -> Response {
     match serde_json::to_vec(body) {
         Ok(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
@@ -301,13 +302,13 @@ async fn embeddings(
             json!({ "object": "embedding", "index": index, "embedding": embedding })
         })
         .collect();
-    Ok(Json(json!({
+    let answer = json!({
         "object": "list",
         "data": data,
         "model": result.model,
         "usage": { "prompt_tokens": result.input_tokens, "total_tokens": result.input_tokens },
-    }))
-    .into_response())
+    });
+    Ok(json_response(&answer, dialect))
 }
 
 async fn chat_completions(
