@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """What a stretch of SQLite commits wrote to the WAL, page by page: the pages of each
-table and index, and the flushes, from an `strace -f -xx -s 4 -e trace=pwrite64,fdatasync,fsync`
-log of the writing process, named with the database's `dbstat` after it closed.
+table and index, and the flushes, from an
+`strace -f -y -xx -s 4 -e trace=pwrite64,pread64,fdatasync,fsync` log of the writing
+process, named with the database's `dbstat` after it closed; and the reads of the
+database file and of the WAL that missed SQLite's own page caches.
 
     wal-pages-by-table.py STRACE_LOG DATABASE CALLS
 
-Prints one line: WAL pages per call | WAL flushes per call | pages per call by table.
+Prints one line: WAL pages per call | WAL flushes per call | reads per call of the
+database file and of the WAL | pages per call by table.
 A WAL frame is a 24-byte header (the page number first, big-endian) then the page, so
 the frame headers name the pages; a page freed and reused by another table before the
 end is counted as the later one's.
@@ -17,8 +20,10 @@ import sys
 
 log, database, calls = sys.argv[1], sys.argv[2], int(sys.argv[3])
 # A call another thread interrupted is split: its arguments on the `<unfinished ...>` line.
-write = re.compile(r'pwrite64\((\d+), "((?:\\x[0-9a-f]{2})*)"(?:\.\.\.)?, (\d+), \d+(?:\)| <unfinished)')
+write = re.compile(r'pwrite64\((\d+)(?:<[^>]*>)?, "((?:\\x[0-9a-f]{2})*)"(?:\.\.\.)?, (\d+), \d+(?:\)| <unfinished)')
 flush = re.compile(r'(?:fdatasync|fsync)\((\d+)')
+read = re.compile(r'pread64\(\d+<([^>]*)>')
+reads = collections.Counter()
 pages = collections.Counter()
 frames_by_fd = collections.Counter()
 flushes_by_fd = collections.Counter()
@@ -32,6 +37,8 @@ for line in open(log):
             frames_by_fd[m.group(1)] += 1
     elif m := flush.search(line):
         flushes_by_fd[m.group(1)] += 1
+    elif m := read.search(line):
+        reads["WAL" if m.group(1).endswith("-wal") else "database"] += 1
 owner = {page: name for name, page in sqlite3.connect(database).execute("SELECT name, pageno FROM dbstat")}
 tables = collections.Counter()
 for page, count in pages.items():
@@ -39,4 +46,7 @@ for page, count in pages.items():
 wal_flushes = sum(flushes_by_fd[fd] for fd in frames_by_fd)
 total = sum(tables.values())
 by_table = ", ".join(f"{name} {count / calls:.2f}" for name, count in tables.most_common())
-print(f"{total / calls:.2f} | {wal_flushes / calls:.2f} | {by_table}")
+print(
+    f"{total / calls:.2f} | {wal_flushes / calls:.2f} | "
+    f"{reads['database'] / calls:.2f} / {reads['WAL'] / calls:.2f} | {by_table}"
+)

@@ -23,17 +23,19 @@ pub fn canonical_json(value: &Value) -> String {
 ///
 /// Canonical JSON never contains a raw newline (newlines inside strings are escaped), so
 /// the text after the last '\n' is always the params and distinct (method, params) pairs
-/// never hash the same input. The JSON is streamed into the hasher instead of being built
-/// as a string first, since params may carry a whole conversation on every call.
+/// never hash the same input. The JSON is streamed into the hasher through a small
+/// buffer instead of being built as a string first, since params may carry a whole
+/// conversation on every call.
 pub fn params_hash(method: &str, params: &Value) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(method.as_bytes());
-    hasher.update(b"\n");
-    write_canonical(&mut hasher, params);
-    keel_types::hex(&hasher.finalize())
+    let mut sink = HashSink { hasher: Sha256::new(), buffer: Vec::with_capacity(HashSink::CAPACITY) };
+    sink.write_text(method);
+    sink.write_text("\n");
+    write_canonical(&mut sink, params);
+    sink.hasher.update(&sink.buffer);
+    keel_types::hex(&sink.hasher.finalize())
 }
 
-/// Where canonical JSON text goes: a string for `canonical_json`, a hasher for
+/// Where canonical JSON text goes: a string for `canonical_json`, a buffered hasher for
 /// `params_hash`.
 trait CanonicalSink {
     fn write_text(&mut self, text: &str);
@@ -45,9 +47,28 @@ impl CanonicalSink for String {
     }
 }
 
-impl CanonicalSink for Sha256 {
+/// The hasher behind a buffer: canonical JSON comes in pieces of a few bytes (a brace, a
+/// comma, a key), and each of the hasher's own updates costs more than copying them.
+struct HashSink {
+    hasher: Sha256,
+    buffer: Vec<u8>,
+}
+
+impl HashSink {
+    const CAPACITY: usize = 4096;
+}
+
+impl CanonicalSink for HashSink {
     fn write_text(&mut self, text: &str) {
-        self.update(text.as_bytes());
+        if self.buffer.len() + text.len() > Self::CAPACITY {
+            self.hasher.update(&self.buffer);
+            self.buffer.clear();
+        }
+        if text.len() > Self::CAPACITY {
+            self.hasher.update(text.as_bytes());
+        } else {
+            self.buffer.extend_from_slice(text.as_bytes());
+        }
     }
 }
 
@@ -56,9 +77,7 @@ fn write_canonical<S: CanonicalSink>(sink: &mut S, value: &Value) {
         Value::Null => sink.write_text("null"),
         Value::Bool(true) => sink.write_text("true"),
         Value::Bool(false) => sink.write_text("false"),
-        // `Number`'s Display is the same formatting serde_json's serializer uses (itoa for
-        // integers, ryu for floats), so numbers read back to the same value.
-        Value::Number(number) => sink.write_text(&number.to_string()),
+        Value::Number(number) => write_number(sink, number),
         Value::String(text) => write_string(sink, text),
         Value::Array(items) => {
             sink.write_text("[");
@@ -71,21 +90,59 @@ fn write_canonical<S: CanonicalSink>(sink: &mut S, value: &Value) {
             sink.write_text("]");
         }
         Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            // Keys in a map are unique, so an unstable sort is deterministic. `str`'s
-            // ordering compares UTF-8 bytes, which is the bytewise order promised above.
-            entries.sort_unstable_by_key(|(key, _)| *key);
             sink.write_text("{");
-            for (index, (key, item)) in entries.into_iter().enumerate() {
-                if index > 0 {
-                    sink.write_text(",");
-                }
-                write_string(sink, key);
-                sink.write_text(":");
-                write_canonical(sink, item);
+            // `str`'s ordering compares UTF-8 bytes, the bytewise order promised above. A
+            // map without `preserve_order` iterates in that order already.
+            if map.keys().is_sorted() {
+                write_entries(sink, map.iter());
+            } else {
+                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                // Keys in a map are unique, so an unstable sort is deterministic.
+                entries.sort_unstable_by_key(|(key, _)| *key);
+                write_entries(sink, entries.into_iter());
             }
             sink.write_text("}");
         }
+    }
+}
+
+/// An object's entries, in the order given, without the braces.
+fn write_entries<'a, S: CanonicalSink>(sink: &mut S, entries: impl Iterator<Item = (&'a String, &'a Value)>) {
+    for (index, (key, item)) in entries.enumerate() {
+        if index > 0 {
+            sink.write_text(",");
+        }
+        write_string(sink, key);
+        sink.write_text(":");
+        write_canonical(sink, item);
+    }
+}
+
+/// `Number`'s Display is the same formatting serde_json's serializer uses (itoa for
+/// integers, ryu for floats), so numbers read back to the same value. Formatted on the
+/// stack: a number is at most 24 bytes.
+fn write_number<S: CanonicalSink>(sink: &mut S, number: &serde_json::Number) {
+    use std::fmt::Write as _;
+    let mut text = NumberText { bytes: [0; 40], len: 0 };
+    // Only whole `str`s are copied in, so the bytes are UTF-8.
+    match write!(text, "{number}").map(|()| std::str::from_utf8(&text.bytes[..text.len])) {
+        Ok(Ok(formatted)) => sink.write_text(formatted),
+        _ => sink.write_text(&number.to_string()),
+    }
+}
+
+/// A number's text, formatted without allocating.
+struct NumberText {
+    bytes: [u8; 40],
+    len: usize,
+}
+
+impl std::fmt::Write for NumberText {
+    fn write_str(&mut self, text: &str) -> std::fmt::Result {
+        let end = self.len + text.len();
+        self.bytes.get_mut(self.len..end).ok_or(std::fmt::Error)?.copy_from_slice(text.as_bytes());
+        self.len = end;
+        Ok(())
     }
 }
 
@@ -703,6 +760,48 @@ mod tests {
                 )
             }
             other => other.clone(),
+        }
+    }
+
+    /// Any JSON value: every kind, numbers of each representation, strings with escapes,
+    /// non-ASCII and lengths past the hash's buffer.
+    fn any_json() -> impl Strategy<Value = Value> {
+        let text = prop_oneof![
+            "[a-z\"\\\n\t\u{1}\u{7f}é😀]{0,12}",
+            (0usize..3, 4000usize..9000).prop_map(|(kind, len)| ["x", "é", "\n"][kind].repeat(len)),
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+            text.prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 64, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                prop::collection::btree_map("[a-zA-Z_é$]{0,6}", inner, 0..8)
+                    .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1_000))]
+
+        #[test]
+        fn the_params_hash_is_sha256_of_the_canonical_text_and_that_is_serde_jsons_sorted_text(
+            method in "[a-z.]{1,12}",
+            params in any_json(),
+        ) {
+            let text = canonical_json(&params);
+            // Without `preserve_order` a map is sorted already, so serde_json's compact
+            // text is the canonical text: the same escaping and number formatting.
+            prop_assert_eq!(&text, &serde_json::to_string(&params).unwrap());
+            let mut hasher = Sha256::new();
+            hasher.update(format!("{method}\n{text}").as_bytes());
+            prop_assert_eq!(params_hash(&method, &params), keel_types::hex(&hasher.finalize()));
         }
     }
 

@@ -80,12 +80,6 @@ pub fn split_params(params: &Value) -> (Blob, Vec<ChainLink>) {
     if messages.is_none() && !escaped {
         return (Blob::of(params), Vec::new());
     }
-    // The other fields (a conversation's messages are most of the params: not copied).
-    let fields: Map<String, Value> = object
-        .iter()
-        .filter(|(key, _)| messages.is_none() || *key != "messages")
-        .map(|(key, value)| (key.clone(), value.clone()))
-        .collect();
     let mut links = Vec::new();
     let mut prev: Option<String> = None;
     for message in messages.into_iter().flatten() {
@@ -93,8 +87,46 @@ pub fn split_params(params: &Value) -> (Blob, Vec<ChainLink>) {
         let hash = node_hash(prev.as_deref(), &message.hash);
         links.push(ChainLink { hash: hash.clone(), prev: prev.replace(hash), message });
     }
-    let manifest = serde_json::json!({ SPLIT_KEY: { "fields": fields, "chain": prev } });
-    (Blob::of(&manifest), links)
+    // The other fields, written from the params in place (nothing copied).
+    let fields = Fields { object, without_messages: messages.is_some() };
+    let manifest = Manifest { split: Split { chain: prev.as_deref(), fields } };
+    let bytes = serde_json::to_vec(&manifest).unwrap_or_default();
+    (Blob { hash: keel_types::hex(&Sha256::digest(&bytes)), bytes }, links)
+}
+
+/// The params blob of split params: `{"$keel_messages": {"chain": ..., "fields": {...}}}`,
+/// the keys in the order a `Map` without `preserve_order` writes them (the blob is read
+/// back as JSON, so the order is not part of the format; it keeps the bytes, and so the
+/// content address, of params stored before).
+#[derive(serde::Serialize)]
+struct Manifest<'a> {
+    #[serde(rename = "$keel_messages")]
+    split: Split<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct Split<'a> {
+    chain: Option<&'a str>,
+    fields: Fields<'a>,
+}
+
+/// The params' fields but `messages` (when those are chained).
+struct Fields<'a> {
+    object: &'a Map<String, Value>,
+    without_messages: bool,
+}
+
+impl serde::Serialize for Fields<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        for (key, value) in self.object {
+            if !(self.without_messages && key == "messages") {
+                map.serialize_entry(key, value)?;
+            }
+        }
+        map.end()
+    }
 }
 
 /// The links a backend still has to store, given whether a node is stored already: a
@@ -321,6 +353,29 @@ mod tests {
         assert_eq!(manifest, json!({SPLIT_KEY: {"fields": {"model": "m"}, "chain": links[1].hash}}));
     }
 
+    /// The manifest is written from the params in place; its bytes (its content address)
+    /// are those of the manifest built as a `Value`, as before.
+    #[test]
+    fn the_manifest_is_the_bytes_of_the_manifest_as_a_value() {
+        for params in [
+            json!({"model": "m", "max_tokens": 16, "temperature": 0.5, "messages": [{"role": "user", "content": "hi"}], "z": null}),
+            json!({"messages": ["a"]}),
+            json!({SPLIT_KEY: {"fields": {}, "chain": "not a node"}}),
+        ] {
+            let (blob, links) = split_params(&params);
+            let mut fields = params.as_object().unwrap().clone();
+            if !links.is_empty() {
+                fields.remove("messages");
+            }
+            let chain = links.last().map(|link| link.hash.clone());
+            assert_eq!(
+                blob,
+                Blob::of(&json!({ SPLIT_KEY: { "fields": fields, "chain": chain } })),
+                "{params}"
+            );
+        }
+    }
+
     #[test]
     fn chain_end_names_the_last_node_of_split_params_only() {
         let (blob, links) = split_params(&json!({"messages": ["a", "b"]}));
@@ -400,7 +455,21 @@ mod tests {
             };
             for params in [params, with_messages] {
                 let hash = store.put(&params);
-                prop_assert_eq!(store.get(&hash).unwrap(), params);
+                prop_assert_eq!(&store.get(&hash).unwrap(), &params);
+                // Split params: the manifest's bytes are those of the manifest as a `Value`.
+                let (blob, links) = split_params(&params);
+                let split = params.as_object().filter(|object| {
+                    let escaped = object.len() == 1 && object.contains_key(SPLIT_KEY);
+                    escaped || object.get("messages").and_then(Value::as_array).is_some_and(|m| !m.is_empty())
+                });
+                if let Some(object) = split {
+                    let mut fields = object.clone();
+                    if !links.is_empty() {
+                        fields.remove("messages");
+                    }
+                    let chain = links.last().map(|link| link.hash.clone());
+                    prop_assert_eq!(blob, Blob::of(&json!({ SPLIT_KEY: { "fields": fields, "chain": chain } })));
+                }
             }
         }
 
