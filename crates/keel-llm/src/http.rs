@@ -75,9 +75,9 @@ impl Endpoint {
 
     /// Posts `body`. A 2xx is returned with its rate-limit headers already learned; any
     /// other answer becomes a classified error (its headers learned too).
-    pub async fn post(
+    pub async fn post<B: serde::Serialize + ?Sized>(
         &self,
-        body: &Value,
+        body: &B,
         model: &str,
         limiter: &RateLimiter,
     ) -> Result<reqwest::Response, UpstreamError> {

@@ -86,12 +86,13 @@ pub fn random_token() -> String {
 /// crate's `encode` collects an iterator of chars; this runs on every journal write.)
 pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut text = String::with_capacity(bytes.len() * 2);
+    // Bytes first, then one check: pushing `char`s checks capacity and encodes each one,
+    // and this runs for every hash a journaled call stores (several a message).
+    let mut text = Vec::with_capacity(bytes.len() * 2);
     for byte in bytes {
-        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+        text.extend_from_slice(&[DIGITS[usize::from(byte >> 4)], DIGITS[usize::from(byte & 0x0f)]]);
     }
-    text
+    String::from_utf8(text).unwrap_or_default()
 }
 
 macro_rules! string_enum {

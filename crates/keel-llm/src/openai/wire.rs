@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use keel_protocol::rpc::{AssistantMessage, ChatMessage, ChatRole, LlmChatParams, LlmChatResult, TokenUsage};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::Delta;
 use crate::error::{ErrorBody, Result};
@@ -26,40 +26,90 @@ fn takes_max_completion_tokens(model: &str) -> bool {
 
 /// The request body for `POST {base_url}/chat/completions`. The output limit is always
 /// sent (the request's, else [`DEFAULT_MAX_OUTPUT_TOKENS`]) so that a budget reservation
-/// is a true bound.
-pub fn request_body(params: &LlmChatParams, model: &str, stream: bool) -> Value {
-    let messages: Vec<Value> = params.messages.iter().map(upstream_message).collect();
-    let mut body = Map::new();
-    body.insert("model".into(), json!(model));
-    body.insert("messages".into(), Value::Array(messages));
-    let has_tools = params.tools.as_ref().is_some_and(|t| !t.is_empty());
-    if has_tools {
-        body.insert("tools".into(), json!(params.tools));
-        if let Some(choice) = &params.tool_choice {
-            body.insert("tool_choice".into(), choice.clone());
-        }
-        if let Some(parallel) = params.parallel_tool_calls {
-            body.insert("parallel_tool_calls".into(), json!(parallel));
-        }
-    }
+/// is a true bound. Written from the canonical request in place: a conversation is re-sent
+/// whole on every call, and building it as a `Value` first copied every message.
+pub fn request_body<'a>(params: &'a LlmChatParams, model: &'a str, stream: bool) -> RequestBody<'a> {
+    let tools = params.tools.as_deref().filter(|tools| !tools.is_empty());
     let max_tokens = params.max_tokens.map_or(DEFAULT_MAX_OUTPUT_TOKENS, u64::from);
-    let key = if takes_max_completion_tokens(model) { "max_completion_tokens" } else { "max_tokens" };
-    body.insert(key.into(), json!(max_tokens));
-    for (key, value) in [
-        ("temperature", params.temperature.map(Value::from)),
-        ("top_p", params.top_p.map(Value::from)),
-        ("stop", params.stop.as_ref().map(|s| json!(s))),
-        ("response_format", params.response_format.clone()),
-    ] {
-        if let Some(value) = value {
-            body.insert(key.into(), value);
-        }
+    let completion_tokens = takes_max_completion_tokens(model);
+    RequestBody {
+        model,
+        messages: UpstreamMessages(&params.messages),
+        tools,
+        tool_choice: tools.and(params.tool_choice.as_ref()),
+        parallel_tool_calls: tools.and(params.parallel_tool_calls),
+        max_completion_tokens: completion_tokens.then_some(max_tokens),
+        max_tokens: (!completion_tokens).then_some(max_tokens),
+        temperature: params.temperature,
+        top_p: params.top_p,
+        stop: params.stop.as_deref(),
+        response_format: params.response_format.as_ref(),
+        stream: stream.then_some(true),
+        stream_options: stream.then_some(StreamOptions { include_usage: true }),
     }
-    if stream {
-        body.insert("stream".into(), json!(true));
-        body.insert("stream_options".into(), json!({ "include_usage": true }));
+}
+
+/// See [`request_body`].
+#[derive(Debug, Serialize)]
+pub struct RequestBody<'a> {
+    model: &'a str,
+    messages: UpstreamMessages<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a [Value]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Debug, Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+/// The canonical messages as OpenAI wants them (see [`upstream_message`]).
+#[derive(Debug)]
+struct UpstreamMessages<'a>(&'a [ChatMessage]);
+
+impl Serialize for UpstreamMessages<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|message| {
+            // Written as it is, unless a tool call's arguments are not JSON text yet.
+            let as_is = message
+                .tool_calls
+                .iter()
+                .flatten()
+                .all(|call| call.pointer("/function/arguments").is_none_or(Value::is_string));
+            if as_is {
+                UpstreamMessage::AsIs(message)
+            } else {
+                UpstreamMessage::Rewritten(upstream_message(message))
+            }
+        }))
     }
-    Value::Object(body)
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum UpstreamMessage<'a> {
+    AsIs(&'a ChatMessage),
+    Rewritten(Value),
 }
 
 /// A canonical message as OpenAI wants it; tool call arguments must be JSON text.
@@ -350,7 +400,8 @@ use crate::fields::{self, invalid};
 
 /// Text of an OpenAI `content`: a string, null, or an array of parts (text parts are
 /// joined; other kinds are refused, since the canonical message holds text only).
-pub(crate) fn content_text(content: Option<&Value>, at: &str) -> Result<Option<String>> {
+/// `at` names the message in errors (formatted only for one).
+pub(crate) fn content_text(content: Option<&Value>, at: impl Fn() -> String) -> Result<Option<String>> {
     match content {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(text)) => Ok(Some(text.clone())),
@@ -361,7 +412,8 @@ pub(crate) fn content_text(content: Option<&Value>, at: &str) -> Result<Option<S
                     (Some("text"), Some(piece)) => text.push_str(piece),
                     (kind, _) => {
                         return Err(invalid(format!(
-                            "{at}.content[{i}] is a {} part; Keel's gateway passes text only",
+                            "{}.content[{i}] is a {} part; Keel's gateway passes text only",
+                            at(),
                             kind.unwrap_or("untyped")
                         )));
                     }
@@ -369,7 +421,7 @@ pub(crate) fn content_text(content: Option<&Value>, at: &str) -> Result<Option<S
             }
             Ok(Some(text))
         }
-        Some(_) => Err(invalid(format!("{at}.content must be a string, null or an array of parts"))),
+        Some(_) => Err(invalid(format!("{}.content must be a string, null or an array of parts", at()))),
     }
 }
 
@@ -383,7 +435,7 @@ pub fn chat_request_to_canonical(body: &Value) -> Result<(LlmChatParams, bool)> 
         .ok_or_else(|| invalid("`messages` is required and must be an array"))?;
     let mut messages = Vec::with_capacity(raw_messages.len());
     for (i, raw) in raw_messages.iter().enumerate() {
-        let at = format!("messages[{i}]");
+        let at = || format!("messages[{i}]");
         let role = match raw.get("role").and_then(Value::as_str) {
             Some("system" | "developer") => ChatRole::System,
             Some("user") => ChatRole::User,
@@ -391,7 +443,8 @@ pub fn chat_request_to_canonical(body: &Value) -> Result<(LlmChatParams, bool)> 
             Some("tool") => ChatRole::Tool,
             other => {
                 return Err(invalid(format!(
-                    "{at}.role is {other:?}; expected system, developer, user, assistant or tool"
+                    "{}.role is {other:?}; expected system, developer, user, assistant or tool",
+                    at()
                 )));
             }
         };
@@ -399,16 +452,16 @@ pub fn chat_request_to_canonical(body: &Value) -> Result<(LlmChatParams, bool)> 
             None | Some(Value::Null) => None,
             Some(Value::Array(calls)) if calls.is_empty() => None,
             Some(Value::Array(calls)) => Some(calls.iter().map(normalize_tool_call).collect()),
-            Some(_) => return Err(invalid(format!("{at}.tool_calls must be an array"))),
+            Some(_) => return Err(invalid(format!("{}.tool_calls must be an array", at()))),
         };
         let text = |key: &str| raw.get(key).and_then(Value::as_str).map(str::to_owned);
         let tool_call_id = text("tool_call_id");
         if role == ChatRole::Tool && tool_call_id.is_none() {
-            return Err(invalid(format!("{at} is a tool message without `tool_call_id`")));
+            return Err(invalid(format!("{} is a tool message without `tool_call_id`", at())));
         }
         messages.push(ChatMessage {
             role,
-            content: content_text(raw.get("content"), &at)?,
+            content: content_text(raw.get("content"), at)?,
             tool_calls,
             tool_call_id,
             name: text("name"),
@@ -647,7 +700,7 @@ mod tests {
             stop: Some(vec!["END".into()]),
             ..LlmChatParams::default()
         };
-        let body = request_body(&params, "gpt-4o-mini", true);
+        let body = serde_json::to_value(request_body(&params, "gpt-4o-mini", true)).unwrap();
         assert_eq!(body["model"], "gpt-4o-mini");
         assert_eq!(body["max_tokens"], 4096, "the default output limit is always sent");
         assert_eq!(body["stream"], true);
@@ -660,7 +713,7 @@ mod tests {
         assert_eq!(body["messages"][1]["content"], Value::Null);
         assert_eq!(body["messages"][1]["tool_calls"][0]["function"]["arguments"], "{\"a\":1}");
 
-        let plain = request_body(
+        let plain = serde_json::to_value(request_body(
             &LlmChatParams {
                 messages: vec![user("x")],
                 max_tokens: Some(9),
@@ -669,7 +722,8 @@ mod tests {
             },
             "o3-mini",
             false,
-        );
+        ))
+        .unwrap();
         assert_eq!(plain["max_completion_tokens"], 9);
         assert!(plain.get("max_tokens").is_none());
         assert!(plain.get("stream").is_none());
@@ -677,6 +731,132 @@ mod tests {
         assert!(plain.get("temperature").is_none());
         assert!(takes_max_completion_tokens("gpt-5") && takes_max_completion_tokens("o1-2024-12-17"));
         assert!(!takes_max_completion_tokens("gpt-4o") && !takes_max_completion_tokens("o1x"));
+    }
+
+    /// The body as it was built before it was written in place: a `Value`, every message
+    /// through `upstream_message`. The oracle of the property test below.
+    fn request_body_as_value(params: &LlmChatParams, model: &str, stream: bool) -> Value {
+        let mut body = serde_json::Map::new();
+        body.insert("model".into(), json!(model));
+        body.insert("messages".into(), Value::Array(params.messages.iter().map(upstream_message).collect()));
+        if params.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            body.insert("tools".into(), json!(params.tools));
+            if let Some(choice) = &params.tool_choice {
+                body.insert("tool_choice".into(), choice.clone());
+            }
+            if let Some(parallel) = params.parallel_tool_calls {
+                body.insert("parallel_tool_calls".into(), json!(parallel));
+            }
+        }
+        let max_tokens = params.max_tokens.map_or(DEFAULT_MAX_OUTPUT_TOKENS, u64::from);
+        let key = if takes_max_completion_tokens(model) { "max_completion_tokens" } else { "max_tokens" };
+        body.insert(key.into(), json!(max_tokens));
+        for (key, value) in [
+            ("temperature", params.temperature.map(Value::from)),
+            ("top_p", params.top_p.map(Value::from)),
+            ("stop", params.stop.as_ref().map(|s| json!(s))),
+            ("response_format", params.response_format.clone()),
+        ] {
+            if let Some(value) = value {
+                body.insert(key.into(), value);
+            }
+        }
+        if stream {
+            body.insert("stream".into(), json!(true));
+            body.insert("stream_options".into(), json!({ "include_usage": true }));
+        }
+        Value::Object(body)
+    }
+
+    fn any_chat_params() -> impl proptest::strategy::Strategy<Value = LlmChatParams> {
+        use proptest::prelude::*;
+        let arguments = prop_oneof![
+            Just(None),
+            Just(Some(json!("{\"a\":1}"))),
+            Just(Some(json!({"a": [1, "x"]}))),
+            Just(Some(json!(7)))
+        ];
+        let call = (arguments, "[a-z]{1,5}").prop_map(|(arguments, name)| {
+            let mut function = json!({ "name": name });
+            if let Some(arguments) = arguments {
+                function["arguments"] = arguments;
+            }
+            json!({ "id": "c", "type": "function", "function": function })
+        });
+        let role = prop_oneof![
+            Just(ChatRole::System),
+            Just(ChatRole::User),
+            Just(ChatRole::Assistant),
+            Just(ChatRole::Tool)
+        ];
+        let message =
+            (
+                role,
+                prop::option::of("[a-z \"\\\\é]{0,20}"),
+                prop::option::of(prop::collection::vec(call, 0..3)),
+                prop::option::of("[a-z0-9]{1,4}"),
+                prop::option::of("[a-z]{1,4}"),
+                prop::option::of(Just(vec![json!({"type": "reasoning", "encrypted_content": "e"})])),
+            )
+                .prop_map(|(role, content, tool_calls, tool_call_id, name, reasoning)| {
+                    ChatMessage { role, content, tool_calls, tool_call_id, name, reasoning }
+                });
+        let number = prop_oneof![Just(0.0), Just(0.7), Just(-1.5e300), Just(f64::NAN), Just(f64::INFINITY)];
+        (
+            prop::collection::vec(message, 0..5),
+            prop::option::of(prop::collection::vec(
+                Just(json!({"type": "function", "function": {"name": "f"}})),
+                0..3,
+            )),
+            prop::option::of(prop_oneof![Just(json!("auto")), Just(json!({"type": "function"}))]),
+            prop::option::of(any::<bool>()),
+            prop::option::of(any::<u32>()),
+            (prop::option::of(number.clone()), prop::option::of(number)),
+            prop::option::of(prop::collection::vec("[a-z]{0,3}", 0..3)),
+            prop::option::of(Just(json!({"type": "json_object"}))),
+        )
+            .prop_map(
+                |(
+                    messages,
+                    tools,
+                    tool_choice,
+                    parallel_tool_calls,
+                    max_tokens,
+                    (temperature, top_p),
+                    stop,
+                    response_format,
+                )| {
+                    LlmChatParams {
+                        messages,
+                        tools,
+                        tool_choice,
+                        parallel_tool_calls,
+                        max_tokens,
+                        temperature,
+                        top_p,
+                        stop,
+                        response_format,
+                        ..LlmChatParams::default()
+                    }
+                },
+            )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1_000))]
+
+        /// The body written in place says what the `Value` built before said, field for
+        /// field, for any request, model family and stream setting.
+        #[test]
+        fn the_upstream_body_is_written_as_it_was_built(
+            params in any_chat_params(),
+            model in proptest::prop_oneof![proptest::strategy::Just("gpt-4o-mini"), proptest::strategy::Just("o3-mini")],
+            stream in proptest::prelude::any::<bool>(),
+        ) {
+            let written: Value = serde_json::from_slice(&serde_json::to_vec(&request_body(&params, model, stream)).unwrap()).unwrap();
+            let built: Value = serde_json::from_slice(&serde_json::to_vec(&request_body_as_value(&params, model, stream)).unwrap()).unwrap();
+            proptest::prop_assert_eq!(written, built);
+        }
     }
 
     #[test]
@@ -796,9 +976,20 @@ mod tests {
             (json!({"messages": [{"role": "robot", "content": "x"}]}), "messages[0].role"),
             (
                 json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
-                "image_url part",
+                "messages[0].content[0] is a image_url part",
             ),
-            (json!({"messages": [{"role": "tool", "content": "x"}]}), "tool_call_id"),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "x"}]}),
+                "messages[1] is a tool message without `tool_call_id`",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": 7}]}),
+                "messages[0].content must be a string, null or an array of parts",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x", "tool_calls": {}}]}),
+                "messages[0].tool_calls must be an array",
+            ),
             (json!({"messages": [], "tools": [{"type": "function"}]}), "tools[0]"),
             (json!({"messages": [], "n": 2}), "`n`"),
             (json!({"messages": [], "max_tokens": -1}), "max_tokens"),
