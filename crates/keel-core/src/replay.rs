@@ -31,8 +31,7 @@ pub fn params_hash(method: &str, params: &Value) -> String {
     sink.write_text(method);
     sink.write_text("\n");
     write_canonical(&mut sink, params);
-    sink.hasher.update(&sink.buffer);
-    keel_types::hex(&sink.hasher.finalize())
+    sink.finish()
 }
 
 /// Where canonical JSON text goes: a string for `canonical_json`, a buffered hasher for
@@ -56,6 +55,12 @@ struct HashSink {
 
 impl HashSink {
     const CAPACITY: usize = 4096;
+
+    /// The hex digest of everything written.
+    fn finish(mut self) -> String {
+        self.hasher.update(&self.buffer);
+        keel_types::hex(&self.hasher.finalize())
+    }
 }
 
 impl CanonicalSink for HashSink {
@@ -77,7 +82,9 @@ fn write_canonical<S: CanonicalSink>(sink: &mut S, value: &Value) {
         Value::Null => sink.write_text("null"),
         Value::Bool(true) => sink.write_text("true"),
         Value::Bool(false) => sink.write_text("false"),
-        Value::Number(number) => write_number(sink, number),
+        // `Number`'s Display is the same formatting serde_json's serializer uses (itoa for
+        // integers, ryu for floats), so numbers read back to the same value.
+        Value::Number(number) => sink.write_text(&number.to_string()),
         Value::String(text) => write_string(sink, text),
         Value::Array(items) => {
             sink.write_text("[");
@@ -115,34 +122,6 @@ fn write_entries<'a, S: CanonicalSink>(sink: &mut S, entries: impl Iterator<Item
         write_string(sink, key);
         sink.write_text(":");
         write_canonical(sink, item);
-    }
-}
-
-/// `Number`'s Display is the same formatting serde_json's serializer uses (itoa for
-/// integers, ryu for floats), so numbers read back to the same value. Formatted on the
-/// stack: a number is at most 24 bytes.
-fn write_number<S: CanonicalSink>(sink: &mut S, number: &serde_json::Number) {
-    use std::fmt::Write as _;
-    let mut text = NumberText { bytes: [0; 40], len: 0 };
-    // Only whole `str`s are copied in, so the bytes are UTF-8.
-    match write!(text, "{number}").map(|()| std::str::from_utf8(&text.bytes[..text.len])) {
-        Ok(Ok(formatted)) => sink.write_text(formatted),
-        _ => sink.write_text(&number.to_string()),
-    }
-}
-
-/// A number's text, formatted without allocating.
-struct NumberText {
-    bytes: [u8; 40],
-    len: usize,
-}
-
-impl std::fmt::Write for NumberText {
-    fn write_str(&mut self, text: &str) -> std::fmt::Result {
-        let end = self.len + text.len();
-        self.bytes.get_mut(self.len..end).ok_or(std::fmt::Error)?.copy_from_slice(text.as_bytes());
-        self.len = end;
-        Ok(())
     }
 }
 

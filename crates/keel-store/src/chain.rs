@@ -28,9 +28,9 @@ pub struct Blob {
 
 impl Blob {
     /// The compact JSON of `value` and its hash.
-    pub fn of(value: &Value) -> Blob {
-        // Serializing a `Value` cannot fail: its keys are strings. (Its Display is the
-        // same compact JSON, through a formatter.)
+    pub fn of(value: &(impl serde::Serialize + ?Sized)) -> Blob {
+        // Serializing a `Value`, or a borrowed view of one, cannot fail: its keys are
+        // strings.
         let bytes = serde_json::to_vec(value).unwrap_or_default();
         let hash = keel_types::hex(&Sha256::digest(&bytes));
         Blob { hash, bytes }
@@ -90,8 +90,7 @@ pub fn split_params(params: &Value) -> (Blob, Vec<ChainLink>) {
     // The other fields, written from the params in place (nothing copied).
     let fields = Fields { object, without_messages: messages.is_some() };
     let manifest = Manifest { split: Split { chain: prev.as_deref(), fields } };
-    let bytes = serde_json::to_vec(&manifest).unwrap_or_default();
-    (Blob { hash: keel_types::hex(&Sha256::digest(&bytes)), bytes }, links)
+    (Blob::of(&manifest), links)
 }
 
 /// The params blob of split params: `{"$keel_messages": {"chain": ..., "fields": {...}}}`,
