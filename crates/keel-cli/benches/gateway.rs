@@ -16,6 +16,11 @@
 //!
 //! The benchmark binary re-executes itself as the agent (`--sandbox none`, so it can also
 //! reach the mock directly), which gives the load generator a real run token.
+//!
+//! A third sequential measure alternates, call by call, a chat call through Keel with a
+//! journaled direct call (a raw fsync'd SQLite commit, the direct call, another commit):
+//! the least any design keeping the same guarantees can take, met with the disk in the
+//! same state as the call through Keel.
 
 #[path = "common.rs"]
 mod common;
@@ -139,17 +144,7 @@ async fn measure(
     let (sequential, streamed) = if load_only() { (0, 0) } else { (SEQUENTIAL, STREAMED) };
     let mut latencies = Vec::with_capacity(sequential);
     for i in 0..sequential {
-        let started = Instant::now();
-        let response = http
-            .post(&url)
-            .bearer_auth(key)
-            .json(&(api.request)(offset + i, false))
-            .send()
-            .await
-            .expect("send");
-        assert!(response.status().is_success(), "{}", response.text().await.unwrap_or_default());
-        response.bytes().await.expect("body");
-        latencies.push(started.elapsed().as_secs_f64() * 1e6);
+        latencies.push(timed_call(http, &url, key, &(api.request)(offset + i, false)).await);
     }
     let mut first_tokens = Vec::with_capacity(streamed);
     for i in 0..streamed {
@@ -201,6 +196,47 @@ async fn measure(
     })
 }
 
+/// One sequential call to `url`, its latency in µs.
+async fn timed_call(http: &reqwest::Client, url: &str, key: &str, body: &Value) -> f64 {
+    let started = Instant::now();
+    let response = http.post(url).bearer_auth(key).json(body).send().await.expect("send");
+    assert!(response.status().is_success(), "{}", response.text().await.unwrap_or_default());
+    response.bytes().await.expect("body");
+    started.elapsed().as_secs_f64() * 1e6
+}
+
+/// The least a journaled call can take, measured beside Keel's own calls: a durable
+/// intent, the direct call, a durable result, each a raw fsync'd SQLite commit (WAL,
+/// synchronous=FULL, as the daemon's store) in a file next to the daemon's. Alternated
+/// call by call with chat calls through Keel, so that both meet the disk in the same
+/// state: a flush here can take several times longer when flushes come spaced out, as a
+/// gateway's are, than when they come back to back, as the raw commit floor's do.
+async fn journaled_floor(http: &reqwest::Client, direct: &str, kernel: &str, key: &str, db: &str) -> Value {
+    let store = rusqlite::Connection::open(db).expect("open the floor's database");
+    store
+        .execute_batch(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;
+             CREATE TABLE m (id INTEGER PRIMARY KEY, body TEXT NOT NULL);",
+        )
+        .expect("set up the floor's database");
+    let commit = |body: String| {
+        store.execute_batch("BEGIN").expect("begin");
+        store.execute("INSERT INTO m (body) VALUES (?1)", [body]).expect("insert");
+        store.execute_batch("COMMIT").expect("commit");
+    };
+    let (direct, kernel) = (format!("{direct}/chat/completions"), format!("{kernel}/chat/completions"));
+    let (mut floor, mut through) = (Vec::with_capacity(SEQUENTIAL), Vec::with_capacity(SEQUENTIAL));
+    for i in 0..SEQUENTIAL {
+        let started = Instant::now();
+        commit(format!("{{\"op\":\"intent\",\"i\":{i}}}"));
+        timed_call(http, &direct, "direct", &chat_request(40_000_000 + i, false)).await;
+        commit(format!("{{\"op\":\"result\",\"i\":{i}}}"));
+        floor.push(started.elapsed().as_secs_f64() * 1e6);
+        through.push(timed_call(http, &kernel, key, &chat_request(50_000_000 + i, false)).await);
+    }
+    json!({"floor": stats(floor), "kernel": stats(through)})
+}
+
 /// A conversation of `TURNS` turns on `/v1/responses`: each turn a new user message,
 /// either continuing the last response (`previous_response_id`) or sending every item so
 /// far, the responses' output included, with `store: false`. Latencies of every turn and
@@ -244,6 +280,14 @@ async fn agent() {
         println!("{}", json!({"direct": direct, "kernel": kernel}));
         return;
     }
+    // Under Postgres the floor's commits would be Postgres's; only SQLite's is measured.
+    let journaled = match std::env::var("FLOOR_DB") {
+        Ok(db) if common::postgres_store().is_none() => {
+            journaled_floor(&http, &std::env::var("MOCK_URL").expect("MOCK_URL"), &kernel_base, &token, &db)
+                .await
+        }
+        _ => Value::Null,
+    };
     let responses = measure(&http, &kernel_base, &token, 20_000_000, &RESPONSES, false).await;
     let unstored = measure(&http, &kernel_base, &token, 30_000_000, &UNSTORED_RESPONSES, false).await;
     let chained = conversation(&http, &kernel_base, &token, true).await;
@@ -251,7 +295,7 @@ async fn agent() {
     println!(
         "{}",
         json!({"direct": direct, "kernel": kernel, "responses": responses, "unstored": unstored,
-            "chained": chained, "whole": whole})
+            "chained": chained, "whole": whole, "journaled": journaled})
     );
 }
 
@@ -288,6 +332,8 @@ async fn main() {
         &[("OPENAI_BASE_URL", format!("http://{mock_addr}/v1")), ("OPENAI_API_KEY", "sk-bench".to_owned())],
     );
     let exe = std::env::current_exe().expect("own path").display().to_string();
+    // The journaled floor's database: beside the daemon's, in the same file system.
+    let floor_db = tempfile::tempdir().expect("tempdir");
     let out = daemon
         .keel()
         .args(["run", "--quiet", "--sandbox", "none", "--loop-threshold", "0"])
@@ -296,6 +342,8 @@ async fn main() {
             "GATEWAY_BENCH_AGENT=1",
             "--env",
             &format!("MOCK_URL=http://{mock_addr}/v1"),
+            "--env",
+            &format!("FLOOR_DB={}", floor_db.path().join("floor.db").display()),
             "--",
             &exe,
         ])
@@ -354,6 +402,28 @@ async fn main() {
         2.0 * commit_p50,
         added - 2.0 * commit_p50
     );
+    let journaled = &result["journaled"];
+    if journaled.is_null() {
+        println!(
+            "\nThe journaled direct call (alternated with calls through Keel) is measured on SQLite only."
+        );
+    } else {
+        let p50 = |v: &Value| v["p50_us"].as_f64().unwrap_or_default();
+        let (floor, through) = (p50(&journaled["floor"]), p50(&journaled["kernel"]));
+        println!(
+            "\n| {SEQUENTIAL} of each, alternated call by call (µs) | p50 / p99 |\n|---|---:|\n\
+             | a journaled direct call: fsync'd commit, the direct call, fsync'd commit | {} / {} |\n\
+             | /v1/chat/completions through Keel | {} / {} |\n\
+             | Keel beyond the journaled direct call, p50 | +{:.0} |\n\
+             | the two commits in it, p50 (the journaled call less the direct call's p50 above) | {:.0} |",
+            floor,
+            journaled["floor"]["p99_us"],
+            through,
+            journaled["kernel"]["p99_us"],
+            through - floor,
+            floor - direct["latency"]["p50_us"].as_f64().unwrap_or_default(),
+        );
+    }
     println!("\n{}", throughput_table(direct, kernel));
     let turns = |which: &str, part: &str, key: &str| result[which][part][key].as_f64().unwrap_or_default();
     println!(
