@@ -408,8 +408,8 @@ async fn main() {
             "\nThe journaled direct call (alternated with calls through Keel) is measured on SQLite only."
         );
     } else {
-        let p50 = |v: &Value| v["p50_us"].as_f64().unwrap_or_default();
-        let (floor, through) = (p50(&journaled["floor"]), p50(&journaled["kernel"]));
+        let at = |v: &Value, key: &str| v[key].as_f64().unwrap_or_default();
+        let (floor, through) = (at(&journaled["floor"], "p50_us"), at(&journaled["kernel"], "p50_us"));
         println!(
             "\n| {SEQUENTIAL} of each, alternated call by call (µs) | p50 / p99 |\n|---|---:|\n\
              | a journaled direct call: fsync'd commit, the direct call, fsync'd commit | {} / {} |\n\
@@ -417,9 +417,9 @@ async fn main() {
              | Keel beyond the journaled direct call, p50 | +{:.0} |\n\
              | the two commits in it, p50 (the journaled call less the direct call's p50 above) | {:.0} |",
             floor,
-            journaled["floor"]["p99_us"],
+            at(&journaled["floor"], "p99_us"),
             through,
-            journaled["kernel"]["p99_us"],
+            at(&journaled["kernel"], "p99_us"),
             through - floor,
             floor - direct["latency"]["p50_us"].as_f64().unwrap_or_default(),
         );

@@ -4,10 +4,14 @@
 //! Shape: `SqliteStore` is a cheap-to-clone handle. Writes are turned into a closed
 //! `WriteCommand` for the only read-write connection (`writer`). A write that is the only
 //! one in flight is committed on its caller's thread; otherwise it is sent to the writer
-//! thread, which drains whatever is queued into one transaction, commits once (one flush
-//! with `synchronous=FULL`) and then answers every caller. Reads run on tokio's blocking
-//! pool with a connection of their own (`ReadPool`); since a write is answered only after
-//! its commit, a read that starts after a write returned sees it.
+//! thread, which drains whatever is queued into one transaction and commits it; its
+//! flusher thread flushes the WAL and then answers every caller, while the writer commits
+//! the next batch (`writer::run`). Reads run on tokio's blocking pool with a connection of
+//! their own (`ReadPool`); since a write is answered only after its commit, a read that
+//! starts after a write returned sees it. A read may also see a commit whose flush is
+//! still under way: if the machine lost power then, that commit would be lost with every
+//! later one, none of them answered (the WAL is one sequence, and a flush covers every
+//! frame before it).
 
 mod audit;
 mod dump;
@@ -141,7 +145,7 @@ impl SqliteStore {
         schema::migrate(&mut connection)?;
 
         let (commands, receiver) = mpsc::channel(WRITE_QUEUE_CAPACITY);
-        let writer = Arc::new(Mutex::new(writer::Writer::new(connection)));
+        let writer = Arc::new(Mutex::new(writer::Writer::new(connection, Arc::new(writer::Wal::new(path)))?));
         let thread_writer = Arc::clone(&writer);
         let writer_thread = std::thread::Builder::new()
             .name("keel-store-writer".to_owned())
@@ -255,10 +259,17 @@ impl SqliteStore {
             Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Some(command),
         };
-        let answers = writer.commit(&mut std::collections::VecDeque::from([command]));
+        let committed = writer.commit(&mut std::collections::VecDeque::from([command]));
+        let wal = Arc::clone(writer.wal());
+        // Unlocked before the flush: a write queued meanwhile is committed by the writer
+        // thread while this one is in the disk, and either flush covers this commit.
         drop(writer);
-        for answer in answers {
-            answer.deliver();
+        if committed.flush {
+            writer::deliver_flushed(&wal, committed.answers);
+        } else {
+            for answer in committed.answers {
+                answer.deliver();
+            }
         }
         None
     }
@@ -827,5 +838,119 @@ mod tests {
         drop(held);
         let committed_by = runtime.block_on(queued);
         assert_eq!(committed_by.as_deref(), Some("keel-store-writer"));
+    }
+
+    /// A store whose WAL flushes wait in `flush_hook` until `release` is called, and how
+    /// many flushes have started.
+    struct HeldFlushes {
+        store: SqliteStore,
+        started: Arc<std::sync::atomic::AtomicUsize>,
+        gate: Arc<(Mutex<bool>, std::sync::Condvar)>,
+        _dir: tempfile::TempDir,
+    }
+
+    impl HeldFlushes {
+        fn open() -> HeldFlushes {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let store = SqliteStore::open(&dir.path().join("keel.db")).expect("open");
+            let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+            let (count, wait) = (Arc::clone(&started), Arc::clone(&gate));
+            let hook: writer::FlushHook = Arc::new(move || {
+                count.fetch_add(1, Ordering::SeqCst);
+                let (open, opened) = &*wait;
+                let mut open = open.lock().unwrap();
+                while !*open {
+                    open = opened.wait(open).unwrap();
+                }
+                Ok(())
+            });
+            *writer::lock(&store.inner.writer).wal().hook.lock().unwrap() = Some(hook);
+            HeldFlushes { store, started, gate, _dir: dir }
+        }
+
+        fn release(&self) {
+            *self.gate.0.lock().unwrap() = true;
+            self.gate.1.notify_all();
+        }
+
+        /// Waits (up to a minute) until `n` flushes have started.
+        fn wait_for_flushes(&self, n: usize) {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while self.started.load(Ordering::SeqCst) < n {
+                assert!(std::time::Instant::now() < deadline, "no flush started");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+    }
+
+    /// A run created on a thread of its own; its outcome arrives on the returned channel.
+    fn create_run_elsewhere(store: &SqliteStore, id: &RunId) -> std::sync::mpsc::Receiver<Result<RunRecord>> {
+        let (done, outcome) = std::sync::mpsc::channel();
+        let (store, id) = (store.clone(), id.clone());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+            let run = NewRun {
+                id,
+                tenant: "default".to_owned(),
+                spec: serde_json::json!({}),
+                state: keel_types::RunState::Created,
+                created_at_ms: 1,
+            };
+            let _ = done.send(runtime.block_on(store.create_run(run)));
+        });
+        outcome
+    }
+
+    #[test]
+    fn a_write_is_answered_only_after_its_flush_and_the_next_commits_meanwhile() {
+        let held = HeldFlushes::open();
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        // Uncontended: committed on its caller's thread, which then flushes.
+        let (first_id, second_id) = (RunId::generate(1), RunId::generate(2));
+        let first = create_run_elsewhere(&held.store, &first_id);
+        held.wait_for_flushes(1);
+        // Committed (a reader sees it) but, its flush held, not answered.
+        let seen = runtime.block_on(held.store.get_run(&first_id));
+        assert!(seen.expect("read").is_some(), "the first run was not committed before its flush");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(first.try_recv().is_err(), "answered before its flush");
+
+        // Another write meanwhile goes to the writer thread, commits while the first
+        // flush is held, and waits for a flush of its own.
+        let second = create_run_elsewhere(&held.store, &second_id);
+        held.wait_for_flushes(2);
+        let seen = runtime.block_on(held.store.get_run(&second_id));
+        assert!(seen.expect("read").is_some(), "the second write waited for the first one's flush to commit");
+        assert!(second.try_recv().is_err(), "answered before its flush");
+
+        // Run events are promised no flush: answered while both flushes are held.
+        let events = runtime.block_on(held.store.append_events(
+            &first_id,
+            &[crate::NewEvent { ts_ms: 1, kind: "log".to_owned(), data: serde_json::json!({}) }],
+        ));
+        assert!(events.is_ok(), "{events:?}");
+
+        held.release();
+        let wait = std::time::Duration::from_secs(60);
+        assert!(first.recv_timeout(wait).expect("answered").is_ok());
+        assert!(second.recv_timeout(wait).expect("answered").is_ok());
+    }
+
+    #[test]
+    fn a_failed_flush_fails_its_write_and_every_later_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open(&dir.path().join("keel.db")).expect("open");
+        let hook: writer::FlushHook = Arc::new(|| Err(std::io::Error::other("the disk went away")));
+        *writer::lock(&store.inner.writer).wal().hook.lock().unwrap() = Some(hook);
+        let failed = create_run_elsewhere(&store, &RunId::generate(1)).recv().expect("answered");
+        let error = failed.expect_err("a write whose flush failed succeeded").to_string();
+        assert!(error.contains("the disk went away") && error.contains("restart keel"), "{error}");
+
+        // The disk answers again, but what it dropped is not known: still refused.
+        *writer::lock(&store.inner.writer).wal().hook.lock().unwrap() = None;
+        let later = create_run_elsewhere(&store, &RunId::generate(2)).recv().expect("answered");
+        let error = later.expect_err("a write after a failed flush succeeded").to_string();
+        assert!(error.contains("restart keel"), "{error}");
     }
 }

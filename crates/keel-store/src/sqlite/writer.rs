@@ -206,42 +206,161 @@ pub(super) fn sql_error(step: &'static str) -> impl FnOnce(rusqlite::Error) -> E
     move |source| Error::Backend { step, source: Box::new(source) }
 }
 
-/// The only read-write connection, and the `synchronous` setting it was last given. The
-/// writer thread and a caller committing inline (see `SqliteStore::write`) take turns
-/// with it under a mutex.
+/// The only read-write connection, and the WAL it commits into. The writer thread and a
+/// caller committing inline (see `SqliteStore::write`) take turns with it under a mutex.
 pub(super) struct Writer {
     connection: Connection,
-    flushing: bool,
+    wal: Arc<Wal>,
+}
+
+/// A batch's answers once its transaction is over: to be delivered now, or only once the
+/// WAL is flushed.
+pub(super) struct Committed {
+    pub(super) answers: Vec<Box<dyn Answer>>,
+    /// Whether a caller in the batch is promised a flushed commit.
+    pub(super) flush: bool,
 }
 
 impl Writer {
-    /// The connection starts with `synchronous=FULL` (see `schema::configure_writer`).
-    pub(super) fn new(connection: Connection) -> Writer {
-        Writer { connection, flushing: true }
+    /// Commits run with `synchronous=NORMAL`: SQLite writes a commit's frames to the WAL
+    /// without flushing it, and whoever commits flushes it afterwards ([`Wal::flush`])
+    /// before answering. That is `synchronous=FULL`'s flush moved out of `COMMIT`, so
+    /// that the writer thread can write the next batch while this one's flush is in the
+    /// disk ([`run`]). `NORMAL` still flushes the WAL before each checkpoint and the
+    /// database file after it, as `FULL` does.
+    pub(super) fn new(connection: Connection, wal: Arc<Wal>) -> Result<Writer> {
+        connection
+            .execute_batch("PRAGMA synchronous = NORMAL")
+            .map_err(sql_error("setting synchronous=NORMAL"))?;
+        Ok(Writer { connection, wal })
     }
 
     /// Commits every command of `batch` (in one transaction, unless SQLite aborts one
-    /// midway) and returns their answers, to be delivered once the writer is unlocked.
-    pub(super) fn commit(&mut self, batch: &mut VecDeque<WriteCommand>) -> Vec<Box<dyn Answer>> {
-        // A batch of only run events, audit records and unflushed kv values commits
-        // without flushing the WAL: they are durable with the next commit that flushes,
-        // which covers every frame before it (see `Store::append_events`). Anything else
-        // in the batch flushes it all.
+    /// midway) and returns their answers, to be delivered once the writer is unlocked
+    /// and, if `flush`, the WAL flushed.
+    pub(super) fn commit(&mut self, batch: &mut VecDeque<WriteCommand>) -> Committed {
+        // A batch of only run events, audit records and unflushed kv values is answered
+        // without flushing the WAL: they are durable with the next flush, which covers
+        // every frame before it (see `Store::append_events`).
         let flush = batch.iter().any(WriteCommand::needs_flush);
-        if flush != self.flushing {
-            let pragma = if flush { "PRAGMA synchronous = FULL" } else { "PRAGMA synchronous = NORMAL" };
-            // Through the statement cache: a busy kernel switches back and forth
-            // between the two with every batch of run events.
-            match run_sql(&self.connection, "switching synchronous", pragma, []) {
-                Ok(_) => self.flushing = flush,
-                Err(error) => tracing::error!(%error, "keel-store could not run {pragma}"),
-            }
-        }
         let mut answers = Vec::with_capacity(batch.len());
         while !batch.is_empty() {
             answers.extend(run_transaction(&self.connection, batch));
         }
-        answers
+        Committed { answers, flush }
+    }
+
+    /// The WAL this writer commits into.
+    pub(super) fn wal(&self) -> &Arc<Wal> {
+        &self.wal
+    }
+}
+
+/// The database's write-ahead log, opened a second time to flush it: `fdatasync` flushes
+/// a file's data whichever descriptor names it. Reopened if the file at the path is no
+/// longer the one open (SQLite deletes the WAL only when its last connection closes, and
+/// the writer's closes last, but a flush through a stale descriptor would flush nothing).
+/// After a failed flush every later one fails too: the kernel may have dropped the pages
+/// it could not write and report success the next time, so nothing written since can be
+/// promised durable until the store is opened again.
+pub(super) struct Wal {
+    path: std::path::PathBuf,
+    file: Mutex<Option<OpenWal>>,
+    failed: Mutex<Option<String>>,
+    /// Runs inside each flush, before the flush itself: tests hold flushes in the disk, or
+    /// fail them.
+    #[cfg(test)]
+    pub(super) hook: Mutex<Option<FlushHook>>,
+}
+
+#[cfg(test)]
+pub(super) type FlushHook = Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>;
+
+impl Wal {
+    pub(super) fn new(database: &std::path::Path) -> Wal {
+        let mut path = database.as_os_str().to_owned();
+        path.push("-wal");
+        Wal {
+            path: path.into(),
+            file: Mutex::new(None),
+            failed: Mutex::new(None),
+            #[cfg(test)]
+            hook: Mutex::new(None),
+        }
+    }
+
+    /// Flushes every frame written to the WAL so far.
+    pub(super) fn flush(&self) -> Result<()> {
+        if let Some(message) = &*self.failed.lock().unwrap_or_else(PoisonError::into_inner) {
+            return Err(flush_error(message));
+        }
+        let flushed = self.open().and_then(|file| {
+            #[cfg(test)]
+            {
+                // Taken out first: the lock is not held while the hook waits.
+                let hook = self.hook.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                if let Some(hook) = hook {
+                    hook()?;
+                }
+            }
+            match file {
+                Some(file) => file.sync_data(),
+                None => Ok(()),
+            }
+        });
+        flushed.map_err(|error| {
+            let message = format!(
+                "flushing {} failed ({error}); nothing written since can be promised durable: \
+                 check the disk, then restart keel",
+                self.path.display()
+            );
+            tracing::error!("keel-store: {message}");
+            *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(message.clone());
+            flush_error(&message)
+        })
+    }
+
+    /// The open WAL, (re)opened when the path names another file than the one open; none
+    /// if there is no WAL (SQLite has written no frame, so there is nothing to flush).
+    fn open(&self) -> std::io::Result<Option<Arc<std::fs::File>>> {
+        use std::os::unix::fs::MetadataExt;
+        let on_disk = match std::fs::metadata(&self.path) {
+            Ok(metadata) => (metadata.dev(), metadata.ino()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        let mut open = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((file, identity)) = open.as_ref()
+            && *identity == on_disk
+        {
+            return Ok(Some(Arc::clone(file)));
+        }
+        let file = Arc::new(std::fs::OpenOptions::new().write(true).open(&self.path)?);
+        let metadata = file.metadata()?;
+        *open = Some((Arc::clone(&file), (metadata.dev(), metadata.ino())));
+        Ok(Some(file))
+    }
+}
+
+/// The WAL open, and its device and inode numbers.
+type OpenWal = (Arc<std::fs::File>, (u64, u64));
+
+fn flush_error(message: &str) -> Error {
+    Error::Backend { step: "flushing the WAL", source: message.into() }
+}
+
+/// Delivers `answers` once the WAL is flushed, each turned into the flush's error if it
+/// failed.
+pub(super) fn deliver_flushed(wal: &Wal, answers: Vec<Box<dyn Answer>>) {
+    deliver_after(wal.flush(), answers);
+}
+
+fn deliver_after(flushed: Result<()>, answers: Vec<Box<dyn Answer>>) {
+    for mut answer in answers {
+        if let Err(error) = &flushed {
+            answer.revoke(batch_error("flushing the WAL", &error.to_string()));
+        }
+        answer.deliver();
     }
 }
 
@@ -261,15 +380,38 @@ pub(super) fn lock(writer: &Mutex<Writer>) -> MutexGuard<'_, Writer> {
 }
 
 /// The writer thread's body. Returns when every sender is gone (the store was dropped);
-/// commands already queued are still served first.
+/// commands already queued are still served first, and their flushes waited for.
+///
+/// A batch that must be flushed goes to a flusher thread, which flushes the WAL and then
+/// answers it while this thread commits the next batch: one batch's statements and the
+/// previous batch's flush overlap instead of taking turns. Batches that queue for the
+/// flusher while it flushes share its next flush, which covers every frame before it.
 pub(super) fn run(writer: Arc<Mutex<Writer>>, mut commands: mpsc::Receiver<WriteCommand>) {
+    let wal = Arc::clone(lock(&writer).wal());
+    let (flushes, to_flush) = std::sync::mpsc::channel::<Vec<Box<dyn Answer>>>();
+    let flusher_wal = Arc::clone(&wal);
+    let flusher = std::thread::Builder::new().name("keel-store-flush".to_owned()).spawn(move || {
+        while let Ok(mut answers) = to_flush.recv() {
+            while let Ok(more) = to_flush.try_recv() {
+                answers.extend(more);
+            }
+            deliver_flushed(&flusher_wal, answers);
+        }
+    });
+    let flusher = match flusher {
+        Ok(thread) => Some(thread),
+        Err(error) => {
+            tracing::error!(%error, "keel-store could not start its flush thread; the writer flushes each batch itself");
+            None
+        }
+    };
     let mut batch = VecDeque::with_capacity(MAX_BATCH);
     while let Some(first) = commands.blocking_recv() {
         batch.push_back(first);
-        let answers = {
+        let committed = {
             let mut writer = lock(&writer);
             // Whatever queued up while the previous commit (this thread's, or a caller's
-            // inline one) was being fsynced joins this one: that is the group commit, and
+            // inline one) was being written joins this one: that is the group commit, and
             // it needs no timer.
             while batch.len() < MAX_BATCH {
                 match commands.try_recv() {
@@ -280,9 +422,20 @@ pub(super) fn run(writer: Arc<Mutex<Writer>>, mut commands: mpsc::Receiver<Write
             writer.commit(&mut batch)
         };
         // Unlocked first, so a caller woken by its answer may commit its next write inline.
-        for answer in answers {
-            answer.deliver();
+        if !committed.flush {
+            deliver_after(Ok(()), committed.answers);
+        } else if flusher.is_some() {
+            // The flusher ends only after this loop does.
+            let _ = flushes.send(committed.answers);
+        } else {
+            deliver_flushed(&wal, committed.answers);
         }
+    }
+    drop(flushes);
+    if let Some(thread) = flusher
+        && thread.join().is_err()
+    {
+        tracing::error!("the keel-store flush thread panicked");
     }
 }
 
