@@ -145,7 +145,7 @@ impl SqliteStore {
         schema::migrate(&mut connection)?;
 
         let (commands, receiver) = mpsc::channel(WRITE_QUEUE_CAPACITY);
-        let writer = Arc::new(Mutex::new(writer::Writer::new(connection, Arc::new(writer::Wal::new(path)))?));
+        let writer = Arc::new(Mutex::new(writer::Writer::new(connection, Arc::new(writer::Wal::new(path)))));
         let thread_writer = Arc::clone(&writer);
         let writer_thread = std::thread::Builder::new()
             .name("keel-store-writer".to_owned())
@@ -259,10 +259,9 @@ impl SqliteStore {
             Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Some(command),
         };
-        let committed = writer.commit(&mut std::collections::VecDeque::from([command]));
+        let batch = &mut std::collections::VecDeque::from([command]);
+        let committed = writer.commit(batch, writer::Flush::InCommit);
         let wal = Arc::clone(writer.wal());
-        // Unlocked before the flush: a write queued meanwhile is committed by the writer
-        // thread while this one is in the disk, and either flush covers this commit.
         drop(writer);
         if committed.flush {
             writer::deliver_flushed(&wal, committed.answers);
@@ -884,6 +883,30 @@ mod tests {
         }
     }
 
+    /// Creates a run through the writer thread (another write counted in flight keeps it
+    /// from committing on its caller's thread); returns once it is committed, which a read
+    /// sees, with the channel its answer arrives on.
+    fn create_run_queued(store: &SqliteStore, id: &RunId) -> std::sync::mpsc::Receiver<Result<RunRecord>> {
+        store.inner.writing.fetch_add(1, Ordering::SeqCst);
+        let outcome = create_run_elsewhere(store, id);
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while runtime.block_on(store.get_run(id)).expect("read").is_none() {
+            // Failed (its flush, say) before a read saw it: passed on as it came.
+            if let Ok(answered) = outcome.try_recv() {
+                assert!(answered.is_err(), "answered before a read saw it committed");
+                store.inner.writing.fetch_sub(1, Ordering::SeqCst);
+                let (again, outcome) = std::sync::mpsc::channel();
+                let _ = again.send(answered);
+                return outcome;
+            }
+            assert!(std::time::Instant::now() < deadline, "the write was not committed");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        store.inner.writing.fetch_sub(1, Ordering::SeqCst);
+        outcome
+    }
+
     /// A run created on a thread of its own; its outcome arrives on the returned channel.
     fn create_run_elsewhere(store: &SqliteStore, id: &RunId) -> std::sync::mpsc::Receiver<Result<RunRecord>> {
         let (done, outcome) = std::sync::mpsc::channel();
@@ -903,28 +926,32 @@ mod tests {
     }
 
     #[test]
-    fn a_write_is_answered_only_after_its_flush_and_the_next_commits_meanwhile() {
+    fn a_queued_write_is_answered_only_after_its_flush_and_the_next_commits_meanwhile() {
         let held = HeldFlushes::open();
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
-        // Uncontended: committed on its caller's thread, which then flushes.
         let (first_id, second_id) = (RunId::generate(1), RunId::generate(2));
-        let first = create_run_elsewhere(&held.store, &first_id);
+        // The writer thread commits it and hands it to the flusher: committed (a reader
+        // sees it) but, its flush held, not answered.
+        let first = create_run_queued(&held.store, &first_id);
         held.wait_for_flushes(1);
-        // Committed (a reader sees it) but, its flush held, not answered.
-        let seen = runtime.block_on(held.store.get_run(&first_id));
-        assert!(seen.expect("read").is_some(), "the first run was not committed before its flush");
         std::thread::sleep(std::time::Duration::from_millis(200));
         assert!(first.try_recv().is_err(), "answered before its flush");
 
-        // Another write meanwhile goes to the writer thread, commits while the first
-        // flush is held, and waits for a flush of its own.
+        // The next write (queued: the first is still in flight) is committed while the
+        // first flush is held, and waits for a flush too.
         let second = create_run_elsewhere(&held.store, &second_id);
-        held.wait_for_flushes(2);
-        let seen = runtime.block_on(held.store.get_run(&second_id));
-        assert!(seen.expect("read").is_some(), "the second write waited for the first one's flush to commit");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while runtime.block_on(held.store.get_run(&second_id)).expect("read").is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the second write waited for the first one's flush to commit"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
         assert!(second.try_recv().is_err(), "answered before its flush");
 
-        // Run events are promised no flush: answered while both flushes are held.
+        // Run events are promised no flush: answered while the flush is held.
         let events = runtime.block_on(held.store.append_events(
             &first_id,
             &[crate::NewEvent { ts_ms: 1, kind: "log".to_owned(), data: serde_json::json!({}) }],
@@ -943,13 +970,14 @@ mod tests {
         let store = SqliteStore::open(&dir.path().join("keel.db")).expect("open");
         let hook: writer::FlushHook = Arc::new(|| Err(std::io::Error::other("the disk went away")));
         *writer::lock(&store.inner.writer).wal().hook.lock().unwrap() = Some(hook);
-        let failed = create_run_elsewhere(&store, &RunId::generate(1)).recv().expect("answered");
+        // Committed by the writer thread, flushed by the flusher.
+        let failed = create_run_queued(&store, &RunId::generate(1)).recv().expect("answered");
         let error = failed.expect_err("a write whose flush failed succeeded").to_string();
         assert!(error.contains("the disk went away") && error.contains("restart keel"), "{error}");
 
         // The disk answers again, but what it dropped is not known: still refused.
         *writer::lock(&store.inner.writer).wal().hook.lock().unwrap() = None;
-        let later = create_run_elsewhere(&store, &RunId::generate(2)).recv().expect("answered");
+        let later = create_run_queued(&store, &RunId::generate(2)).recv().expect("answered");
         let error = later.expect_err("a write after a failed flush succeeded").to_string();
         assert!(error.contains("restart keel"), "{error}");
     }

@@ -449,9 +449,9 @@ CREATE INDEX live_runs ON runs (tenant, created_at_ms, id) WHERE ended_at_ms IS 
 
 /// Settings of the one read-write connection. WAL lets readers run beside the writer;
 /// `synchronous=FULL` makes every commit fsync the WAL, which is what "durable on return"
-/// needs (NORMAL would survive a process kill but not a power cut). The migrations commit
-/// so; then `writer::Writer` moves that flush out of `COMMIT` (it flushes the WAL itself
-/// before answering, `writer::Wal`), which keeps the same promise. SQLite's automatic
+/// needs (NORMAL would survive a process kill but not a power cut). The writer thread's
+/// batches commit with NORMAL and are answered only after the WAL is flushed
+/// (`writer::Flush::AfterCommit`), which keeps the same promise. SQLite's automatic
 /// checkpoint stays on, bounding the WAL (with it off, the WAL grew between background
 /// checkpoints and every commit got slower: 711 vs 480 µs a journaled step); a separate
 /// thread checkpoints every second, so the automatic one rarely has much to copy.

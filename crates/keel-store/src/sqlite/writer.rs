@@ -206,48 +206,78 @@ pub(super) fn sql_error(step: &'static str) -> impl FnOnce(rusqlite::Error) -> E
     move |source| Error::Backend { step, source: Box::new(source) }
 }
 
-/// The only read-write connection, and the WAL it commits into. The writer thread and a
-/// caller committing inline (see `SqliteStore::write`) take turns with it under a mutex.
+/// The only read-write connection, the WAL it commits into, and the `synchronous`
+/// setting it was last given. The writer thread and a caller committing inline (see
+/// `SqliteStore::write`) take turns with it under a mutex.
 pub(super) struct Writer {
     connection: Connection,
     wal: Arc<Wal>,
+    synchronous: Synchronous,
+}
+
+/// Who flushes a commit that must be flushed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Flush {
+    /// SQLite, inside `COMMIT` (`synchronous=FULL`): a caller committing inline, whose
+    /// thread waits for the flush either way.
+    InCommit,
+    /// Whoever answers the batch, after `COMMIT` (`synchronous=NORMAL`, then
+    /// [`Wal::flush`]): the writer thread's batches, whose flush the flusher thread waits
+    /// for while the writer commits the next batch ([`run`]).
+    AfterCommit,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Synchronous {
+    Full,
+    Normal,
 }
 
 /// A batch's answers once its transaction is over: to be delivered now, or only once the
 /// WAL is flushed.
 pub(super) struct Committed {
     pub(super) answers: Vec<Box<dyn Answer>>,
-    /// Whether a caller in the batch is promised a flushed commit.
+    /// Whether the answers wait for [`Wal::flush`].
     pub(super) flush: bool,
 }
 
 impl Writer {
-    /// Commits run with `synchronous=NORMAL`: SQLite writes a commit's frames to the WAL
-    /// without flushing it, and whoever commits flushes it afterwards ([`Wal::flush`])
-    /// before answering. That is `synchronous=FULL`'s flush moved out of `COMMIT`, so
-    /// that the writer thread can write the next batch while this one's flush is in the
-    /// disk ([`run`]). `NORMAL` still flushes the WAL before each checkpoint and the
-    /// database file after it, as `FULL` does.
-    pub(super) fn new(connection: Connection, wal: Arc<Wal>) -> Result<Writer> {
-        connection
-            .execute_batch("PRAGMA synchronous = NORMAL")
-            .map_err(sql_error("setting synchronous=NORMAL"))?;
-        Ok(Writer { connection, wal })
+    /// The connection starts with `synchronous=FULL` (see `schema::configure_writer`).
+    pub(super) fn new(connection: Connection, wal: Arc<Wal>) -> Writer {
+        Writer { connection, wal, synchronous: Synchronous::Full }
     }
 
     /// Commits every command of `batch` (in one transaction, unless SQLite aborts one
     /// midway) and returns their answers, to be delivered once the writer is unlocked
-    /// and, if `flush`, the WAL flushed.
-    pub(super) fn commit(&mut self, batch: &mut VecDeque<WriteCommand>) -> Committed {
+    /// and, if `Committed::flush`, the WAL flushed. `synchronous=NORMAL` still flushes the
+    /// WAL before each checkpoint and the database file after it, as `FULL` does;
+    /// `AfterCommit` moves only the flush of each commit out of `COMMIT`.
+    pub(super) fn commit(&mut self, batch: &mut VecDeque<WriteCommand>, flush: Flush) -> Committed {
         // A batch of only run events, audit records and unflushed kv values is answered
         // without flushing the WAL: they are durable with the next flush, which covers
-        // every frame before it (see `Store::append_events`).
-        let flush = batch.iter().any(WriteCommand::needs_flush);
+        // every frame before it (see `Store::append_events`). Anything else in the batch
+        // waits for one.
+        let needs_flush = batch.iter().any(WriteCommand::needs_flush);
+        let wanted =
+            if needs_flush && flush == Flush::InCommit { Synchronous::Full } else { Synchronous::Normal };
+        if wanted != self.synchronous {
+            let pragma = if wanted == Synchronous::Full {
+                "PRAGMA synchronous = FULL"
+            } else {
+                "PRAGMA synchronous = NORMAL"
+            };
+            // Through the statement cache: a busy kernel switches back and forth.
+            match run_sql(&self.connection, "switching synchronous", pragma, []) {
+                Ok(_) => self.synchronous = wanted,
+                Err(error) => tracing::error!(%error, "keel-store could not run {pragma}"),
+            }
+        }
         let mut answers = Vec::with_capacity(batch.len());
         while !batch.is_empty() {
             answers.extend(run_transaction(&self.connection, batch));
         }
-        Committed { answers, flush }
+        // Flushed inside COMMIT only if the switch to FULL took; otherwise flushed after.
+        Committed { answers, flush: needs_flush && self.synchronous == Synchronous::Normal }
     }
 
     /// The WAL this writer commits into.
@@ -419,7 +449,7 @@ pub(super) fn run(writer: Arc<Mutex<Writer>>, mut commands: mpsc::Receiver<Write
                     Err(_) => break,
                 }
             }
-            writer.commit(&mut batch)
+            writer.commit(&mut batch, Flush::AfterCommit)
         };
         // Unlocked first, so a caller woken by its answer may commit its next write inline.
         if !committed.flush {
