@@ -980,5 +980,9 @@ mod tests {
         let later = create_run_queued(&store, &RunId::generate(2)).recv().expect("answered");
         let error = later.expect_err("a write after a failed flush succeeded").to_string();
         assert!(error.contains("restart keel"), "{error}");
+        // Committed on the caller's thread, where SQLite would flush it itself: refused too.
+        let inline = create_run_elsewhere(&store, &RunId::generate(3)).recv().expect("answered");
+        let error = inline.expect_err("an inline write after a failed flush succeeded").to_string();
+        assert!(error.contains("restart keel"), "{error}");
     }
 }

@@ -258,8 +258,10 @@ impl Writer {
         // every frame before it (see `Store::append_events`). Anything else in the batch
         // waits for one.
         let needs_flush = batch.iter().any(WriteCommand::needs_flush);
-        let wanted =
-            if needs_flush && flush == Flush::InCommit { Synchronous::Full } else { Synchronous::Normal };
+        // After a failed flush, every write that needs one is answered by `Wal::flush`,
+        // which fails it: SQLite's own flush might report success for what was lost.
+        let in_commit = flush == Flush::InCommit && !self.wal.has_failed();
+        let wanted = if needs_flush && in_commit { Synchronous::Full } else { Synchronous::Normal };
         if wanted != self.synchronous {
             let pragma = if wanted == Synchronous::Full {
                 "PRAGMA synchronous = FULL"
@@ -317,6 +319,11 @@ impl Wal {
             #[cfg(test)]
             hook: Mutex::new(None),
         }
+    }
+
+    /// Whether a flush has failed (and every later one fails).
+    fn has_failed(&self) -> bool {
+        self.failed.lock().unwrap_or_else(PoisonError::into_inner).is_some()
     }
 
     /// Flushes every frame written to the WAL so far.
