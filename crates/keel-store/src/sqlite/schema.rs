@@ -453,7 +453,8 @@ CREATE INDEX live_runs ON runs (tenant, created_at_ms, id) WHERE ended_at_ms IS 
 /// batches commit with NORMAL and are answered only after the WAL is flushed
 /// (`writer::Flush::AfterCommit`), which keeps the same promise. SQLite's automatic
 /// checkpoint stays on, bounding the WAL (with it off, the WAL grew between background
-/// checkpoints and every commit got slower: 711 vs 480 µs a journaled step); a separate
+/// checkpoints and every commit got slower: 711 vs 480 µs a journaled step), every 4,000
+/// pages (`writer::AUTOCHECKPOINT_PAGES`); a separate
 /// thread checkpoints every second, so the automatic one rarely has much to copy.
 pub(super) fn configure_writer(connection: &Connection) -> Result<()> {
     connection.busy_timeout(BUSY_TIMEOUT).map_err(sql_error("setting the busy timeout"))?;

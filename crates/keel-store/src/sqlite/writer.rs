@@ -215,6 +215,15 @@ pub(super) struct Writer {
     synchronous: Synchronous,
 }
 
+/// How many WAL pages the writer's commits write before one of them checkpoints (SQLite's
+/// default is 1,000). The checkpoint runs inside that commit and, with `NORMAL`, flushes
+/// the WAL before copying it and the database file after: the writer thread waits through
+/// both while the flusher has nothing to flush. At 1,000 pages, under 64 gateway calls in
+/// flight, that was 78 times a second, 1.96 ms each. At 4,000 (16 MB of WAL at most
+/// between checkpoints, besides the checkpoint thread's every second), 100 concurrent
+/// runs made 16,953-18,084 journaled steps/s against 11,238-13,327 at 1,000, alternated.
+pub(super) const AUTOCHECKPOINT_PAGES: u32 = 4000;
+
 /// Who flushes a commit that must be flushed.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Flush {
@@ -244,6 +253,12 @@ pub(super) struct Committed {
 impl Writer {
     /// The connection starts with `synchronous=FULL` (see `schema::configure_writer`).
     pub(super) fn new(connection: Connection, wal: Arc<Wal>) -> Writer {
+        // Best effort: SQLite's default (1,000 pages) only checkpoints more often.
+        if let Err(error) =
+            connection.execute_batch(&format!("PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}"))
+        {
+            tracing::warn!(%error, "keel-store could not set wal_autocheckpoint");
+        }
         Writer { connection, wal, synchronous: Synchronous::Full }
     }
 
