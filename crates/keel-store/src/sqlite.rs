@@ -145,7 +145,8 @@ impl SqliteStore {
         schema::migrate(&mut connection)?;
 
         let (commands, receiver) = mpsc::channel(WRITE_QUEUE_CAPACITY);
-        let writer = Arc::new(Mutex::new(writer::Writer::new(connection, Arc::new(writer::Wal::new(path)))));
+        let wal = Arc::new(writer::Wal::open(path)?);
+        let writer = Arc::new(Mutex::new(writer::Writer::new(connection, wal)));
         let thread_writer = Arc::clone(&writer);
         let writer_thread = std::thread::Builder::new()
             .name("keel-store-writer".to_owned())
@@ -263,13 +264,7 @@ impl SqliteStore {
         let committed = writer.commit(batch, writer::Flush::InCommit);
         let wal = Arc::clone(writer.wal());
         drop(writer);
-        if committed.flush {
-            writer::deliver_flushed(&wal, committed.answers);
-        } else {
-            for answer in committed.answers {
-                answer.deliver();
-            }
-        }
+        committed.deliver(&wal);
         None
     }
 

@@ -206,13 +206,13 @@ pub(super) fn sql_error(step: &'static str) -> impl FnOnce(rusqlite::Error) -> E
     move |source| Error::Backend { step, source: Box::new(source) }
 }
 
-/// The only read-write connection, the WAL it commits into, and the `synchronous`
-/// setting it was last given. The writer thread and a caller committing inline (see
-/// `SqliteStore::write`) take turns with it under a mutex.
+/// The only read-write connection, the WAL it commits into, and whether it was last set
+/// to `synchronous=FULL` (else `NORMAL`). The writer thread and a caller committing inline
+/// (see `SqliteStore::write`) take turns with it under a mutex.
 pub(super) struct Writer {
     connection: Connection,
     wal: Arc<Wal>,
-    synchronous: Synchronous,
+    full: bool,
 }
 
 /// How many WAL pages the writer's commits write before one of them checkpoints (SQLite's
@@ -236,18 +236,20 @@ pub(super) enum Flush {
     AfterCommit,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Synchronous {
-    Full,
-    Normal,
-}
-
 /// A batch's answers once its transaction is over: to be delivered now, or only once the
 /// WAL is flushed.
 pub(super) struct Committed {
-    pub(super) answers: Vec<Box<dyn Answer>>,
+    answers: Vec<Box<dyn Answer>>,
     /// Whether the answers wait for [`Wal::flush`].
-    pub(super) flush: bool,
+    flush: bool,
+}
+
+impl Committed {
+    /// Delivers the answers, after flushing `wal` if they wait for it.
+    pub(super) fn deliver(self, wal: &Wal) {
+        let flushed = if self.flush { wal.flush() } else { Ok(()) };
+        deliver_after(flushed, self.answers);
+    }
 }
 
 impl Writer {
@@ -259,13 +261,13 @@ impl Writer {
         {
             tracing::warn!(%error, "keel-store could not set wal_autocheckpoint");
         }
-        Writer { connection, wal, synchronous: Synchronous::Full }
+        Writer { connection, wal, full: true }
     }
 
     /// Commits every command of `batch` (in one transaction, unless SQLite aborts one
     /// midway) and returns their answers, to be delivered once the writer is unlocked
-    /// and, if `Committed::flush`, the WAL flushed. `synchronous=NORMAL` still flushes the
-    /// WAL before each checkpoint and the database file after it, as `FULL` does;
+    /// ([`Committed::deliver`], or the flusher thread). `synchronous=NORMAL` still flushes
+    /// the WAL before each checkpoint and the database file after it, as `FULL` does;
     /// `AfterCommit` moves only the flush of each commit out of `COMMIT`.
     pub(super) fn commit(&mut self, batch: &mut VecDeque<WriteCommand>, flush: Flush) -> Committed {
         // A batch of only run events, audit records and unflushed kv values is answered
@@ -275,17 +277,12 @@ impl Writer {
         let needs_flush = batch.iter().any(WriteCommand::needs_flush);
         // After a failed flush, every write that needs one is answered by `Wal::flush`,
         // which fails it: SQLite's own flush might report success for what was lost.
-        let in_commit = flush == Flush::InCommit && !self.wal.has_failed();
-        let wanted = if needs_flush && in_commit { Synchronous::Full } else { Synchronous::Normal };
-        if wanted != self.synchronous {
-            let pragma = if wanted == Synchronous::Full {
-                "PRAGMA synchronous = FULL"
-            } else {
-                "PRAGMA synchronous = NORMAL"
-            };
+        let full = needs_flush && flush == Flush::InCommit && !self.wal.has_failed();
+        if full != self.full {
+            let pragma = if full { "PRAGMA synchronous = FULL" } else { "PRAGMA synchronous = NORMAL" };
             // Through the statement cache: a busy kernel switches back and forth.
             match run_sql(&self.connection, "switching synchronous", pragma, []) {
-                Ok(_) => self.synchronous = wanted,
+                Ok(_) => self.full = full,
                 Err(error) => tracing::error!(%error, "keel-store could not run {pragma}"),
             }
         }
@@ -294,7 +291,7 @@ impl Writer {
             answers.extend(run_transaction(&self.connection, batch));
         }
         // Flushed inside COMMIT only if the switch to FULL took; otherwise flushed after.
-        Committed { answers, flush: needs_flush && self.synchronous == Synchronous::Normal }
+        Committed { answers, flush: needs_flush && !self.full }
     }
 
     /// The WAL this writer commits into.
@@ -304,15 +301,16 @@ impl Writer {
 }
 
 /// The database's write-ahead log, opened a second time to flush it: `fdatasync` flushes
-/// a file's data whichever descriptor names it. Reopened if the file at the path is no
-/// longer the one open (SQLite deletes the WAL only when its last connection closes, and
-/// the writer's closes last, but a flush through a stale descriptor would flush nothing).
-/// After a failed flush every later one fails too: the kernel may have dropped the pages
-/// it could not write and report success the next time, so nothing written since can be
-/// promised durable until the store is opened again.
+/// a file's data whichever descriptor names it. Opened once, with the store: SQLite made
+/// it when the writer's connection first read the database (the migrations), and deletes
+/// it only when its last connection closes, which the writer's is. After a failed flush
+/// every later one fails too: the kernel may have dropped the pages it could not write and
+/// report success the next time, so nothing written since can be promised durable until
+/// the store is opened again.
 pub(super) struct Wal {
     path: std::path::PathBuf,
-    file: Mutex<Option<OpenWal>>,
+    file: std::fs::File,
+    /// Why a flush failed, once one has.
     failed: Mutex<Option<String>>,
     /// Runs inside each flush, before the flush itself: tests hold flushes in the disk, or
     /// fail them.
@@ -324,16 +322,22 @@ pub(super) struct Wal {
 pub(super) type FlushHook = Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>;
 
 impl Wal {
-    pub(super) fn new(database: &std::path::Path) -> Wal {
+    /// The WAL of the database at `database`, which the writer's connection has opened.
+    pub(super) fn open(database: &std::path::Path) -> Result<Wal> {
         let mut path = database.as_os_str().to_owned();
         path.push("-wal");
-        Wal {
-            path: path.into(),
-            file: Mutex::new(None),
+        let path = std::path::PathBuf::from(path);
+        let file = std::fs::OpenOptions::new().write(true).open(&path).map_err(|source| Error::Backend {
+            step: "opening the WAL to flush it",
+            source: Box::new(source),
+        })?;
+        Ok(Wal {
+            path,
+            file,
             failed: Mutex::new(None),
             #[cfg(test)]
             hook: Mutex::new(None),
-        }
+        })
     }
 
     /// Whether a flush has failed (and every later one fails).
@@ -341,26 +345,24 @@ impl Wal {
         self.failed.lock().unwrap_or_else(PoisonError::into_inner).is_some()
     }
 
-    /// Flushes every frame written to the WAL so far.
-    pub(super) fn flush(&self) -> Result<()> {
-        if let Some(message) = &*self.failed.lock().unwrap_or_else(PoisonError::into_inner) {
-            return Err(flush_error(message));
+    fn sync(&self) -> std::io::Result<()> {
+        #[cfg(test)]
+        {
+            // Taken out first: the lock is not held while the hook waits.
+            let hook = self.hook.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            if let Some(hook) = hook {
+                hook()?;
+            }
         }
-        let flushed = self.open().and_then(|file| {
-            #[cfg(test)]
-            {
-                // Taken out first: the lock is not held while the hook waits.
-                let hook = self.hook.lock().unwrap_or_else(PoisonError::into_inner).clone();
-                if let Some(hook) = hook {
-                    hook()?;
-                }
-            }
-            match file {
-                Some(file) => file.sync_data(),
-                None => Ok(()),
-            }
-        });
-        flushed.map_err(|error| {
+        self.file.sync_data()
+    }
+
+    /// Flushes every frame written to the WAL so far; what went wrong if it did not.
+    fn flush(&self) -> std::result::Result<(), String> {
+        if let Some(message) = &*self.failed.lock().unwrap_or_else(PoisonError::into_inner) {
+            return Err(message.clone());
+        }
+        self.sync().map_err(|error| {
             let message = format!(
                 "flushing {} failed ({error}); nothing written since can be promised durable: \
                  check the disk, then restart keel",
@@ -368,49 +370,16 @@ impl Wal {
             );
             tracing::error!("keel-store: {message}");
             *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(message.clone());
-            flush_error(&message)
+            message
         })
     }
-
-    /// The open WAL, (re)opened when the path names another file than the one open; none
-    /// if there is no WAL (SQLite has written no frame, so there is nothing to flush).
-    fn open(&self) -> std::io::Result<Option<Arc<std::fs::File>>> {
-        use std::os::unix::fs::MetadataExt;
-        let on_disk = match std::fs::metadata(&self.path) {
-            Ok(metadata) => (metadata.dev(), metadata.ino()),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(error) => return Err(error),
-        };
-        let mut open = self.file.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((file, identity)) = open.as_ref()
-            && *identity == on_disk
-        {
-            return Ok(Some(Arc::clone(file)));
-        }
-        let file = Arc::new(std::fs::OpenOptions::new().write(true).open(&self.path)?);
-        let metadata = file.metadata()?;
-        *open = Some((Arc::clone(&file), (metadata.dev(), metadata.ino())));
-        Ok(Some(file))
-    }
 }
 
-/// The WAL open, and its device and inode numbers.
-type OpenWal = (Arc<std::fs::File>, (u64, u64));
-
-fn flush_error(message: &str) -> Error {
-    Error::Backend { step: "flushing the WAL", source: message.into() }
-}
-
-/// Delivers `answers` once the WAL is flushed, each turned into the flush's error if it
-/// failed.
-pub(super) fn deliver_flushed(wal: &Wal, answers: Vec<Box<dyn Answer>>) {
-    deliver_after(wal.flush(), answers);
-}
-
-fn deliver_after(flushed: Result<()>, answers: Vec<Box<dyn Answer>>) {
+/// Delivers `answers`, each turned into the flush's failure if it failed.
+fn deliver_after(flushed: std::result::Result<(), String>, answers: Vec<Box<dyn Answer>>) {
     for mut answer in answers {
-        if let Err(error) = &flushed {
-            answer.revoke(batch_error("flushing the WAL", &error.to_string()));
+        if let Err(message) = &flushed {
+            answer.revoke(batch_error("flushing the WAL", message));
         }
         answer.deliver();
     }
@@ -440,23 +409,7 @@ pub(super) fn lock(writer: &Mutex<Writer>) -> MutexGuard<'_, Writer> {
 /// flusher while it flushes share its next flush, which covers every frame before it.
 pub(super) fn run(writer: Arc<Mutex<Writer>>, mut commands: mpsc::Receiver<WriteCommand>) {
     let wal = Arc::clone(lock(&writer).wal());
-    let (flushes, to_flush) = std::sync::mpsc::channel::<Vec<Box<dyn Answer>>>();
-    let flusher_wal = Arc::clone(&wal);
-    let flusher = std::thread::Builder::new().name("keel-store-flush".to_owned()).spawn(move || {
-        while let Ok(mut answers) = to_flush.recv() {
-            while let Ok(more) = to_flush.try_recv() {
-                answers.extend(more);
-            }
-            deliver_flushed(&flusher_wal, answers);
-        }
-    });
-    let flusher = match flusher {
-        Ok(thread) => Some(thread),
-        Err(error) => {
-            tracing::error!(%error, "keel-store could not start its flush thread; the writer flushes each batch itself");
-            None
-        }
-    };
+    let flusher = start_flusher(Arc::clone(&wal));
     let mut batch = VecDeque::with_capacity(MAX_BATCH);
     while let Some(first) = commands.blocking_recv() {
         batch.push_back(first);
@@ -474,20 +427,44 @@ pub(super) fn run(writer: Arc<Mutex<Writer>>, mut commands: mpsc::Receiver<Write
             writer.commit(&mut batch, Flush::AfterCommit)
         };
         // Unlocked first, so a caller woken by its answer may commit its next write inline.
-        if !committed.flush {
-            deliver_after(Ok(()), committed.answers);
-        } else if flusher.is_some() {
+        match &flusher {
             // The flusher ends only after this loop does.
-            let _ = flushes.send(committed.answers);
-        } else {
-            deliver_flushed(&wal, committed.answers);
+            Some((flushes, _)) if committed.flush => {
+                let _ = flushes.send(committed.answers);
+            }
+            _ => committed.deliver(&wal),
         }
     }
-    drop(flushes);
-    if let Some(thread) = flusher
-        && thread.join().is_err()
-    {
-        tracing::error!("the keel-store flush thread panicked");
+    if let Some((flushes, thread)) = flusher {
+        drop(flushes);
+        if thread.join().is_err() {
+            tracing::error!("the keel-store flush thread panicked");
+        }
+    }
+}
+
+/// Where the writer thread sends the answers of a batch that waits for a flush.
+type Flushes = std::sync::mpsc::Sender<Vec<Box<dyn Answer>>>;
+
+/// The flusher thread: it flushes the WAL for whatever batches have queued, then answers
+/// them, until the writer thread drops its sender. Without it (the thread could not be
+/// started), the writer thread flushes each batch itself.
+fn start_flusher(wal: Arc<Wal>) -> Option<(Flushes, std::thread::JoinHandle<()>)> {
+    let (flushes, to_flush) = std::sync::mpsc::channel::<Vec<Box<dyn Answer>>>();
+    let thread = std::thread::Builder::new().name("keel-store-flush".to_owned()).spawn(move || {
+        while let Ok(mut answers) = to_flush.recv() {
+            while let Ok(more) = to_flush.try_recv() {
+                answers.extend(more);
+            }
+            deliver_after(wal.flush(), answers);
+        }
+    });
+    match thread {
+        Ok(thread) => Some((flushes, thread)),
+        Err(error) => {
+            tracing::error!(%error, "keel-store could not start its flush thread; the writer flushes each batch itself");
+            None
+        }
     }
 }
 
