@@ -668,6 +668,7 @@ pub async fn start_kernel(dir: DataDir, start: KernelStart) -> Result<Kernel> {
         agents,
         interp_worker,
         swap_after,
+        swap_in: keel_kernel::SwapIn::default(),
         scheduler,
         cluster: opened.cluster,
         telemetry: keel_kernel::Telemetry::from_env().context("OpenTelemetry (the OTEL_* variables)")?,

@@ -82,6 +82,8 @@ pub struct KernelOptions {
     /// Swap out runs that have waited this long for something durable (see `swap.rs`);
     /// `None` keeps every waiting agent resident.
     pub swap_after: Option<Duration>,
+    /// How many swapped-out runs' agents start at once when many wake together.
+    pub swap_in: crate::SwapIn,
     /// The `[scheduler]` table of keel.toml: caps on live runs, the queue, aging, weights.
     pub scheduler: crate::admission::SchedulerConfig,
     /// Membership of a cluster of nodes sharing the store (`keel serve --store
@@ -153,6 +155,9 @@ pub(crate) struct Inner {
     pub(crate) event_firing: event_triggers::EventFiring,
     /// The most undelivered messages a run's mailbox holds (`KEEL_MAILBOX_CAPACITY`).
     pub(crate) mailbox_capacity: u64,
+    /// Swapped-in agents starting at once: `swap_in.at_once` permits (see `SwapIn`).
+    pub(crate) swap_in: crate::SwapIn,
+    pub(crate) swap_in_starts: Arc<tokio::sync::Semaphore>,
     /// Every tool the kernel knows (built-ins, keel.toml's, mounted MCP servers').
     pub(crate) tools: crate::tools::Registry,
     /// keel.toml's `[[agents]]` (the A2A server's).
@@ -242,6 +247,8 @@ impl Kernel {
                 pull_wanted: tokio::sync::Notify::new(),
                 launches,
                 mailbox_capacity: crate::mailboxes::capacity_from_env(),
+                swap_in: options.swap_in,
+                swap_in_starts: Arc::new(tokio::sync::Semaphore::new(options.swap_in.at_once.max(1))),
                 tools: crate::tools::Registry::new(options.tools),
                 agents: options.agents,
                 interp: options

@@ -56,6 +56,7 @@ pub use kernel::{
 pub use metrics::Format as MetricsFormat;
 pub use paths::{DataDir, LockedDataDir};
 pub use run::{Answer, Command, CreateRun};
+pub use swap::SwapIn;
 pub use syscall::RunHandle;
 pub use telemetry::{Error as TelemetryError, Telemetry};
 pub use tenants::{DEFAULT_TENANT, Principal};

@@ -8,9 +8,33 @@
 //! so no LLM or tool call is ever interrupted (and paid twice) by swapping.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use keel_store::RunRecord;
 use keel_types::{RunState, WaitReason};
+
+/// How swapped-out runs come back when many wake at once (a message to each, timers due
+/// together): at most `at_once` of their agents are starting at the same time. An agent
+/// counts as starting from its relaunch until its first call to the kernel (`hello`, or a
+/// gateway request), its end, or `hold`, whichever comes first; the others wait their
+/// turn, in the order they woke, still `recovering`. Interpreters started all at once
+/// share two cores' caches and each one runs slower: 500 Python starts at once took 1.28x
+/// the CPU each of the same starts eight at a time (BENCHMARKS.md, "parked runs"), so the
+/// whole wake ended later than it does a few at a time.
+#[derive(Clone, Copy, Debug)]
+pub struct SwapIn {
+    pub at_once: usize,
+    pub hold: Duration,
+}
+
+impl Default for SwapIn {
+    /// Two starts per core, each counted for at most 2 s (an agent importing a large
+    /// framework takes longer to say hello; after 2 s the next one starts beside it).
+    fn default() -> SwapIn {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        SwapIn { at_once: 2 * cores, hold: Duration::from_secs(2) }
+    }
+}
 
 /// The waits a swapped-out run can be woken from.
 pub(crate) fn swappable(reason: Option<WaitReason>) -> bool {

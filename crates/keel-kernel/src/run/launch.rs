@@ -229,6 +229,7 @@ impl Kernel {
             receives_wait: AtomicBool::new(true),
             held_answers: Default::default(),
             swapping: AtomicBool::new(false),
+            greeted: tokio::sync::Notify::new(),
             lost: AtomicBool::new(false),
             _egress: egress,
         });

@@ -88,6 +88,9 @@ pub(crate) struct LiveRun {
     pub(crate) held_answers: crate::mailboxes::HeldAnswers,
     /// Set when the kernel stops the agent to swap the run out.
     pub(crate) swapping: AtomicBool,
+    /// Notified at the agent's first call to the kernel (`hello`, or a request to the
+    /// gateway): a swapped-in agent's start is over (see `SwapIn`).
+    pub(crate) greeted: tokio::sync::Notify,
     /// Set when another node took the run over (see `run/cluster.rs`): the agent is
     /// killed and nothing more is written for it from here.
     pub(crate) lost: AtomicBool,
@@ -138,10 +141,14 @@ impl Kernel {
     pub(crate) async fn live_by_token_ready(&self, token: &str) -> Option<Arc<LiveRun>> {
         // Launching first: a launch registers the run before it stops being launching.
         let launching = lock(&self.inner.launching).get(token).cloned();
-        if let Some(mut ready) = launching {
-            return ready.wait_for(Option::is_some).await.ok()?.clone();
+        let live = match launching {
+            Some(mut ready) => ready.wait_for(Option::is_some).await.ok()?.clone(),
+            None => self.live_by_token(token),
+        };
+        if let Some(live) = &live {
+            live.greeted.notify_one();
         }
-        self.live_by_token(token)
+        live
     }
 
     /// Every run with an agent process of this kernel.

@@ -163,9 +163,29 @@ impl Kernel {
                 let kernel = self.clone();
                 tokio::spawn(async move {
                     let id = record.id.clone();
+                    // Its turn to start (`SwapIn`); the semaphore is never closed.
+                    let starting = kernel.inner.swap_in_starts.clone().acquire_owned().await.ok();
+                    // Paused, stopped or resumed by an operator while it waited: not this
+                    // wake's to start.
+                    let record = match kernel.get(&id).await {
+                        Ok(now) if now.state == RunState::Recovering && kernel.live(&id).is_none() => now,
+                        _ => return,
+                    };
                     if let Err(err) = Box::pin(kernel.relaunch(record)).await {
                         tracing::warn!(run = %id, "could not swap the run back in: {err}");
+                        return;
                     }
+                    if let Some(live) = kernel.live(&id) {
+                        let mut ended = live.ended.subscribe();
+                        let started = async {
+                            tokio::select! {
+                                () = live.greeted.notified() => {}
+                                _ = ended.wait_for(|ended| *ended) => {}
+                            }
+                        };
+                        let _ = tokio::time::timeout(kernel.inner.swap_in.hold, started).await;
+                    }
+                    drop(starting);
                 });
             }
             Err(err) => tracing::debug!(run = %run, "swap-in raced another change: {err}"),

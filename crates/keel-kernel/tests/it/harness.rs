@@ -37,6 +37,8 @@ pub struct Setup {
     /// A keel.toml text whose `[tools]` table configures the kernel's tools.
     pub keel_toml: String,
     pub swap_after: Option<Duration>,
+    /// How many swapped-out runs' agents start at once (the kernel's default otherwise).
+    pub swap_in: keel_kernel::SwapIn,
     /// Start interpreter workers for `code.exec` in python and javascript (this crate's
     /// test worker binary); off, only `cpython` runs.
     pub interp: bool,
@@ -122,6 +124,7 @@ impl TestKernel {
                 args: Vec::new(),
             }),
             swap_after: self.setup.swap_after,
+            swap_in: self.setup.swap_in,
             scheduler: self.setup.scheduler.clone(),
             cluster: None,
             telemetry: keel_kernel::Telemetry::disabled(),

@@ -106,6 +106,7 @@ fn sdk_speaks_protocol_1_to_a_real_kernel() {
             agents: Default::default(),
             interp_worker: None,
             swap_after: None,
+            swap_in: Default::default(),
             scheduler: Default::default(),
             cluster: None,
             telemetry: keel_kernel::Telemetry::disabled(),
