@@ -5,13 +5,6 @@
 // instead of panicking (see `out`).
 #![deny(clippy::print_stdout)]
 
-/// mimalloc, not glibc's malloc: with 64 gateway calls in flight, glibc's allocator was a
-/// quarter of the runtime thread's CPU (its slow paths, and frees of another thread's
-/// memory taking that arena's lock), and the daemon served 20-25% fewer calls a second
-/// (BENCHMARKS.md, "the allocator").
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod audit;
 mod client;
 mod commands;
@@ -202,9 +195,6 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == keel_interp::WORKER_ARG) {
         keel_interp::worker_main();
     }
-    // The kernel's swapper gives freed memory back while runs park (`release_own_heap`).
-    // SAFETY: mi_collect takes no pointers; it walks mimalloc's own pages.
-    keel_sandbox::set_heap_release(|| unsafe { libmimalloc_sys::mi_collect(true) });
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));

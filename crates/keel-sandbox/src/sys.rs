@@ -248,29 +248,8 @@ pub fn lower_thread_priority() {
     }
 }
 
-/// How the binary's own allocator gives free memory back, when it is not the C
-/// library's (see [`set_heap_release`]).
-static HEAP_RELEASE: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
-
-/// Sets what [`release_free_heap`] also calls: the binary's global allocator's way of
-/// giving free memory back (the `keel` binary's is mimalloc's `mi_collect`). The first
-/// call wins.
-pub fn set_heap_release(release: fn()) {
-    let _ = HEAP_RELEASE.set(release);
-}
-
-/// Gives the binary's own allocator's free memory back (see [`set_heap_release`]; a
-/// no-op unless one was set). mimalloc collects the calling thread's heap and the pages
-/// every thread has freed: call it on the thread that allocates most (a runtime worker).
-pub fn release_own_heap() {
-    if let Some(release) = HEAP_RELEASE.get() {
-        release();
-    }
-}
-
-/// Gives glibc's free memory back to the operating system (`malloc_trim`, which releases
-/// free pages inside every arena, not just at the top): the whole heap, unless the
-/// binary has an allocator of its own, and then what C code such as SQLite allocated.
+/// Gives the allocator's free memory back to the operating system (glibc's
+/// `malloc_trim`, which releases free pages inside every arena, not just at the top).
 /// Elsewhere a no-op.
 pub fn release_free_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

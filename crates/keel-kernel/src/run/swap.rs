@@ -39,9 +39,6 @@ impl Kernel {
                     // listings took for a moment) is free now, but the allocator keeps a
                     // freed page in the middle of an arena: without this, parked runs cost
                     // about twice as much.
-                    // The binary's allocator on this runtime thread (its heap is this
-                    // thread's), glibc's on a blocking one (a trim can take milliseconds).
-                    keel_sandbox::release_own_heap();
                     tokio::task::spawn_blocking(keel_sandbox::release_free_heap);
                     last_release = std::time::Instant::now();
                 }
