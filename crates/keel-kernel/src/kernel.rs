@@ -155,9 +155,10 @@ pub(crate) struct Inner {
     pub(crate) event_firing: event_triggers::EventFiring,
     /// The most undelivered messages a run's mailbox holds (`KEEL_MAILBOX_CAPACITY`).
     pub(crate) mailbox_capacity: u64,
-    /// Swapped-in agents starting at once: `swap_in.at_once` permits (see `SwapIn`).
-    pub(crate) swap_in: crate::SwapIn,
-    pub(crate) swap_in_starts: Arc<tokio::sync::Semaphore>,
+    /// Turns for woken runs' agents to start in: `SwapIn::at_once` permits, each held for
+    /// at most `swap_in_hold` (see `SwapIn`).
+    pub(crate) swap_in_turns: Arc<tokio::sync::Semaphore>,
+    pub(crate) swap_in_hold: Duration,
     /// Every tool the kernel knows (built-ins, keel.toml's, mounted MCP servers').
     pub(crate) tools: crate::tools::Registry,
     /// keel.toml's `[[agents]]` (the A2A server's).
@@ -247,8 +248,8 @@ impl Kernel {
                 pull_wanted: tokio::sync::Notify::new(),
                 launches,
                 mailbox_capacity: crate::mailboxes::capacity_from_env(),
-                swap_in: options.swap_in,
-                swap_in_starts: Arc::new(tokio::sync::Semaphore::new(options.swap_in.at_once.max(1))),
+                swap_in_turns: Arc::new(tokio::sync::Semaphore::new(options.swap_in.at_once.max(1))),
+                swap_in_hold: options.swap_in.hold,
                 tools: crate::tools::Registry::new(options.tools),
                 agents: options.agents,
                 interp: options

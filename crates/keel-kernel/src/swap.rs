@@ -19,8 +19,8 @@ use keel_types::{RunState, WaitReason};
 /// gateway request), its end, or `hold`, whichever comes first; the others wait their
 /// turn, in the order they woke, still `recovering`. Interpreters started all at once
 /// share two cores' caches and each one runs slower: 500 Python starts at once took 1.28x
-/// the CPU each of the same starts eight at a time (BENCHMARKS.md, "parked runs"), so the
-/// whole wake ended later than it does a few at a time.
+/// the CPU each of the same starts eight at a time (BENCHMARKS.md, "woken runs start a few
+/// at a time"), so the whole wake ended later than it does a few at a time.
 #[derive(Clone, Copy, Debug)]
 pub struct SwapIn {
     pub at_once: usize,

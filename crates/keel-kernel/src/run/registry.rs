@@ -99,6 +99,19 @@ pub(crate) struct LiveRun {
 }
 
 impl LiveRun {
+    /// Waits for the agent's first call to the kernel (`greeted`), its end, or `within`,
+    /// whichever comes first.
+    pub(crate) async fn first_call_or_end(&self, within: std::time::Duration) {
+        let mut ended = self.ended.subscribe();
+        let started = async {
+            tokio::select! {
+                () = self.greeted.notified() => {}
+                _ = ended.wait_for(|ended| *ended) => {}
+            }
+        };
+        let _ = tokio::time::timeout(within, started).await;
+    }
+
     /// SIGKILLs every process of the run, as its sandbox knows how
     /// ([`Sandbox::kill_tree`]).
     pub(crate) fn kill_tree(&self) {

@@ -161,35 +161,39 @@ impl Kernel {
             Ok(Some(record)) => {
                 self.emit(run, EventKind::Swap, json!({ "out": false }));
                 let kernel = self.clone();
-                tokio::spawn(async move {
-                    let id = record.id.clone();
-                    // Its turn to start (`SwapIn`); the semaphore is never closed.
-                    let starting = kernel.inner.swap_in_starts.clone().acquire_owned().await.ok();
-                    // Paused, stopped or resumed by an operator while it waited: not this
-                    // wake's to start.
-                    let record = match kernel.get(&id).await {
-                        Ok(now) if now.state == RunState::Recovering && kernel.live(&id).is_none() => now,
-                        _ => return,
-                    };
-                    if let Err(err) = Box::pin(kernel.relaunch(record)).await {
-                        tracing::warn!(run = %id, "could not swap the run back in: {err}");
-                        return;
-                    }
-                    if let Some(live) = kernel.live(&id) {
-                        let mut ended = live.ended.subscribe();
-                        let started = async {
-                            tokio::select! {
-                                () = live.greeted.notified() => {}
-                                _ = ended.wait_for(|ended| *ended) => {}
-                            }
-                        };
-                        let _ = tokio::time::timeout(kernel.inner.swap_in.hold, started).await;
-                    }
-                    drop(starting);
-                });
+                tokio::spawn(async move { kernel.relaunch_in_turn(record).await });
             }
             Err(err) => tracing::debug!(run = %run, "swap-in raced another change: {err}"),
         }
+    }
+
+    /// Relaunches a woken run in its turn (`SwapIn`): at once when a turn is free, else
+    /// once one is, if the run still waits to be started. The turn is held until the
+    /// agent's first call, its end or the hold.
+    async fn relaunch_in_turn(&self, record: RunRecord) {
+        let id = record.id.clone();
+        let turns = &self.inner.swap_in_turns;
+        let (turn, record) = match turns.clone().try_acquire_owned() {
+            Ok(turn) => (Some(turn), record),
+            Err(_) => {
+                // The semaphore is never closed.
+                let turn = turns.clone().acquire_owned().await.ok();
+                // Paused, stopped or resumed by an operator while it waited: not this
+                // wake's to start.
+                match self.get(&id).await {
+                    Ok(now) if now.state == RunState::Recovering && self.live(&id).is_none() => (turn, now),
+                    _ => return,
+                }
+            }
+        };
+        if let Err(err) = Box::pin(self.relaunch(record)).await {
+            tracing::warn!(run = %id, "could not swap the run back in: {err}");
+            return;
+        }
+        if let Some(live) = self.live(&id) {
+            live.first_call_or_end(self.inner.swap_in_hold).await;
+        }
+        drop(turn);
     }
 
     /// Whether a swapped-out run's wait has ended (an answer, a message, a child's end,

@@ -82,17 +82,28 @@ type WaitResult = Result<(), String>;
 
 /// The runs whose second agent has been launched.
 fn relaunched(test: &TestKernel, runs: &[RunId]) -> Vec<RunId> {
-    runs.iter().filter(|run| test.get(run).attempt == 2 && test.get(run).pid.is_some()).cloned().collect()
+    runs.iter()
+        .filter(|run| {
+            let record = test.get(run);
+            record.attempt == 2 && record.pid.is_some()
+        })
+        .cloned()
+        .collect()
+}
+
+/// A kernel that swaps runs out after 200 ms and starts woken runs in `swap_in`'s turns.
+fn kernel_with_turns(swap_in: SwapIn) -> TestKernel {
+    TestKernel::start_with(|_| Setup {
+        swap_after: Some(Duration::from_millis(200)),
+        swap_in,
+        ..Setup::default()
+    })
 }
 
 #[test]
 fn runs_woken_together_start_a_few_at_a_time_each_until_its_first_call() {
-    let test = TestKernel::start_with(|_| Setup {
-        swap_after: Some(Duration::from_millis(200)),
-        // A hold longer than the test: only the agents' first calls let the next start.
-        swap_in: SwapIn { at_once: 2, hold: Duration::from_secs(600) },
-        ..Setup::default()
-    });
+    // A hold longer than the test: only the agents' first calls let the next start.
+    let test = kernel_with_turns(SwapIn { at_once: 2, hold: Duration::from_secs(600) });
     let (runs, _waiting) = park_and_wake(&test, 5);
 
     let mut started = wait_for("two agents relaunched", || {
@@ -140,11 +151,7 @@ fn runs_woken_together_start_a_few_at_a_time_each_until_its_first_call() {
 
 #[test]
 fn a_swapped_in_agent_that_never_calls_gives_its_turn_up_after_the_hold() {
-    let test = TestKernel::start_with(|_| Setup {
-        swap_after: Some(Duration::from_millis(200)),
-        swap_in: SwapIn { at_once: 1, hold: Duration::from_millis(200) },
-        ..Setup::default()
-    });
+    let test = kernel_with_turns(SwapIn { at_once: 1, hold: Duration::from_millis(200) });
     let (runs, _waiting) = park_and_wake(&test, 3);
     // No agent ever calls: each start is counted for the hold, then the next begins.
     wait_for("every agent relaunched", || (relaunched(&test, &runs).len() == runs.len()).then_some(()));
