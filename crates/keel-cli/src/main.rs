@@ -5,6 +5,15 @@
 // instead of panicking (see `out`).
 #![deny(clippy::print_stdout)]
 
+/// jemalloc, not glibc's malloc, in every process this binary runs as (the daemon, the
+/// sandbox zygote and inits, the interpreter workers). With 64 gateway calls in flight
+/// glibc's allocator was a fifth of the runtime thread's CPU (its slow paths, and frees of
+/// memory another thread allocated, which take that arena's lock); with jemalloc the
+/// daemon serves 16-22% more calls a second (BENCHMARKS.md, "the allocator"). Its free
+/// pages go back to the system when runs park (`purge_jemalloc`).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod audit;
 mod client;
 mod commands;
@@ -187,6 +196,25 @@ fn runtime_builder() -> tokio::runtime::Builder {
     builder
 }
 
+/// Gives every jemalloc arena's free pages back at once, rather than over its decay time
+/// (10 s of dirty pages, kept per arena): what the kernel's swapper calls after runs swap
+/// out (`keel_sandbox::release_free_heap`). Without it a parked run cost twice the memory
+/// it does with glibc's `malloc_trim`.
+fn purge_jemalloc() {
+    // MALLCTL_ARENAS_ALL (4096): every arena.
+    let name = c"arena.4096.purge";
+    // SAFETY: a "purge" mallctl takes and returns nothing (null pointers, zero length).
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+}
+
 fn main() -> ExitCode {
     // A sandbox zygote is this binary started with a hidden argument; it must take over
     // before any thread or runtime exists.
@@ -195,6 +223,7 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == keel_interp::WORKER_ARG) {
         keel_interp::worker_main();
     }
+    keel_sandbox::set_heap_release(purge_jemalloc);
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));

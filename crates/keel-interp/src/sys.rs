@@ -155,12 +155,21 @@ pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|error| io::Error::other(error.to_string()))
 }
 
-/// Copies now, in one call per mapping, every page of this process's private writable
+/// Copies now, a run of pages per call, every page of this process's private writable
 /// mappings that it shares copy-on-write with the process it was forked from (the
 /// heap, the data segments), so that the job does not take those faults one by one.
-/// Mappings larger than `cap` bytes and the stack are left alone. Best effort.
+/// Only pages the parent had touched (resident, by `mincore`): an allocator reserves
+/// writable memory it has not used yet, and populating that would give each waiting
+/// worker megabytes of zeroed pages of its own (jemalloc's extents: 6.5 MB of PSS a worker
+/// against 1.7). Mappings larger than `cap` bytes and the stack are left alone. Best effort.
 pub fn populate_writable(cap: u64) {
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return };
+    // SAFETY: sysconf reads a constant.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        size if size > 0 => size as usize,
+        _ => return,
+    };
+    let mut resident = Vec::new();
     for line in maps.lines() {
         let mut fields = line.split_whitespace();
         let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
@@ -174,10 +183,45 @@ pub fn populate_writable(cap: u64) {
         if end <= start || end - start > cap {
             continue;
         }
-        // SAFETY: the range is one of this process's own mappings; MADV_POPULATE_WRITE
-        // only faults its pages in, writable, without changing their contents.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, (end - start) as usize, libc::MADV_POPULATE_WRITE)
-        };
+        let (start, len) = (start as usize, (end - start) as usize);
+        resident.clear();
+        resident.resize(len.div_ceil(page), 0u8);
+        // SAFETY: the range is one of this process's own mappings, page-aligned, and
+        // `resident` has a byte for each of its pages.
+        if unsafe { libc::mincore(start as *mut libc::c_void, len, resident.as_mut_ptr()) } != 0 {
+            continue;
+        }
+        for (first, count) in resident_runs(&resident) {
+            // SAFETY: a run of pages inside that mapping; MADV_POPULATE_WRITE only faults
+            // them in, writable, without changing their contents.
+            unsafe {
+                libc::madvise(
+                    (start + first * page) as *mut libc::c_void,
+                    count * page,
+                    libc::MADV_POPULATE_WRITE,
+                )
+            };
+        }
     }
+}
+
+/// The runs of resident pages in a `mincore` vector (bit 0 of each byte): (first page,
+/// page count).
+fn resident_runs(resident: &[u8]) -> Vec<(usize, usize)> {
+    let mut runs = Vec::new();
+    let mut run_start = None;
+    for (index, byte) in resident.iter().enumerate() {
+        match (byte & 1 == 1, run_start) {
+            (true, None) => run_start = Some(index),
+            (false, Some(first)) => {
+                runs.push((first, index - first));
+                run_start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(first) = run_start {
+        runs.push((first, resident.len() - first));
+    }
+    runs
 }

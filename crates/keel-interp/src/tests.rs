@@ -459,3 +459,34 @@ fn the_llm_call_limit_ends_the_program_uncatchably() {
         assert!(batches.iter().map(Vec::len).sum::<usize>() <= 3, "nothing past the limit reached the host");
     }
 }
+
+/// A waiting worker copies the pages it shares with the template, and only those: memory
+/// an allocator mapped writable but never touched stays unpopulated (with jemalloc, each
+/// waiting worker otherwise held megabytes of zeroed extents of its own).
+#[test]
+fn populating_a_worker_copies_only_the_pages_already_touched() {
+    const PAGES: usize = 1024;
+    let page = 4096;
+    // SAFETY: a fresh private anonymous mapping, unmapped at the end; only its own pages
+    // are touched and inspected.
+    unsafe {
+        let start = libc::mmap(
+            std::ptr::null_mut(),
+            PAGES * page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(start, libc::MAP_FAILED);
+        for index in [0, 1, 2, 100, 101] {
+            *(start as *mut u8).add(index * page) = 1;
+        }
+        crate::sys::populate_writable(64 << 20);
+        let mut resident = vec![0u8; PAGES];
+        assert_eq!(libc::mincore(start, PAGES * page, resident.as_mut_ptr()), 0);
+        let touched: Vec<usize> = (0..PAGES).filter(|&i| resident[i] & 1 == 1).collect();
+        libc::munmap(start, PAGES * page);
+        assert_eq!(touched, vec![0, 1, 2, 100, 101]);
+    }
+}

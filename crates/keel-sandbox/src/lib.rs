@@ -29,7 +29,7 @@ pub mod seccomp;
 mod spawner;
 mod sys;
 /// For the kernel: after many runs are swapped out, their memory goes back to the system.
-pub use sys::release_free_heap;
+pub use sys::{release_free_heap, set_heap_release};
 /// The raw process and descriptor calls `keel-interp`'s template shares with the sandbox's
 /// zygote and init: forking, reaping, pipes, standard descriptors, `SCM_RIGHTS`.
 pub mod unix {

@@ -248,10 +248,26 @@ pub fn lower_thread_priority() {
     }
 }
 
-/// Gives the allocator's free memory back to the operating system (glibc's
-/// `malloc_trim`, which releases free pages inside every arena, not just at the top).
-/// Elsewhere a no-op.
+/// How the binary's own global allocator, when it is not the C library's, gives its free
+/// memory back (see [`set_heap_release`]).
+static HEAP_RELEASE: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Sets what [`release_free_heap`] calls besides `malloc_trim`: the binary's global
+/// allocator's way of giving its free pages back (the `keel` binary's is jemalloc's purge
+/// of every arena). The first call wins.
+pub fn set_heap_release(release: fn()) {
+    let _ = HEAP_RELEASE.set(release);
+}
+
+/// Gives the allocators' free memory back to the operating system: the binary's own
+/// allocator's (see [`set_heap_release`]), and glibc's `malloc_trim`, which releases free
+/// pages inside every arena, not just at the top (all of Rust's heap in a binary without
+/// an allocator of its own; otherwise what C code such as SQLite allocated). Elsewhere a
+/// no-op.
 pub fn release_free_heap() {
+    if let Some(release) = HEAP_RELEASE.get() {
+        release();
+    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks and madvises the allocator's own free lists, under
     // the allocator's locks; it takes no pointers from us.
@@ -904,4 +920,24 @@ pub fn try_reap(pid: i32) -> io::Result<Option<c_int>> {
     // SAFETY: `status` is a valid out-pointer.
     let ret = check_int(unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) })?;
     Ok((ret == pid).then_some(status))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static RELEASED: AtomicUsize = AtomicUsize::new(0);
+
+    /// The binary's allocator gives its pages back with glibc's: the `keel` binary's
+    /// jemalloc keeps freed pages per arena for seconds otherwise, and parked runs cost
+    /// twice the memory.
+    #[test]
+    fn releasing_the_heap_runs_the_binarys_own_release_too() {
+        super::set_heap_release(|| {
+            RELEASED.fetch_add(1, Ordering::SeqCst);
+        });
+        super::release_free_heap();
+        super::release_free_heap();
+        assert_eq!(RELEASED.load(Ordering::SeqCst), 2);
+    }
 }
