@@ -124,7 +124,8 @@
 //! `sched_getaffinity` fail with an errno instead (`worker::SECCOMP_REFUSED`), because
 //! std's `available_parallelism` tries them on ordinary paths and falls back. Just
 //! before confining itself the worker copies the writable pages it shares with the
-//! template (`MADV_POPULATE_WRITE`), so that the job does not take those copy-on-write
+//! template, those the template had touched (`mincore`, then `MADV_POPULATE_WRITE`; not
+//! memory the allocator mapped and never used), so that the job does not take those copy-on-write
 //! faults one by one; confined, it creates its JavaScript engine. After reading the job the worker lowers `RLIMIT_AS` and
 //! `RLIMIT_CPU` for that job (a fresh worker per job makes per-job limits exact).
 //!
