@@ -9,8 +9,8 @@
 /// sandbox zygote and inits, the interpreter workers). With 64 gateway calls in flight
 /// glibc's allocator was a fifth of the runtime thread's CPU (its slow paths, and frees of
 /// memory another thread allocated, which take that arena's lock); with jemalloc the
-/// daemon serves 16-22% more calls a second (BENCHMARKS.md, "the allocator"). Its free
-/// pages go back to the system when runs park (`purge_jemalloc`).
+/// daemon serves 16-27% more calls a second (BENCHMARKS.md, "jemalloc as the
+/// allocator"). Its free pages go back to the system when runs park (`purge_jemalloc`).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

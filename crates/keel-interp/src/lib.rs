@@ -125,9 +125,10 @@
 //! std's `available_parallelism` tries them on ordinary paths and falls back. Just
 //! before confining itself the worker copies the writable pages it shares with the
 //! template, those the template had touched (`mincore`, then `MADV_POPULATE_WRITE`; not
-//! memory the allocator mapped and never used), so that the job does not take those copy-on-write
-//! faults one by one; confined, it creates its JavaScript engine. After reading the job the worker lowers `RLIMIT_AS` and
-//! `RLIMIT_CPU` for that job (a fresh worker per job makes per-job limits exact).
+//! memory the allocator mapped and never used), so that the job does not take those
+//! copy-on-write faults one by one; confined, it creates its JavaScript engine. After
+//! reading the job the worker lowers `RLIMIT_AS` and `RLIMIT_CPU` for that job (a fresh
+//! worker per job makes per-job limits exact).
 //!
 //! Workers are copies of one process, so they share its address-space layout (as
 //! Android's zygote children do): a program that learns an address learns it for every

@@ -53,9 +53,16 @@ pub fn address_space_bytes() -> u64 {
     let pages = std::fs::read_to_string("/proc/self/statm")
         .ok()
         .and_then(|text| text.split_whitespace().next().and_then(|pages| pages.parse::<u64>().ok()));
+    pages.map_or(256 << 20, |pages| pages.saturating_mul(page_size() as u64))
+}
+
+/// The system's page size; 4 KiB if it cannot be read.
+pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
-    let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    pages.map_or(256 << 20, |pages| pages.saturating_mul(page_size))
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .ok()
+        .filter(|&size| size > 0)
+        .unwrap_or(4096)
 }
 
 fn check(result: libc::c_int) -> io::Result<libc::c_int> {
@@ -164,11 +171,7 @@ pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
 /// against 1.7). Mappings larger than `cap` bytes and the stack are left alone. Best effort.
 pub fn populate_writable(cap: u64) {
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return };
-    // SAFETY: sysconf reads a constant.
-    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-        size if size > 0 => size as usize,
-        _ => return,
-    };
+    let page = page_size();
     let mut resident = Vec::new();
     for line in maps.lines() {
         let mut fields = line.split_whitespace();
@@ -191,37 +194,21 @@ pub fn populate_writable(cap: u64) {
         if unsafe { libc::mincore(start as *mut libc::c_void, len, resident.as_mut_ptr()) } != 0 {
             continue;
         }
-        for (first, count) in resident_runs(&resident) {
-            // SAFETY: a run of pages inside that mapping; MADV_POPULATE_WRITE only faults
-            // them in, writable, without changing their contents.
-            unsafe {
-                libc::madvise(
-                    (start + first * page) as *mut libc::c_void,
-                    count * page,
-                    libc::MADV_POPULATE_WRITE,
-                )
-            };
-        }
-    }
-}
-
-/// The runs of resident pages in a `mincore` vector (bit 0 of each byte): (first page,
-/// page count).
-fn resident_runs(resident: &[u8]) -> Vec<(usize, usize)> {
-    let mut runs = Vec::new();
-    let mut run_start = None;
-    for (index, byte) in resident.iter().enumerate() {
-        match (byte & 1 == 1, run_start) {
-            (true, None) => run_start = Some(index),
-            (false, Some(first)) => {
-                runs.push((first, index - first));
-                run_start = None;
+        // Each run of pages alike in bit 0 (resident or not), the resident ones populated.
+        let mut first = 0;
+        for run in resident.chunk_by(|a, b| a & 1 == b & 1) {
+            if run[0] & 1 == 1 {
+                // SAFETY: a run of pages inside that mapping; MADV_POPULATE_WRITE only
+                // faults them in, writable, without changing their contents.
+                unsafe {
+                    libc::madvise(
+                        (start + first * page) as *mut libc::c_void,
+                        run.len() * page,
+                        libc::MADV_POPULATE_WRITE,
+                    )
+                };
             }
-            _ => {}
+            first += run.len();
         }
     }
-    if let Some(first) = run_start {
-        runs.push((first, resident.len() - first));
-    }
-    runs
 }

@@ -466,7 +466,7 @@ fn the_llm_call_limit_ends_the_program_uncatchably() {
 #[test]
 fn populating_a_worker_copies_only_the_pages_already_touched() {
     const PAGES: usize = 1024;
-    let page = 4096;
+    let page = crate::sys::page_size();
     // SAFETY: a fresh private anonymous mapping, unmapped at the end; only its own pages
     // are touched and inspected.
     unsafe {
