@@ -3,7 +3,8 @@
 //! prefixes (`openai/gpt-4o`), the cost of a served call, the worst case of a call about
 //! to be sent, and the input-token over-estimate used for reservations.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{PoisonError, RwLock};
 
 use keel_protocol::rpc::{LlmChatParams, TokenUsage};
 use serde::Deserialize;
@@ -67,34 +68,85 @@ pub const DEFAULT_PRICES: &[(&str, ModelPrice)] = &[
 
 /// Model name → price. Keys are bare model names (`gpt-4o`) or routes (`openai/gpt-4o`);
 /// a route key wins over a bare one.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct PriceTable {
     entries: BTreeMap<String, ModelPrice>,
+    /// [`PriceTable::routed`]'s answers, by provider then model: every LLM call asks for
+    /// its route's price two or three times (the reservation's worst case, the input-only
+    /// part, the served cost), and a lookup scans the whole table. At most
+    /// [`ROUTED_MEMO_LIMIT`] models are remembered (the names come from agents), past
+    /// which lookups are simply not remembered.
+    routed: RwLock<RoutedMemo>,
+}
+
+/// How many (provider, model) prices [`PriceTable::routed`] remembers.
+const ROUTED_MEMO_LIMIT: usize = 1024;
+
+#[derive(Debug, Default)]
+struct RoutedMemo {
+    by_provider: HashMap<String, HashMap<String, Option<ModelPrice>>>,
+    len: usize,
+}
+
+impl Clone for PriceTable {
+    fn clone(&self) -> PriceTable {
+        PriceTable::from_entries(self.entries.clone())
+    }
+}
+
+impl PartialEq for PriceTable {
+    fn eq(&self, other: &PriceTable) -> bool {
+        self.entries == other.entries
+    }
 }
 
 impl Default for PriceTable {
     /// The shipped defaults (see [`DEFAULT_PRICES`]).
     fn default() -> PriceTable {
-        PriceTable {
-            entries: DEFAULT_PRICES.iter().map(|(name, price)| ((*name).to_owned(), *price)).collect(),
-        }
+        PriceTable::from_entries(
+            DEFAULT_PRICES.iter().map(|(name, price)| ((*name).to_owned(), *price)).collect(),
+        )
     }
 }
 
 impl PriceTable {
     pub fn empty() -> PriceTable {
-        PriceTable { entries: BTreeMap::new() }
+        PriceTable::from_entries(BTreeMap::new())
+    }
+
+    fn from_entries(entries: BTreeMap<String, ModelPrice>) -> PriceTable {
+        PriceTable { entries, routed: RwLock::default() }
     }
 
     /// The defaults with `overrides` on top (new models added, listed ones replaced).
     pub fn with_overrides<'a>(
         overrides: impl IntoIterator<Item = (&'a String, &'a ModelPrice)>,
     ) -> PriceTable {
-        let mut table = PriceTable::default();
+        let mut entries = PriceTable::default().entries;
         for (name, price) in overrides {
-            table.entries.insert(name.clone(), *price);
+            entries.insert(name.clone(), *price);
         }
-        table
+        PriceTable::from_entries(entries)
+    }
+
+    /// The price of `model` asked of `provider`: what `lookup("{provider}/{model}")`
+    /// gives (a route key first, then the bare model), remembered, so that a call's
+    /// repeated asks neither build the route's name nor scan the table again.
+    pub fn routed(&self, provider: &str, model: &str) -> Option<ModelPrice> {
+        let remembered = self.routed.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(price) = remembered.by_provider.get(provider).and_then(|models| models.get(model)) {
+            return *price;
+        }
+        drop(remembered);
+        let price = self.lookup(&format!("{provider}/{model}"));
+        let mut memo = self.routed.write().unwrap_or_else(PoisonError::into_inner);
+        if memo.len < ROUTED_MEMO_LIMIT {
+            let models = memo.by_provider.entry(provider.to_owned()).or_default();
+            if models.insert(model.to_owned(), price).is_none() {
+                memo.len += 1;
+            }
+        }
+        price
     }
 
     /// The price of `model` (`gpt-4o-mini-2024-07-18`, `openai/gpt-4o`, `claude-3-5-haiku-latest`).
@@ -122,9 +174,10 @@ impl PriceTable {
         self.lookup(model).map_or(0.0, |p| p.cost(usage.input_tokens, usage.output_tokens))
     }
 
-    /// The most a call can cost: the input estimate plus every allowed output token.
-    pub fn worst_case_cost(&self, model: &str, input_estimate: u64, max_tokens: u64) -> f64 {
-        self.lookup(model).map_or(0.0, |p| p.cost(input_estimate, max_tokens))
+    /// The most a call of `model`, asked of `provider`, can cost: the input estimate plus
+    /// every allowed output token (see [`PriceTable::routed`]).
+    pub fn worst_case_cost(&self, provider: &str, model: &str, input_estimate: u64, max_tokens: u64) -> f64 {
+        self.routed(provider, model).map_or(0.0, |p| p.cost(input_estimate, max_tokens))
     }
 }
 
@@ -192,13 +245,53 @@ mod tests {
     }
 
     #[test]
+    fn a_routed_price_is_the_routes_lookup_asked_again_or_not() {
+        let overrides = BTreeMap::from([
+            ("openrouter/gpt-4o".to_owned(), ModelPrice::new(3.0, 12.0)),
+            ("llama3.1".to_owned(), ModelPrice::new(0.0, 0.0)),
+        ]);
+        let table = PriceTable::with_overrides(&overrides);
+        let cases = [
+            ("openai", "gpt-4o-mini-2024-07-18"),
+            ("openrouter", "gpt-4o"),
+            ("openrouter", "gpt-4o-2024-08-06"),
+            ("openai", "gpt-4o"),
+            ("ollama", "llama3.1:8b"),
+            ("openrouter", "anthropic/claude-opus-4-1"),
+            ("openai", "no-such-model"),
+            ("anthropic", "claude-sonnet-4-5"),
+        ];
+        for _ in 0..3 {
+            for (provider, model) in cases {
+                assert_eq!(
+                    table.routed(provider, model),
+                    table.lookup(&format!("{provider}/{model}")),
+                    "{provider}/{model}"
+                );
+            }
+        }
+        // Models named by agents are remembered only up to the limit; past it, the
+        // answers stay right.
+        for i in 0..ROUTED_MEMO_LIMIT + 100 {
+            assert_eq!(table.routed("openai", &format!("gpt-4o-{i}")), Some(ModelPrice::new(2.5, 10.0)));
+        }
+        assert_eq!(table.routed.read().unwrap().len, ROUTED_MEMO_LIMIT);
+        assert_eq!(table.routed("openai", "gpt-4o-mini-x"), Some(ModelPrice::new(0.15, 0.6)));
+        assert_eq!(table.routed("openrouter", "gpt-4o"), Some(ModelPrice::new(3.0, 12.0)));
+        assert_eq!(table.clone(), table, "a clone has the same prices, remembered or not");
+    }
+
+    #[test]
     fn costs() {
         let table = PriceTable::default();
         let usage = TokenUsage { input_tokens: 1_000_000, output_tokens: 500_000 };
         assert!((table.price("gpt-4o-mini", usage) - 0.45).abs() < 1e-12);
         assert_eq!(table.price("unknown-model", usage), 0.0);
-        assert!((table.worst_case_cost("claude-sonnet-4-5", 2000, 4096) - (0.006 + 0.06144)).abs() < 1e-12);
-        assert_eq!(PriceTable::empty().worst_case_cost("gpt-4o", 10, 10), 0.0);
+        assert!(
+            (table.worst_case_cost("anthropic", "claude-sonnet-4-5", 2000, 4096) - (0.006 + 0.06144)).abs()
+                < 1e-12
+        );
+        assert_eq!(PriceTable::empty().worst_case_cost("openai", "gpt-4o", 10, 10), 0.0);
     }
 
     #[test]

@@ -144,8 +144,6 @@ impl Provider for AnthropicProvider {
     }
 
     fn worst_case_cost_usd(&self, model: Option<&str>, input_tokens: u64, max_output_tokens: u64) -> f64 {
-        model.map_or(0.0, |m| {
-            self.prices.worst_case_cost(&format!("{}/{m}", self.name()), input_tokens, max_output_tokens)
-        })
+        model.map_or(0.0, |m| self.prices.worst_case_cost(self.name(), m, input_tokens, max_output_tokens))
     }
 }

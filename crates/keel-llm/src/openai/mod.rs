@@ -223,7 +223,7 @@ pub(crate) fn finish(
     });
     let returned_model = parsed.model.unwrap_or_else(|| model.to_owned());
     // `provider/model` first: a route-specific price (say, OpenRouter's) beats the bare one.
-    let price = prices.lookup(&format!("{provider}/{model}")).or_else(|| prices.lookup(&returned_model));
+    let price = prices.routed(provider, model).or_else(|| prices.lookup(&returned_model));
     let cost_usd = price.map_or(0.0, |p| p.cost(usage.input_tokens, usage.output_tokens));
     Finished {
         response: LlmChatResult {
@@ -338,8 +338,6 @@ impl Provider for OpenAiProvider {
     }
 
     fn worst_case_cost_usd(&self, model: Option<&str>, input_tokens: u64, max_output_tokens: u64) -> f64 {
-        model.map_or(0.0, |m| {
-            self.prices.worst_case_cost(&format!("{}/{m}", self.name()), input_tokens, max_output_tokens)
-        })
+        model.map_or(0.0, |m| self.prices.worst_case_cost(self.name(), m, input_tokens, max_output_tokens))
     }
 }
