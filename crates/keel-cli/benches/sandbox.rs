@@ -92,7 +92,16 @@ fn time_command(n: usize, mut make: impl FnMut() -> Command) -> Vec<Duration> {
             let mut command = make();
             command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
             let started = Instant::now();
-            let status = command.status().expect("spawn");
+            let status = command.status().unwrap_or_else(|error| {
+                // The peers are other programs: say which one is missing, and its package.
+                let program = command.get_program().to_string_lossy().into_owned();
+                let package = match program.as_str() {
+                    "bwrap" => " (Debian: bubblewrap)",
+                    "unshare" => " (Debian: util-linux)",
+                    _ => "",
+                };
+                panic!("cannot start {program}{package}: {error}; BENCH_CASES picks the cases to run")
+            });
             let took = started.elapsed();
             assert!(status.success(), "{command:?} failed: {status}");
             took
