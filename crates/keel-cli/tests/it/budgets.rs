@@ -1,5 +1,7 @@
 //! Budgets that cannot be overshot, with many calls in flight; top-ups; the loop detector.
 
+use std::time::{Duration, Instant};
+
 use crate::harness::{Keel, agent};
 
 #[test]
@@ -17,8 +19,18 @@ fn twenty_concurrent_calls_against_a_budget_for_five() {
         "python3",
         &agent("budget_agent.py"),
     ]);
-    let parked = keel.wait_state(&run, &["waiting"]);
+    let mut parked = keel.wait_state(&run, &["waiting"]);
     assert_eq!(parked["wait_reason"], "budget");
+    // The run parks when a call is refused; calls already sent go on and their results
+    // land just after (one was seen still pending in the parked view under load). Wait
+    // for them, never seeing more than five sent.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while parked["provider_calls"] != 5 && Instant::now() < deadline {
+        assert!(parked["provider_calls"].as_u64().unwrap() < 5, "at most 5 calls were sent: {parked}");
+        std::thread::sleep(Duration::from_millis(20));
+        parked = keel.inspect(&run);
+    }
+    assert_eq!(parked["state"], "waiting", "{parked}");
     assert_eq!(parked["provider_calls"], 5, "at most 5 calls were sent: {parked}");
     assert!(parked["reason"].as_str().unwrap().contains("LLM calls"), "{parked}");
     assert_eq!(parked["budget"]["remaining"]["llm_calls"], 0);
