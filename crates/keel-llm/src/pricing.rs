@@ -71,22 +71,16 @@ pub const DEFAULT_PRICES: &[(&str, ModelPrice)] = &[
 #[derive(Debug)]
 pub struct PriceTable {
     entries: BTreeMap<String, ModelPrice>,
-    /// [`PriceTable::routed`]'s answers, by provider then model: every LLM call asks for
-    /// its route's price two or three times (the reservation's worst case, the input-only
-    /// part, the served cost), and a lookup scans the whole table. At most
-    /// [`ROUTED_MEMO_LIMIT`] models are remembered (the names come from agents), past
-    /// which lookups are simply not remembered.
-    routed: RwLock<RoutedMemo>,
+    /// [`PriceTable::routed`]'s answers, by `provider/model` (a provider's name has no
+    /// `/`): every LLM call asks for its route's price two or three times (the
+    /// reservation's worst case, the input-only part, the served cost), and a lookup scans
+    /// the whole table. At most [`ROUTED_MEMO_LIMIT`] routes are remembered (the model
+    /// names come from agents), past which lookups are simply not remembered.
+    routed: RwLock<HashMap<String, Option<ModelPrice>>>,
 }
 
 /// How many (provider, model) prices [`PriceTable::routed`] remembers.
 const ROUTED_MEMO_LIMIT: usize = 1024;
-
-#[derive(Debug, Default)]
-struct RoutedMemo {
-    by_provider: HashMap<String, HashMap<String, Option<ModelPrice>>>,
-    len: usize,
-}
 
 impl Clone for PriceTable {
     fn clone(&self) -> PriceTable {
@@ -131,20 +125,19 @@ impl PriceTable {
 
     /// The price of `model` asked of `provider`: what `lookup("{provider}/{model}")`
     /// gives (a route key first, then the bare model), remembered, so that a call's
-    /// repeated asks neither build the route's name nor scan the table again.
+    /// repeated asks do not scan the table again.
     pub fn routed(&self, provider: &str, model: &str) -> Option<ModelPrice> {
-        let remembered = self.routed.read().unwrap_or_else(PoisonError::into_inner);
-        if let Some(price) = remembered.by_provider.get(provider).and_then(|models| models.get(model)) {
+        let mut route = String::with_capacity(provider.len() + 1 + model.len());
+        for part in [provider, "/", model] {
+            route.push_str(part);
+        }
+        if let Some(price) = self.routed.read().unwrap_or_else(PoisonError::into_inner).get(&route) {
             return *price;
         }
-        drop(remembered);
-        let price = self.lookup(&format!("{provider}/{model}"));
+        let price = self.lookup(&route);
         let mut memo = self.routed.write().unwrap_or_else(PoisonError::into_inner);
-        if memo.len < ROUTED_MEMO_LIMIT {
-            let models = memo.by_provider.entry(provider.to_owned()).or_default();
-            if models.insert(model.to_owned(), price).is_none() {
-                memo.len += 1;
-            }
+        if memo.len() < ROUTED_MEMO_LIMIT {
+            memo.insert(route, price);
         }
         price
     }
@@ -275,7 +268,7 @@ mod tests {
         for i in 0..ROUTED_MEMO_LIMIT + 100 {
             assert_eq!(table.routed("openai", &format!("gpt-4o-{i}")), Some(ModelPrice::new(2.5, 10.0)));
         }
-        assert_eq!(table.routed.read().unwrap().len, ROUTED_MEMO_LIMIT);
+        assert_eq!(table.routed.read().unwrap().len(), ROUTED_MEMO_LIMIT);
         assert_eq!(table.routed("openai", "gpt-4o-mini-x"), Some(ModelPrice::new(0.15, 0.6)));
         assert_eq!(table.routed("openrouter", "gpt-4o"), Some(ModelPrice::new(3.0, 12.0)));
         assert_eq!(table.clone(), table, "a clone has the same prices, remembered or not");
